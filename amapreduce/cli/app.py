@@ -1,0 +1,106 @@
+"""The `amapreduce` command line: one typer app, sub-commands registered from small modules.
+
+Why this shape: `main(argv) -> int` is testable without a subprocess, and every sub-command
+module imports only typer at module level (heavy libraries load inside the command body), so
+`amapreduce --help` answers fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+import typer
+import typer.main
+
+from amapreduce import __version__
+from amapreduce.errors import AmapreduceError, RunError, UserError
+
+__all__ = ["app", "main", "run"]
+
+EXIT_OK = 0
+EXIT_RUN_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+# (module, attribute, command name, help). Each module exposes a typer app (a group) or, when
+# the name is None, a `register(app)` function that adds top-level commands.
+_SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
+    ("amapreduce.cli.mapreduce", "app", "mapreduce", "Validate, plan and run MapReduce decisions."),
+)
+
+app = typer.Typer(
+    name="amapreduce",
+    help="Agentic MapReduce for wide search: questions whose answer is a table over many entities.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"amapreduce {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Agentic MapReduce for wide search."""
+
+
+def _register() -> None:
+    for module_name, attr, name, help_text in _SUBCOMMANDS:
+        module = importlib.import_module(module_name)
+        target = getattr(module, attr)
+        if name is None:
+            target(app)
+        else:
+            app.add_typer(target, name=name, help=help_text)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI with `argv` (default: `sys.argv[1:]`) and return the exit code.
+
+    Errors are translated here, at the boundary: a `UserError` or a usage mistake prints one
+    line to stderr and returns 2; a `RunError` returns 1; Ctrl-C returns 130. No traceback is
+    shown for errors we raise on purpose.
+    """
+    command = typer.main.get_command(app)
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        result = command.main(args=args, prog_name="amapreduce", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.exceptions.Abort:
+        typer.echo("Interrupted.", err=True)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        typer.echo("Interrupted.", err=True)
+        return EXIT_INTERRUPTED
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        return int(exc.exit_code)
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    except RunError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return EXIT_RUN_ERROR
+    except AmapreduceError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return EXIT_RUN_ERROR
+    return int(result) if isinstance(result, int) else EXIT_OK
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

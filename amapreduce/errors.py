@@ -1,0 +1,97 @@
+"""One exception tree for amapreduce, split by audience.
+
+```
+AmapreduceError                 base of everything we raise on purpose
+├── UserError                   a usage or configuration mistake; the CLI exits 2 with the message
+│   ├── DecisionError           an invalid decision Θ (matrix, template, columns, batching)
+│   └── ConfigError             an invalid setting, flag or environment value
+├── RunError                    a runtime failure; carries structured fields
+│   ├── SolverError             one sub-agent attempt failed (crash, bad reply)
+│   ├── BatchTimeout            one sub-agent attempt ran past its deadline
+│   └── RunCancelled            the run was cancelled (Ctrl-C or `cancel()`); holds the partial result
+└── ToolCallRefused             model-facing: a tool refuses a call and tells the model how to recover
+```
+
+Messages say what is wrong, show the value and say what to do, e.g.
+"`workers` must be >= 1, got 0. Use a positive number of parallel sub-agents."
+
+Every class pickles cleanly (structured fields included) because batches may cross process
+boundaries once a distributed executor runs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AmapreduceError",
+    "BatchTimeout",
+    "ConfigError",
+    "DecisionError",
+    "RunCancelled",
+    "RunError",
+    "SolverError",
+    "ToolCallRefused",
+    "UserError",
+]
+
+
+def _rebuild(cls: type[AmapreduceError], message: str, fields: dict[str, Any]) -> AmapreduceError:
+    """Recreate an exception from its message and structured fields (pickle support)."""
+    return cls(message, **fields)
+
+
+class AmapreduceError(Exception):
+    """Base class of every error amapreduce raises on purpose.
+
+    Keyword arguments become attributes (structured fields), so callers can react to a
+    failure without parsing its message.
+    """
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.fields))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UserError(AmapreduceError):
+    """A usage or configuration mistake the user can fix; the CLI prints it and exits 2."""
+
+
+class DecisionError(UserError):
+    """An invalid decision Θ: the message names the exact field and problem."""
+
+
+class ConfigError(UserError):
+    """An invalid setting, command-line flag or environment variable."""
+
+
+class RunError(AmapreduceError):
+    """A failure while running: a sub-agent, a model, a network call."""
+
+
+class SolverError(RunError):
+    """One sub-agent attempt failed; the engine retries the batch."""
+
+
+class BatchTimeout(RunError):
+    """One sub-agent attempt ran past its deadline; the engine abandons it and retries."""
+
+
+class RunCancelled(RunError):
+    """The run was cancelled; `partial` holds whatever result existed at that moment."""
+
+
+class ToolCallRefused(AmapreduceError):
+    """Raised inside a tool to refuse a call; the agent shows the message to the model.
+
+    The message must tell the model what to change so its next call succeeds.
+    """

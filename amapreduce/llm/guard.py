@@ -1,0 +1,85 @@
+"""A switch that refuses real model calls, for tests (pydantic-ai's `ALLOW_MODEL_REQUESTS` idea).
+
+`block_model_requests()` patches smolagents' API-backed models so that any attempt to reach a
+real provider raises `ModelRequestsBlocked` instead of silently spending money or hanging on a
+closed network. Scripted models (`amapreduce.llm.scripted`) are not API models and keep working.
+Code that must exercise the real client path against a loopback server opts in with
+`allow_model_requests()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from amapreduce.errors import RunError
+
+__all__ = ["ModelRequestsBlocked", "allow_model_requests", "block_model_requests", "model_requests_allowed"]
+
+_state = threading.local()
+_lock = threading.Lock()
+_blocked = False
+_originals: dict[str, Any] = {}
+
+
+class ModelRequestsBlocked(RunError):
+    """A real model call was attempted while model requests are blocked (under test)."""
+
+
+def model_requests_allowed() -> bool:
+    """Whether a real model call may go out right now (in this thread)."""
+    return (not _blocked) or bool(getattr(_state, "allowed", False))
+
+
+def _guarded(name: str) -> Any:
+    original = _originals[name]
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not model_requests_allowed():
+            raise ModelRequestsBlocked(
+                f"real model call to {type(self).__name__}(model_id={getattr(self, 'model_id', None)!r}) "
+                "refused: model requests are blocked under test. Use a scripted model from "
+                "`amapreduce.llm.scripted`, or wrap the call in `allow_model_requests()` for a loopback server."
+            )
+        return original(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    found: list[type] = [cls]
+    for sub in cls.__subclasses__():
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+def block_model_requests() -> None:
+    """Refuse every real smolagents API-model call from now on (idempotent)."""
+    global _blocked
+    from smolagents.models import ApiModel
+
+    with _lock:
+        if _blocked:
+            return
+        # Every concrete API model (OpenAI, LiteLLM, ...) overrides these; patch each override.
+        classes = _all_subclasses(ApiModel)
+        for cls in classes:
+            for name in ("generate", "generate_stream"):
+                if name in vars(cls):
+                    key = f"{cls.__module__}.{cls.__qualname__}.{name}"
+                    _originals[key] = vars(cls)[name]
+                    setattr(cls, name, _guarded(key))
+        _blocked = True
+
+
+@contextlib.contextmanager
+def allow_model_requests() -> Iterator[None]:
+    """Let real model calls through inside this block, in this thread only."""
+    previous = getattr(_state, "allowed", False)
+    _state.allowed = True
+    try:
+        yield
+    finally:
+        _state.allowed = previous

@@ -1,0 +1,38 @@
+"""Shared fixtures. Tests are offline by construction:
+
+* pytest-socket (configured in pyproject) refuses every socket except loopback;
+* `block_model_requests()` makes any real smolagents API-model call raise.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from amapreduce.llm.guard import block_model_requests
+
+# Libraries that would otherwise try the network at import or load time.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+block_model_requests()
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository checkout."""
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """`../shared/data` beside the checkout (read-only benchmark data; never copied into the repo)."""
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"shared data not found at {SHARED_DATA}; the checkout must sit beside ../shared")
+    return SHARED_DATA
