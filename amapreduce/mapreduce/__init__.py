@@ -1,0 +1,1 @@
+"""The MapReduce engine: batching, parallel sub-agents, reduce in code, delta patch."""
