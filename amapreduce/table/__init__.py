@@ -1,1 +1,1 @@
-"""amapreduce.table."""
+"""The reduced table: rows keyed by key columns, per-cell status, renderers."""

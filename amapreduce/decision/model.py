@@ -1,0 +1,322 @@
+"""The decision Θ = (task matrix M, template P, batching strategy B), validated.
+
+A decision is what the manager agent writes and the engine executes. Validation happens here,
+at the edge, so every later stage can trust it: errors name the exact field and problem
+(ragged rows, a placeholder out of range, duplicate rows, an unknown strategy, a group index
+out of range, a cell that contains a placeholder ...).
+
+How matrix cells relate to output columns: matrix column j fills output column
+`matrix_columns[j]` (default: the first K₀ output columns, in order — put the entity columns
+first in the schema, or give `matrix_columns`, using null for a context-only column). Those
+values identify the task's entity, so the engine takes them from the matrix, never from a
+sub-agent. `key_columns` (default: the mapped matrix columns) identify a row of the table.
+When the key includes a column the matrix does not fill (e.g. `rank` under a `year` task), one
+task may yield several rows; `rows_per_task` then says how many are expected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from amapreduce.decision.columns import Column, columns_from_schema
+from amapreduce.decision.strategy import ByAttr, OpenStrategy, PerAtom, Strategy
+from amapreduce.decision.template import PLACEHOLDER, placeholders, render
+from amapreduce.errors import DecisionError
+from amapreduce.table.keys import normalize_value
+
+__all__ = ["Decision", "load_decision"]
+
+
+def _cell_to_str(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    raise ValueError(f"{where} must be a string (or number), got {value!r}")
+
+
+class Decision(BaseModel):
+    """A validated decision Θ, ready to be batched and executed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_matrix: list[list[str]]
+    """N rows × K₀ cells; row i fills the template's `__0__ … __{K₀-1}__`."""
+    template: str
+    """The atomic sub-query with placeholders."""
+    json_schema: dict[str, Any] | list[Any]
+    """Output columns: a JSON schema (`properties` in order) or a list of column names."""
+    batch_strategy: Strategy = Field(default_factory=PerAtom)
+    batch_size: int | None = Field(default=None, ge=1)
+    """Tasks per batch for `per_atom` (and the leftover chunk size for `open`)."""
+    key_columns: list[str] | None = None
+    """Columns that identify a table row (default: the matrix-mapped columns)."""
+    matrix_columns: list[str | None] | None = None
+    """Output column filled by each matrix column (null: context only). Default: the first K₀ columns."""
+    rows_per_task: int | None = Field(default=None, ge=1)
+    """Rows each task must yield when the key is finer than the matrix (e.g. top-10 per year)."""
+
+    _columns: tuple[Column, ...] = PrivateAttr(default=())
+    _mapped: tuple[str | None, ...] = PrivateAttr(default=())
+    _keys: tuple[str, ...] = PrivateAttr(default=())
+
+    @field_validator("task_matrix", mode="before")
+    @classmethod
+    def _coerce_cells(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        rows = []
+        for i, row in enumerate(value):
+            if not isinstance(row, list | tuple):
+                raise ValueError(f"row {i} must be a list of cells, got {row!r}")
+            rows.append([_cell_to_str(c, f"task_matrix[{i}][{j}]") for j, c in enumerate(row)])
+        return rows
+
+    @field_validator("batch_strategy", mode="before")
+    @classmethod
+    def _normalize_strategy(cls, value: Any) -> Any:
+        if value is None:
+            return PerAtom()
+        if isinstance(value, str):
+            return {"type": value.strip().lower()}
+        if isinstance(value, Mapping) and isinstance(value.get("type"), str):
+            return {**value, "type": value["type"].strip().lower()}
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> Decision:
+        self._check_matrix()
+        self._check_template()
+        self._columns = columns_from_schema(self.json_schema)
+        self._mapped = self._resolve_matrix_columns()
+        self._keys = self._resolve_keys()
+        self._check_strategy()
+        return self
+
+    # -- validation steps -------------------------------------------------------------------
+
+    def _check_matrix(self) -> None:
+        m = self.task_matrix
+        if not m:
+            raise ValueError("task_matrix is empty; give at least one row (one atomic task per row)")
+        width = len(m[0])
+        if width == 0:
+            raise ValueError("task_matrix row 0 has no cells; each row needs at least one cell")
+        seen: dict[tuple[str, ...], int] = {}
+        for i, row in enumerate(m):
+            if len(row) != width:
+                raise ValueError(
+                    f"task_matrix is ragged: row {i} has {len(row)} cells but row 0 has {width}; "
+                    "every row needs the same number of cells"
+                )
+            for j, cell in enumerate(row):
+                found = PLACEHOLDER.search(cell)
+                if found:
+                    raise ValueError(
+                        f"task_matrix[{i}][{j}] = {cell!r} contains the placeholder {found.group(0)!r}; "
+                        "cell values must be plain text"
+                    )
+            norm = tuple(normalize_value(c) for c in row)
+            if norm in seen:
+                raise ValueError(
+                    f"task_matrix rows {seen[norm]} and {i} are duplicates ({row!r}); "
+                    "each row must be a distinct atomic task"
+                )
+            seen[norm] = i
+
+    def _check_template(self) -> None:
+        width = len(self.task_matrix[0])
+        used = placeholders(self.template)
+        if not self.template.strip():
+            raise ValueError("template is empty; write the atomic sub-query with __0__ … placeholders")
+        bad = [i for i in used if i >= width]
+        if bad:
+            raise ValueError(
+                f"template uses __{bad[0]}__ but task_matrix rows have {width} cells "
+                f"(placeholders __0__ … __{width - 1}__)"
+            )
+        if not used and len(self.task_matrix) > 1:
+            raise ValueError(
+                "template has no __0__ … placeholder, so every row would render the same sub-query; "
+                "put the row's cells into it with __0__, __1__, ..."
+            )
+
+    def _resolve_matrix_columns(self) -> tuple[str | None, ...]:
+        width = len(self.task_matrix[0])
+        names = [c.name for c in self._columns]
+        if self.matrix_columns is None:
+            if width > len(names):
+                raise ValueError(
+                    f"task_matrix rows have {width} cells but json_schema has only {len(names)} columns; "
+                    "give `matrix_columns` (null for a context-only cell)"
+                )
+            return tuple(names[:width])
+        if len(self.matrix_columns) != width:
+            raise ValueError(
+                f"matrix_columns has {len(self.matrix_columns)} entries but task_matrix rows have {width} cells"
+            )
+        for name in self.matrix_columns:
+            if name is not None and name not in names:
+                raise ValueError(f"matrix_columns names {name!r}, which is not an output column; columns are {names}")
+        mapped = [n for n in self.matrix_columns if n is not None]
+        if len(set(mapped)) != len(mapped):
+            raise ValueError(f"matrix_columns maps two matrix columns to the same output column: {self.matrix_columns}")
+        return tuple(self.matrix_columns)
+
+    def _resolve_keys(self) -> tuple[str, ...]:
+        names = [c.name for c in self._columns]
+        if self.key_columns is None:
+            mapped = tuple(n for n in self._mapped if n is not None)
+            return mapped or (names[0],)
+        if not self.key_columns:
+            raise ValueError("key_columns is empty; name at least one column that identifies a row")
+        for k in self.key_columns:
+            if k not in names:
+                raise ValueError(f"key_columns names {k!r}, which is not an output column; columns are {names}")
+        if len(set(self.key_columns)) != len(self.key_columns):
+            raise ValueError(f"key_columns repeats a column: {self.key_columns}")
+        return tuple(self.key_columns)
+
+    def _attribute(self, index: int | None, name: str | None, where: str) -> int:
+        width = len(self.task_matrix[0])
+        if name is not None:
+            if name not in self._mapped:
+                mapped = [n for n in self._mapped if n is not None]
+                raise ValueError(f"{where}.attribute_name {name!r} is not a matrix column; matrix columns are {mapped}")
+            return self._mapped.index(name)
+        if index is None:
+            raise ValueError(f"{where} needs `attribute_index` or `attribute_name`")
+        if index >= width:
+            raise ValueError(
+                f"{where}.attribute_index {index} is out of range: rows have {width} cells (0 … {width - 1})"
+            )
+        return index
+
+    def _check_strategy(self) -> None:
+        s = self.batch_strategy
+        n = len(self.task_matrix)
+        if isinstance(s, ByAttr):
+            self._attribute(s.attribute_index, s.attribute_name, "batch_strategy")
+        elif isinstance(s, OpenStrategy):
+            owner: dict[int, int] = {}
+            for g, group in enumerate(s.groups):
+                where = f"batch_strategy.groups[{g}]"
+                if group.indices is not None:
+                    for i in group.indices:
+                        if not 0 <= i < n:
+                            raise ValueError(f"{where}.indices has {i}, out of range for {n} rows (0 … {n - 1})")
+                        if i in owner:
+                            raise ValueError(f"row {i} is in batch_strategy.groups[{owner[i]}] and groups[{g}]")
+                        owner[i] = g
+                else:
+                    col = self._attribute(
+                        group.attribute_index if group.attribute_index is not None else s.attribute_index,
+                        group.attribute_name or (s.attribute_name if group.attribute_index is None else None),
+                        where,
+                    )
+                    rows = [i for i, r in enumerate(self.task_matrix) if r[col] == group.attribute_value and i not in owner]
+                    if not rows:
+                        raise ValueError(
+                            f"{where} (attribute_value {group.attribute_value!r}) matches no row that is not "
+                            "already in an earlier group"
+                        )
+                    for i in rows:
+                        owner[i] = g
+
+    # -- derived views ------------------------------------------------------------------------
+
+    @property
+    def columns(self) -> tuple[Column, ...]:
+        """The ordered output columns."""
+        return self._columns
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        """Names of the output columns, in order."""
+        return tuple(c.name for c in self._columns)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The resolved key columns."""
+        return self._keys
+
+    @property
+    def mapped_columns(self) -> tuple[str | None, ...]:
+        """The output column each matrix column fills (None: context only)."""
+        return self._mapped
+
+    @property
+    def one_row_per_task(self) -> bool:
+        """True when the matrix fills every key column, so each task is exactly one row."""
+        return set(self._keys) <= {n for n in self._mapped if n is not None}
+
+    def attribute_column(self, index: int | None, name: str | None) -> int:
+        """Resolve an attribute given by index or name to a matrix column index."""
+        return self._attribute(index, name, "batch_strategy")
+
+    def task_text(self, i: int) -> str:
+        """The atomic sub-query of row `i` (template filled with the row's cells)."""
+        return render(self.template, self.task_matrix[i])
+
+    def forced_values(self, i: int) -> dict[str, str]:
+        """Output cells that row `i` fixes (its matrix-mapped columns)."""
+        return {col: self.task_matrix[i][j] for j, col in enumerate(self._mapped) if col is not None}
+
+    def strategy_name(self) -> str:
+        """The batching mode's name."""
+        return self.batch_strategy.type
+
+    @classmethod
+    def parse(cls, data: Any) -> Decision:
+        """Validate raw JSON data into a `Decision`, translating errors into one `DecisionError`."""
+        if not isinstance(data, Mapping):
+            raise DecisionError(f"a decision must be a JSON object, got {type(data).__name__}.")
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise DecisionError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"] if p not in ("function-after[_check(), Decision]",))
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "union_tag_invalid":
+        tag = (first.get("ctx") or {}).get("tag")
+        msg = f"unknown batch strategy {tag!r}; use one of 'per_atom', 'by_attr', 'open'"
+    elif first["type"] == "extra_forbidden":
+        msg = "unknown field; allowed decision fields are " + ", ".join(sorted(Decision.model_fields))
+    text = f"invalid decision: {loc + ': ' if loc else ''}{msg}."
+    if len(errors) > 1:
+        text += f" ({len(errors) - 1} more problem(s) after this one.)"
+    return text
+
+
+def load_decision(path: str | Path) -> Decision:
+    """Read and validate a decision JSON file.
+
+    Raises:
+        DecisionError: the file is missing, not JSON, or not a valid decision.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DecisionError(f"decision file {str(p)!r} does not exist; check the path.") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise DecisionError(f"cannot read decision file {str(p)!r}: {exc}.") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DecisionError(
+            f"decision file {str(p)!r} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}."
+        ) from None
+    return Decision.parse(data)

@@ -1,0 +1,373 @@
+"""The MapReduce engine: run a decision's batches on fresh sub-agents, reduce in code, patch.
+
+One loop in the calling thread owns all state (no locks around tables): it keeps at most
+`workers` attempts in flight on the executor, merges each reply as it completes (completion
+order), retries a batch with a continuation prompt that names exactly what is missing
+(results of earlier attempts are kept), abandons attempts that pass their deadline, and
+finally reduces the per-task tables into one table in matrix order. Then Algorithm 1's delta
+patch runs bounded rounds over only the rows and cells still missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from amapreduce.decision.model import Decision
+from amapreduce.errors import BatchTimeout, RunCancelled
+from amapreduce.llm.usage import Usage
+from amapreduce.mapreduce.batching import plan_batches
+from amapreduce.mapreduce.executor import Executor, ThreadExecutor
+from amapreduce.mapreduce.extract import parse_reply, project_row
+from amapreduce.mapreduce.patch import build_patch
+from amapreduce.mapreduce.result import AttemptRecord, MapReduceResult, RunSummary
+from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply
+from amapreduce.mapreduce.trace import NullTrace, Trace
+from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps, merge_rows
+from amapreduce.prompts import render_prompt
+from amapreduce.table.table import DEFAULT_MISSING_MARKERS, Table
+
+__all__ = ["EngineConfig", "MapReduceEngine", "ProgressEvent"]
+
+_POLL_S = 0.05
+
+
+class EngineConfig(BaseModel):
+    """Engine limits. Defaults follow the paper/reference (2 retries, 2 patch rounds, 50 batches)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: int = Field(default=8, ge=1)
+    """Attempts in flight at once."""
+    max_attempts: int = Field(default=3, ge=1)
+    """Attempts per batch: the first plus retries."""
+    batch_timeout_s: float = Field(default=900.0, gt=0)
+    """Deadline of one attempt, from its start."""
+    patch_rounds: int = Field(default=2, ge=0)
+    max_batches: int | None = Field(default=50, ge=1)
+    """Largest batch plan accepted for the map (None: no cap)."""
+    threads: int | None = Field(default=None, ge=1)
+    """Executor threads (default: `workers` plus headroom for abandoned attempts)."""
+    missing_markers: frozenset[str] = DEFAULT_MISSING_MARKERS
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressEvent:
+    """A progress notification (for rich progress bars or logs)."""
+
+    kind: str
+    """`phase`, `attempt` or `batch_done`."""
+    phase: str
+    batches_done: int
+    batches_total: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class _BatchState:
+    work: WorkBatch
+    first_prompt: str
+    attempt: int = 0
+
+
+@dataclass(eq=False)
+class _Job:
+    state: _BatchState
+    request: BatchRequest
+    started_at: float | None = None
+
+
+class MapReduceEngine:
+    """Runs decisions through a `BatchSolver`.
+
+    Args:
+        solver: makes one fresh sub-agent attempt per call.
+        config: limits; see `EngineConfig`.
+        executor: where attempts run (default: a thread pool sized from the config).
+        trace: receives every phase, attempt (prompt, raw output, rows, timing, usage) and summary.
+        progress: called in the engine's thread on each event.
+    """
+
+    def __init__(
+        self,
+        solver: BatchSolver,
+        *,
+        config: EngineConfig | None = None,
+        executor: Executor | None = None,
+        trace: Trace | None = None,
+        progress: Callable[[ProgressEvent], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.solver = solver
+        self.config = config or EngineConfig()
+        self._executor = executor
+        self.trace = trace or NullTrace()
+        self._progress = progress
+        self._clock = clock
+        self._cancel = threading.Event()
+        self._wakeup: Future[None] = Future()
+
+    def cancel(self) -> None:
+        """Stop the current run soon (thread-safe); `run` then raises `RunCancelled`."""
+        self._cancel.set()
+        if not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    def run(self, decision: Decision) -> MapReduceResult:
+        """Execute `decision`: map, reduce, then delta-patch rounds.
+
+        Raises:
+            DecisionError: the batch plan exceeds `max_batches`.
+            RunCancelled: `cancel()` was called or Ctrl-C was pressed; `.partial` holds the
+                result so far.
+        """
+        cfg = self.config
+        start = self._clock()
+        plan = plan_batches(decision, max_batches=cfg.max_batches)
+        tables = {i: Table(decision.columns, decision.keys, missing_markers=cfg.missing_markers) for i in range(len(decision.task_matrix))}
+        forced_cols = set(decision.forced_values(0))
+        items = []
+        for i, table in tables.items():
+            forced = decision.forced_values(i)
+            if decision.one_row_per_task:
+                table.upsert(forced, task_index=i, sources=dict.fromkeys(forced, MATRIX_SOURCE))
+            items.append(
+                WorkItem(
+                    task_index=i,
+                    text=decision.task_text(i),
+                    forced=forced,
+                    columns=tuple(c for c in decision.column_names if c not in forced_cols),
+                    single_row=decision.one_row_per_task,
+                    expected_rows=decision.rows_per_task,
+                )
+            )
+        work = [WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), columns=decision.columns) for b in plan.batches]
+        self.trace.write("run_start", num_rows=len(items), strategy=plan.strategy, batches=[b.manifest() for b in plan.batches])
+        records: list[AttemptRecord] = []
+        executor = self._executor or ThreadExecutor(cfg.threads or cfg.workers + max(2, cfg.workers // 4))
+        rounds_run, batches_run, timings = 0, len(work), {"map_s": 0.0, "patch_s": 0.0}
+        cancelled = False
+        try:
+            self._run_phase("map", work, decision, tables, records, executor)
+            timings["map_s"] = self._clock() - start
+            for round_no in range(1, cfg.patch_rounds + 1):
+                patch = build_patch(decision, self._reduce(decision, tables), tables, round_no)
+                if not patch:
+                    break
+                rounds_run, batches_run = round_no, batches_run + len(patch)
+                self.trace.write("patch_round", round=round_no, batches=[w.batch.manifest() for w in patch])
+                self._run_phase(f"patch{round_no}", patch, decision, tables, records, executor)
+            timings["patch_s"] = self._clock() - start - timings["map_s"]
+        except (RunCancelled, KeyboardInterrupt):
+            cancelled = True
+        finally:
+            executor_owned = self._executor is None
+            if executor_owned or cancelled:
+                executor.shutdown(cancel=True)
+        table = self._reduce(decision, tables)
+        timings["wall_s"] = self._clock() - start
+        summary = self._summarize(decision, table, tables, records, rounds_run, batches_run, timings)
+        result = MapReduceResult(table=table, summary=summary, plan=plan, attempts=tuple(records), cancelled=cancelled)
+        self.trace.write("run_end", summary=summary.to_json(), cancelled=cancelled)
+        if cancelled:
+            raise RunCancelled("the MapReduce run was cancelled; `partial` holds the rows found so far", partial=result)
+        return result
+
+    # -- one phase (map or a patch round) ------------------------------------------------------
+
+    def _run_phase(
+        self,
+        phase: str,
+        work: list[WorkBatch],
+        decision: Decision,
+        tables: dict[int, Table],
+        records: list[AttemptRecord],
+        executor: Executor,
+    ) -> None:
+        cfg = self.config
+        many = not decision.one_row_per_task
+        pending: deque[_Job] = deque()
+        for w in work:
+            prompt = render_prompt(
+                "mapreduce",
+                "batch",
+                rationale=w.batch.rationale,
+                shared_context=dict(w.batch.shared_context),
+                columns=w.columns,
+                rows_per_task=decision.rows_per_task if many and phase == "map" else None,
+                many_rows=many and not all(i.single_row for i in w.items),
+                tasks=[{"number": k, "text": item.text} for k, item in enumerate(w.items, 1)],
+            )
+            state = _BatchState(work=w, first_prompt=prompt)
+            pending.append(self._next_job(state, prompt))
+        done_batches, total = 0, len(work)
+        self._emit("phase", phase, 0, total)
+        inflight: dict[Future[SolverReply], _Job] = {}
+        try:
+            while pending or inflight:
+                if self._cancel.is_set():
+                    raise RunCancelled("cancelled")
+                while pending and len(inflight) < cfg.workers:
+                    job = pending.popleft()
+                    inflight[executor.submit(lambda job=job: self._execute(job))] = job
+                finished, _ = wait([*inflight, self._wakeup], timeout=self._wait_s(inflight), return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    if fut is self._wakeup:
+                        continue
+                    job = inflight.pop(fut)
+                    exc = fut.exception()
+                    follow = self._settle(job, phase, None if exc else fut.result(), exc, tables, records)
+                    if follow is None:
+                        done_batches += 1
+                        self._emit("batch_done", phase, done_batches, total, batch_id=job.state.work.batch.batch_id)
+                    else:
+                        pending.appendleft(follow)
+                now = self._clock()
+                for fut, job in list(inflight.items()):
+                    if job.started_at is not None and now - job.started_at > cfg.batch_timeout_s:
+                        del inflight[fut]
+                        job.request.cancel.set()
+                        timeout = BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")
+                        follow = self._settle(job, phase, None, timeout, tables, records)
+                        if follow is None:
+                            done_batches += 1
+                            self._emit("batch_done", phase, done_batches, total, batch_id=job.state.work.batch.batch_id)
+                        else:
+                            pending.appendleft(follow)
+        except (KeyboardInterrupt, RunCancelled):
+            for job in [*inflight.values(), *pending]:
+                job.request.cancel.set()
+            raise
+
+    def _wait_s(self, inflight: dict[Future[SolverReply], _Job]) -> float:
+        now = self._clock()
+        starts = [j.started_at for j in inflight.values()]
+        deadlines = [s + self.config.batch_timeout_s - now for s in starts if s is not None]
+        wait_s = min(deadlines, default=float("inf"))
+        if any(s is None for s in starts):
+            wait_s = min(wait_s, _POLL_S)
+        return max(0.0, wait_s) if wait_s != float("inf") else _POLL_S * 20
+
+    def _execute(self, job: _Job) -> SolverReply:
+        job.started_at = self._clock()
+        request = dataclasses.replace(job.request, deadline=time.monotonic() + self.config.batch_timeout_s)
+        job.request = request
+        return self.solver.solve(request)
+
+    def _next_job(self, state: _BatchState, prompt: str) -> _Job:
+        state.attempt += 1
+        w = state.work
+        request = BatchRequest(
+            batch_id=w.batch.batch_id,
+            attempt=state.attempt,
+            prompt=prompt,
+            tasks=tuple(item.text for item in w.items),
+            columns=w.columns,
+            rationale=w.batch.rationale,
+            shared_context=dict(w.batch.shared_context),
+        )
+        return _Job(state=state, request=request)
+
+    def _settle(
+        self,
+        job: _Job,
+        phase: str,
+        reply: SolverReply | None,
+        exc: BaseException | None,
+        tables: dict[int, Table],
+        records: list[AttemptRecord],
+    ) -> _Job | None:
+        """Merge one finished attempt; return the retry job, or None when the batch is done."""
+        state, items = job.state, job.state.work.items
+        elapsed = self._clock() - (job.started_at or self._clock())
+        names = [c.name for c in state.work.columns]
+        rows, dropped, problem, parsed_rows = 0, 0, None, []
+        outcome = "error"
+        if exc is not None:
+            outcome = "timeout" if isinstance(exc, BatchTimeout) else "error"
+            problem = f"{type(exc).__name__}: {exc}"
+        elif reply is not None:
+            parsed = parse_reply(reply.output)
+            projected = [project_row(obj, names) for obj in parsed.rows]
+            parsed_rows = [{**p.values, "task": p.task, "source": p.source} for p in projected]
+            rows = len(projected)
+            by_number, dropped = assign_rows(projected, items)
+            for number, answer in by_number.items():
+                item = items[number - 1]
+                dropped += merge_rows(tables[item.task_index], item, answer)
+            outcome = "ok" if parsed.error is None else "parse_error"
+            if parsed.error is not None:
+                problem = f"the reply was not a JSON array of rows ({parsed.error})"
+        usage = reply.usage if reply is not None else Usage()
+        record = AttemptRecord(
+            batch_id=state.work.batch.batch_id, phase=phase, attempt=state.attempt, outcome=outcome,
+            elapsed_s=round(elapsed, 6), rows=rows, dropped_rows=dropped, error=problem, usage=usage,
+        )
+        records.append(record)
+        self.trace.write(
+            "attempt", batch_id=record.batch_id, phase=phase, attempt=state.attempt, outcome=outcome,
+            prompt=job.request.prompt, raw_output=None if reply is None else reply.output,
+            parsed_rows=parsed_rows, dropped_rows=dropped, error=problem, elapsed_s=record.elapsed_s,
+            usage=usage.to_json(), subagent=None if reply is None else dict(reply.trace),
+        )
+        self._emit("attempt", phase, 0, 0, batch_id=record.batch_id, attempt=state.attempt, outcome=outcome)
+        gaps = [(k, item_gaps(tables[item.task_index], item)) for k, item in enumerate(items, 1)]
+        missing = [{"number": k, "what": g} for k, g in gaps if g]
+        if not missing or state.attempt >= self.config.max_attempts or self._cancel.is_set():
+            return None
+        prompt = render_prompt(
+            "mapreduce", "continuation", original=state.first_prompt, attempt=state.attempt + 1,
+            max_attempts=self.config.max_attempts, problem=problem, missing=missing,
+        )
+        return self._next_job(state, prompt)
+
+    # -- reduce and summary ---------------------------------------------------------------------
+
+    def _reduce(self, decision: Decision, tables: dict[int, Table]) -> Table:
+        table = Table(decision.columns, decision.keys, missing_markers=self.config.missing_markers)
+        for i in sorted(tables):
+            for row in tables[i].rows:
+                table.merge_row(row)
+        return table
+
+    def _summarize(
+        self,
+        decision: Decision,
+        table: Table,
+        tables: dict[int, Table],
+        records: list[AttemptRecord],
+        rounds: int,
+        batches: int,
+        timings: dict[str, float],
+    ) -> RunSummary:
+        need = 0 if decision.one_row_per_task else (decision.rows_per_task or 1)
+        incomplete = sum(1 for t in tables.values() if len(t) < need)
+        missing = len(table.missing_cells())
+        usage = sum((r.usage for r in records), Usage())
+        return RunSummary(
+            rows=len(table),
+            missing_cells=missing,
+            incomplete_tasks=incomplete,
+            conflicts=sum(1 for row in table.rows for cell in row.cells.values() if cell.alternatives),
+            complete=missing == 0 and incomplete == 0,
+            patch_rounds=rounds,
+            batches=batches,
+            attempts=len(records),
+            retries=sum(1 for r in records if r.attempt > 1),
+            timeouts=sum(1 for r in records if r.outcome == "timeout"),
+            failures=sum(1 for r in records if r.outcome in ("error", "parse_error")),
+            usage=usage,
+            timings={k: round(v, 6) for k, v in timings.items()},
+        )
+
+    def _emit(self, kind: str, phase: str, done: int, total: int, **data: Any) -> None:
+        if self._progress is not None:
+            self._progress(ProgressEvent(kind=kind, phase=phase, batches_done=done, batches_total=total, data=data))

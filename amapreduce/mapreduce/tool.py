@@ -1,0 +1,217 @@
+"""The `mapreduce` smolagents Tool the manager agent calls.
+
+Stage 1 (plan): the first call validates the draft decision Θ⁽⁰⁾, shows its batch plan and
+returns the experiential prior Δ_q from a pluggable provider (the memory, or `NoPrior`).
+Stage 2 (execute): the next call runs the decision through the engine and returns the
+completeness summary plus the reduced rows as JSONL. Later calls are delta follow-ups whose
+rows merge into the same table, which the manager's final answer is rendered from in code.
+
+Guards: at most `max_calls` accepted calls per run (plan included), identical execute
+arguments refused, invalid decisions refused with the exact problem (they do not use up a
+call). Every call is traced.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from smolagents import Tool
+
+from amapreduce.decision.model import Decision
+from amapreduce.errors import AmapreduceError, DecisionError, ToolCallRefused
+from amapreduce.mapreduce.batching import plan_batches
+from amapreduce.mapreduce.engine import MapReduceEngine
+from amapreduce.mapreduce.prior import NoPrior, Prior, PriorProvider, PriorRequest
+from amapreduce.mapreduce.result import MapReduceResult
+from amapreduce.mapreduce.trace import NullTrace, Trace
+from amapreduce.table.table import Table
+
+__all__ = ["MapReduceTool"]
+
+_DESCRIPTION = (
+    "Execute a wide-search decision. Each row of `task_matrix` fills the placeholders __0__, __1__, ... of "
+    "`template` to make one atomic sub-query; the sub-queries are batched by `batch_strategy`, solved in "
+    "parallel by fresh search sub-agents, and their rows are reduced into one table in code (deduplicated "
+    "by key, retried and patched when rows or cells are missing). The FIRST call is a plan stage: it "
+    "validates the decision, shows the batch plan and returns experience from past runs; call again "
+    "(revised if the advice says so) to execute. After executing, call again only with a small matrix of "
+    "the rows still missing (delta only). Output columns come from `json_schema`; put the columns the "
+    "matrix fills first, in matrix order."
+)
+
+
+class MapReduceTool(Tool):
+    """The manager's `mapreduce` tool (see the module docstring)."""
+
+    name = "mapreduce"
+    description = _DESCRIPTION
+    inputs = {
+        "task_matrix": {
+            "type": "array",
+            "description": "N rows of strings; row i fills __0__, __1__, ... Include EVERY entity, one row each.",
+        },
+        "template": {"type": "string", "description": "The atomic sub-query with __0__, __1__, ... placeholders."},
+        "json_schema": {
+            "type": "object",
+            "description": 'Output columns: {"type": "object", "properties": {"col": {"type": "string", '
+            '"description": "..."}}}, matrix-filled columns first.',
+        },
+        "batch_strategy": {
+            "type": "object",
+            "description": '{"type": "per_atom"|"by_attr"|"open", "rationale": "..."}; by_attr takes '
+            '"attribute_index"; open takes "groups" [{"indices": [...]}] and "chunk_size".',
+            "nullable": True,
+        },
+        "batch_size": {"type": "integer", "description": "Tasks per batch for per_atom (default 1).", "nullable": True},
+    }
+    output_type = "string"
+
+    def __init__(
+        self,
+        engine: MapReduceEngine,
+        *,
+        query: str = "",
+        task_id: str | None = None,
+        prior_provider: PriorProvider | None = None,
+        plan_stage: bool = True,
+        max_calls: int = 4,
+        max_batches: int = 50,
+        trace: Trace | None = None,
+        preview_rows: int = 5,
+    ) -> None:
+        super().__init__()
+        if max_calls < 1:
+            raise ValueError(f"`max_calls` must be >= 1, got {max_calls}")
+        self.engine = engine
+        self.query = query
+        self.task_id = task_id
+        self.prior_provider = prior_provider or NoPrior()
+        self.plan_stage = plan_stage
+        self.max_calls = max_calls
+        self.max_batches = max_batches
+        self.trace = trace or NullTrace()
+        self.preview_rows = preview_rows
+        self._lock = threading.Lock()
+        self.calls = 0
+        self._planned = False
+        self._executed: set[str] = set()
+        self.prior: Prior | None = None
+        self.decisions: list[Decision] = []
+        self.results: list[MapReduceResult] = []
+        self.table: Table | None = None
+
+    def forward(  # type: ignore[override]
+        self,
+        task_matrix: list[list[Any]],
+        template: str,
+        json_schema: dict[str, Any],
+        batch_strategy: dict[str, Any] | None = None,
+        batch_size: int | None = None,
+    ) -> str:
+        raw = {
+            "task_matrix": task_matrix,
+            "template": template,
+            "json_schema": json_schema,
+            "batch_strategy": batch_strategy,
+            "batch_size": batch_size,
+        }
+        try:
+            decision = Decision.parse(raw)
+            plan = plan_batches(decision, max_batches=self.max_batches)
+        except DecisionError as exc:
+            self.trace.write("tool_call", tool=self.name, stage="refused", error=str(exc), args=raw)
+            raise ToolCallRefused(f"{exc} Fix the arguments and call mapreduce again.") from None
+        signature = json.dumps(decision.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+        with self._lock:
+            if self.calls >= self.max_calls:
+                raise ToolCallRefused(
+                    f"mapreduce may be called at most {self.max_calls} times per run and was already called "
+                    f"{self.calls} times. Finish with what the table has; missing cells stay empty."
+                )
+            stage = "plan" if self.plan_stage and not self._planned else "execute"
+            if stage == "execute" and signature in self._executed:
+                raise ToolCallRefused(
+                    "these exact arguments were already executed. To fill gaps, call mapreduce with a matrix of "
+                    "ONLY the rows still missing, or finish with the table as it is."
+                )
+            self.calls += 1
+            if stage == "plan":
+                self._planned = True
+            else:
+                self._executed.add(signature)
+        if stage == "plan":
+            return self._plan(raw, decision, plan.to_json())
+        return self._execute(raw, decision)
+
+    def _plan(self, raw: dict[str, Any], decision: Decision, plan: dict[str, Any]) -> str:
+        request = PriorRequest(query=self.query or decision.template, decision=raw, task_id=self.task_id)
+        try:
+            self.prior = self.prior_provider.prior(request)
+            prior_text = self.prior.text
+        except AmapreduceError as exc:
+            # Surfaced to the manager and the trace, so "no memory" and "memory broken" differ.
+            prior_text = f"Experiential memory is unavailable for this run ({type(exc).__name__}: {exc})."
+            self.trace.write("prior_error", error=str(exc))
+        n = len(decision.task_matrix)
+        matrix_preview: list[Any] = list(decision.task_matrix[: self.preview_rows])
+        if n > self.preview_rows:
+            matrix_preview.append(f"... ({n - self.preview_rows} more rows)")
+        payload = {
+            "call_stage": "plan",
+            "experiential_prior": prior_text,
+            "current_mapreduce_args": {
+                "num_rows": n,
+                "task_matrix_preview": matrix_preview,
+                "template": decision.template,
+                "columns": list(decision.column_names),
+                "key_columns": list(decision.keys),
+                "batch_strategy": raw["batch_strategy"],
+                "batch_size": raw["batch_size"],
+            },
+            "batch_plan": {
+                "strategy": plan["strategy"],
+                "num_batches": len(plan["batches"]),
+                "sizes": [b["size"] for b in plan["batches"]],
+            },
+            "next": "Check the decision against the experience above (all entities present, key columns "
+            "filled, one batching mode), revise it if needed, then call mapreduce again to execute.",
+        }
+        self.trace.write("tool_call", tool=self.name, stage="plan", args=raw, output=payload)
+        return json.dumps(payload, ensure_ascii=False)
+
+    def _execute(self, raw: dict[str, Any], decision: Decision) -> str:
+        result = self.engine.run(decision)
+        self.decisions.append(decision)
+        self.results.append(result)
+        self._accumulate(result.table)
+        summary = result.summary
+        head = {
+            "call_stage": "execute",
+            "rows": summary.rows,
+            "missing_cells": summary.missing_cells,
+            "incomplete_tasks": summary.incomplete_tasks,
+            "complete": summary.complete,
+            "patch_rounds": summary.patch_rounds,
+            "retries": summary.retries,
+            "batches": summary.batches,
+            "table_rows_total": len(self.table) if self.table is not None else summary.rows,
+        }
+        missing = [
+            {"key": {k: row.cells[k].value for k in result.table.key_columns}, "missing": row.missing()}
+            for row in result.table.rows
+            if row.missing()
+        ]
+        lines = [json.dumps(head, ensure_ascii=False), result.jsonl().rstrip("\n")]
+        if missing:
+            lines.append(json.dumps({"still_missing": missing[:50], "count": len(missing)}, ensure_ascii=False))
+        self.trace.write("tool_call", tool=self.name, stage="execute", args=raw, output=head)
+        return "\n".join(line for line in lines if line)
+
+    def _accumulate(self, table: Table) -> None:
+        """Merge a call's rows into the run's table (delta follow-ups fill the same rows)."""
+        if self.table is None or not set(table.key_columns) <= set(self.table.columns):
+            self.table = Table(table.columns, table.key_columns, missing_markers=table.missing_markers)
+        for row in table.rows:
+            self.table.merge_row(row)

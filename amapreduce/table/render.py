@@ -1,0 +1,70 @@
+"""Render a table as WideSearch-readable markdown, CSV or JSONL.
+
+The markdown is one ```` ```markdown ```` fenced table written for the official WideSearch
+parser (docs/widesearch-eval.md §3), which splits lines on `|`, strips every cell and reads the
+result with `pandas.read_csv(sep="|")`. So:
+
+* a cell never holds a newline (collapsed to a space at projection time, and again here);
+* a cell holding `|` or starting with `"` is written CSV-quoted (`"a|b"`, inner `"` doubled),
+  which `read_csv` reads back as the original text. White space next to a `|` inside a cell is
+  the one thing the official parser cannot keep (it strips around every `|`); we write it
+  stripped so what you see is what the scorer reads.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+
+from amapreduce.table.table import Table
+
+__all__ = ["markdown_cell", "to_csv", "to_jsonl", "to_markdown"]
+
+_SPACE_AROUND_PIPE = re.compile(r"\s*\|\s*")
+_WS = re.compile(r"\s+")
+
+
+def markdown_cell(value: str) -> str:
+    """One value as a markdown table cell that the WideSearch parser reads back."""
+    text = _WS.sub(" ", value).strip()
+    if "|" in text or text.startswith('"'):
+        text = _SPACE_AROUND_PIPE.sub("|", text)
+        text = '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def to_markdown(table: Table, *, fenced: bool = True) -> str:
+    """The table as a GitHub-style markdown table, by default inside a ```` ```markdown ```` fence."""
+    lines = [
+        "| " + " | ".join(markdown_cell(c) for c in table.columns) + " |",
+        "|" + "|".join(" --- " for _ in table.columns) + "|",
+    ]
+    for row in table.rows:
+        lines.append("| " + " | ".join(markdown_cell(row.cells[c].value) for c in table.columns) + " |")
+    body = "\n".join(lines)
+    return f"```markdown\n{body}\n```" if fenced else body
+
+
+def to_csv(table: Table) -> str:
+    """The table as CSV text (header row first)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(table.columns)
+    for row in table.rows:
+        writer.writerow([row.cells[c].value for c in table.columns])
+    return buffer.getvalue()
+
+
+def to_jsonl(table: Table, *, with_status: bool = False) -> str:
+    """One JSON object per row; with `with_status`, also `_missing`, `_conflicts` and `_sources`."""
+    out = []
+    for row in table.rows:
+        obj: dict[str, object] = row.values()
+        if with_status:
+            obj["_missing"] = row.missing()
+            obj["_conflicts"] = {c: cell.alternatives for c, cell in row.cells.items() if cell.alternatives}
+            obj["_sources"] = sorted({cell.source for cell in row.cells.values() if cell.source})
+        out.append(json.dumps(obj, ensure_ascii=False))
+    return "\n".join(out) + ("\n" if out else "")

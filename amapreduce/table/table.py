@@ -1,0 +1,191 @@
+"""The reduced table: rows keyed by the key columns, each cell with a status and a source.
+
+This is the reducer of Agentic MapReduce, done in code (the reference let the manager LLM
+re-type the table). Rows are merged by normalised key: a later row fills cells the earlier one
+lacked; a different non-empty value for a filled cell keeps the first value and records the
+conflict, so nothing is silently overwritten or lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from amapreduce.decision.columns import Column
+from amapreduce.table.keys import normalize_key, normalize_value
+
+__all__ = ["DEFAULT_MISSING_MARKERS", "Cell", "CellStatus", "Row", "Table"]
+
+DEFAULT_MISSING_MARKERS = frozenset({"", "n/a", "unknown", "not found", "not available", "null", "?"})
+"""Values a sub-agent writes when it found nothing; they count as missing, not as answers."""
+
+
+class CellStatus(StrEnum):
+    """What we know about a cell."""
+
+    FOUND = "found"
+    MISSING = "missing"
+    CONFLICT = "conflict"
+
+
+@dataclass(kw_only=True)
+class Cell:
+    """One table cell."""
+
+    value: str = ""
+    status: CellStatus = CellStatus.MISSING
+    source: str | None = None
+    """Where the value came from: a URL, `task_matrix`, or None."""
+    alternatives: list[str] = field(default_factory=list)
+    """Other values seen for this cell (conflicts), in arrival order."""
+
+
+@dataclass(kw_only=True)
+class Row:
+    """One table row: its cells by column, and the atomic task that produced it."""
+
+    cells: dict[str, Cell]
+    task_index: int
+    """Task-matrix row that produced this row (rows sort by it: matrix order)."""
+
+    def values(self) -> dict[str, str]:
+        """Column → value."""
+        return {c: cell.value for c, cell in self.cells.items()}
+
+    def missing(self) -> list[str]:
+        """Columns whose cell is still missing."""
+        return [c for c, cell in self.cells.items() if cell.status is CellStatus.MISSING]
+
+
+class Table:
+    """An ordered, keyed table with per-cell status."""
+
+    def __init__(
+        self,
+        columns: Sequence[Column] | Sequence[str],
+        key_columns: Sequence[str],
+        *,
+        missing_markers: Iterable[str] = DEFAULT_MISSING_MARKERS,
+    ) -> None:
+        self.columns: tuple[str, ...] = tuple(c.name if isinstance(c, Column) else c for c in columns)
+        self.key_columns: tuple[str, ...] = tuple(key_columns)
+        unknown = [k for k in self.key_columns if k not in self.columns]
+        if unknown:
+            raise ValueError(f"key columns {unknown} are not table columns {list(self.columns)}")
+        self.missing_markers = frozenset(m.casefold() for m in missing_markers)
+        self.rows: list[Row] = []
+        self._by_key: dict[tuple[str, ...], Row] = {}
+
+    def is_missing(self, value: str) -> bool:
+        """Whether `value` counts as no answer."""
+        return value.strip().casefold() in self.missing_markers
+
+    def key_of(self, values: Mapping[str, str]) -> tuple[str, ...] | None:
+        """The normalised key of `values`, or None when a key cell is empty."""
+        raw = tuple(values.get(k, "") for k in self.key_columns)
+        if any(self.is_missing(v) for v in raw):
+            return None
+        return normalize_key(raw)
+
+    def find(self, values: Mapping[str, str]) -> Row | None:
+        """The row with the same key as `values`, if any."""
+        key = self.key_of(values)
+        return None if key is None else self._by_key.get(key)
+
+    def upsert(
+        self,
+        values: Mapping[str, str],
+        *,
+        task_index: int,
+        source: str | None = None,
+        sources: Mapping[str, str | None] | None = None,
+    ) -> Row | None:
+        """Add a row or merge it into the row with the same key.
+
+        Args:
+            values: column → value; absent columns count as missing.
+            task_index: the atomic task that produced the values.
+            source: the row's source URL (used for every cell it fills).
+            sources: per-column source overriding `source` (e.g. `task_matrix` for forced cells).
+
+        Returns:
+            The row, or None when a key cell is empty (such a row cannot be placed).
+        """
+        key = self.key_of(values)
+        if key is None:
+            return None
+        row = self._by_key.get(key)
+        if row is None:
+            row = Row(cells={c: Cell() for c in self.columns}, task_index=task_index)
+            self._by_key[key] = row
+            self.rows.append(row)
+        for column in self.columns:
+            value = values.get(column, "").strip()
+            if self.is_missing(value):
+                continue
+            cell_source = (sources or {}).get(column, source)
+            self._merge_cell(row.cells[column], value, cell_source)
+        return row
+
+    @staticmethod
+    def _merge_cell(cell: Cell, value: str, source: str | None) -> None:
+        if cell.status is CellStatus.MISSING:
+            cell.value, cell.status, cell.source = value, CellStatus.FOUND, source
+        elif normalize_value(value) != normalize_value(cell.value):
+            if value not in cell.alternatives:
+                cell.alternatives.append(value)
+            cell.status = CellStatus.CONFLICT
+
+    def merge_row(self, row: Row) -> Row | None:
+        """Merge a row of another table, keeping its statuses and conflicts.
+
+        Columns this table lacks are ignored, so a delta follow-up with fewer columns merges too.
+        """
+        merged = self.upsert(
+            {c: cell.value for c, cell in row.cells.items() if cell.status is not CellStatus.MISSING},
+            task_index=row.task_index,
+            sources={c: cell.source for c, cell in row.cells.items()},
+        )
+        if merged is not None:
+            for column, cell in row.cells.items():
+                if column not in merged.cells:
+                    continue
+                target = merged.cells[column]
+                for alt in cell.alternatives:
+                    self._merge_cell(target, alt, cell.source)
+        return merged
+
+    def sort_by_task(self) -> None:
+        """Order rows by their task (matrix order), keeping arrival order within a task."""
+        self.rows.sort(key=lambda r: r.task_index)
+
+    def missing_cells(self) -> list[tuple[int, str]]:
+        """(row position, column) of every missing cell."""
+        return [(i, c) for i, row in enumerate(self.rows) for c in row.missing()]
+
+    def records(self) -> list[dict[str, str]]:
+        """The table as a list of column → value dicts, in row order."""
+        return [row.values() for row in self.rows]
+
+    def to_json(self) -> dict[str, Any]:
+        """Values, statuses, sources and conflicts, for result files and traces."""
+        return {
+            "columns": list(self.columns),
+            "key_columns": list(self.key_columns),
+            "rows": [
+                {
+                    "task_index": row.task_index,
+                    "cells": {
+                        c: {"value": cell.value, "status": str(cell.status), "source": cell.source}
+                        | ({"alternatives": cell.alternatives} if cell.alternatives else {})
+                        for c, cell in row.cells.items()
+                    },
+                }
+                for row in self.rows
+            ],
+        }
+
+    def __len__(self) -> int:
+        return len(self.rows)
