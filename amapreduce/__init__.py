@@ -24,19 +24,56 @@ from amapreduce.errors import (
 __version__ = "0.1.0"
 
 # name -> module that defines it; imported on first attribute access.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "BatchPlan": "amapreduce.mapreduce.batching",
+    "BatchRequest": "amapreduce.mapreduce.solver",
+    "BatchSolver": "amapreduce.mapreduce.solver",
+    "Decision": "amapreduce.decision.model",
+    "EngineConfig": "amapreduce.mapreduce.engine",
+    "MapReduceEngine": "amapreduce.mapreduce.engine",
+    "MapReduceResult": "amapreduce.mapreduce.result",
+    "MapReduceTool": "amapreduce.mapreduce.tool",
+    "NoPrior": "amapreduce.mapreduce.prior",
+    "Prior": "amapreduce.mapreduce.prior",
+    "PriorProvider": "amapreduce.mapreduce.prior",
+    "PriorRequest": "amapreduce.mapreduce.prior",
+    "SmolagentsSolver": "amapreduce.mapreduce.solver",
+    "SolverReply": "amapreduce.mapreduce.solver",
+    "Table": "amapreduce.table.table",
+    "Usage": "amapreduce.llm.usage",
+    "load_decision": "amapreduce.decision.model",
+    "plan_batches": "amapreduce.mapreduce.batching",
+}
 
 __all__ = [
     "AmapreduceError",
+    "BatchPlan",
+    "BatchRequest",
+    "BatchSolver",
     "BatchTimeout",
     "ConfigError",
+    "Decision",
     "DecisionError",
+    "EngineConfig",
+    "MapReduceEngine",
+    "MapReduceResult",
+    "MapReduceTool",
+    "NoPrior",
+    "Prior",
+    "PriorProvider",
+    "PriorRequest",
     "RunCancelled",
     "RunError",
+    "SmolagentsSolver",
     "SolverError",
+    "SolverReply",
+    "Table",
     "ToolCallRefused",
+    "Usage",
     "UserError",
     "__version__",
+    "load_decision",
+    "plan_batches",
 ]
 
 

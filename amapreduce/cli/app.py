@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-import click
 import typer
 import typer.main
 
@@ -78,24 +77,22 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
         result = command.main(args=args, prog_name="amapreduce", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    except click.exceptions.Abort:
+    except typer.Exit as exc:
+        return int(getattr(exc, "exit_code", getattr(exc, "code", 0)) or 0)
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("Interrupted.", err=True)
         return EXIT_INTERRUPTED
-    except KeyboardInterrupt:
-        typer.echo("Interrupted.", err=True)
-        return EXIT_INTERRUPTED
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        return int(exc.exit_code)
+    except typer.TyperException as exc:  # usage errors from typer's bundled click
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            typer.echo(f"error: {exc}", err=True)
+        return int(getattr(exc, "exit_code", EXIT_USAGE))
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         return EXIT_USAGE
-    except RunError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return EXIT_RUN_ERROR
-    except AmapreduceError as exc:
+    except (RunError, AmapreduceError) as exc:
         typer.echo(f"error: {exc}", err=True)
         return EXIT_RUN_ERROR
     return int(result) if isinstance(result, int) else EXIT_OK

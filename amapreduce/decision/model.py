@@ -21,7 +21,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from amapreduce.decision.columns import Column, columns_from_schema
 from amapreduce.decision.strategy import ByAttr, OpenStrategy, PerAtom, Strategy

@@ -127,13 +127,13 @@ def _open(d: Decision, s: OpenStrategy) -> list[tuple[list[int], str, dict[str, 
     return out
 
 
-def plan_batches(decision: Decision, *, max_batches: int = 50, id_prefix: str = "") -> BatchPlan:
+def plan_batches(decision: Decision, *, max_batches: int | None = 50, id_prefix: str = "") -> BatchPlan:
     """Split `decision` into batches according to its strategy.
 
     Args:
         decision: a validated decision.
-        max_batches: the largest plan accepted; a larger one is a `DecisionError` that tells
-            the manager how to shrink it.
+        max_batches: the largest plan accepted (None: no cap); a larger one is a
+            `DecisionError` that tells the manager how to shrink it.
         id_prefix: prepended to batch ids (patch rounds use `patch1-`).
 
     Raises:
@@ -146,7 +146,7 @@ def plan_batches(decision: Decision, *, max_batches: int = 50, id_prefix: str = 
         parts = _open(decision, s)
     else:
         parts = _per_atom(decision, s)
-    if len(parts) > max_batches:
+    if max_batches is not None and len(parts) > max_batches:
         raise DecisionError(
             f"the batch plan has {len(parts)} batches, more than `max_batches`={max_batches}. "
             "Group tasks with by_attr or open, or set a larger batch_size."

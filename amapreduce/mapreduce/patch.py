@@ -17,9 +17,6 @@ from amapreduce.table.table import Row, Table
 
 __all__ = ["build_patch"]
 
-_UNCAPPED = 1_000_000
-
-
 def _key_text(table: Table, row: Row) -> str:
     return ", ".join(f"{k} = {row.cells[k].value}" for k in table.key_columns)
 
@@ -62,7 +59,7 @@ def build_patch(decision: Decision, table: Table, tables: dict[int, Table], roun
             )
             for k, r in enumerate(rows)
         ]
-        plan = plan_batches(patch, max_batches=_UNCAPPED, id_prefix=f"patch{round_no}.{g}-")
+        plan = plan_batches(patch, max_batches=None, id_prefix=f"patch{round_no}.{g}-")
         work += [
             WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), columns=patch.columns, phase=f"patch{round_no}")
             for b in plan.batches
@@ -88,7 +85,7 @@ def build_patch(decision: Decision, table: Table, tables: dict[int, Table], roun
                 )
                 for k, i in enumerate(short)
             ]
-            plan = plan_batches(patch, max_batches=_UNCAPPED, id_prefix=f"patch{round_no}.rows-")
+            plan = plan_batches(patch, max_batches=None, id_prefix=f"patch{round_no}.rows-")
             work += [
                 WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), columns=patch.columns, phase=f"patch{round_no}")
                 for b in plan.batches

@@ -1,0 +1,239 @@
+"""Parse a model's markdown answer into a table exactly as the official scorers do.
+
+Why a faithful copy and not a "better" parser: published WideSearch / DeepWideSearch numbers are
+produced by `WideSearchResponse.extract_dataframe` (docs/widesearch-eval.md §3), including its
+quirks (first vs last fence, the pipe fallback, separator-line removal, `read_csv(sep="|")` NA
+strings and per-column dtype inference). Any deviation changes scores, so this module reproduces
+that behaviour step by step and leaves the corrections to the `--corrected` mode of the scorer.
+
+pandas is imported inside the functions: the CLI imports this package at startup only lazily,
+and `amapreduce --help` must stay fast.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Literal
+
+from amapreduce.errors import RunError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "AnswerParseError",
+    "Benchmark",
+    "extract_answer_dataframe",
+    "extract_table_text",
+    "legacy_str",
+    "corrected_str",
+    "norm_column",
+    "read_table_frame",
+]
+
+Benchmark = Literal["widesearch", "deepwidesearch"]
+
+_FENCE_RE = re.compile(r"```markdown(.*?)```", re.DOTALL)
+_LOOSE_FENCE_RE = re.compile(r"```[ \t]*(?:markdown|md)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_GFM_SEPARATOR_RE = re.compile(r"^\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?$")
+_PIPE_BLOCK_RE = re.compile(r"((?:\|.*\n?)+)")
+_SEPARATOR_CHARS = frozenset("|- :")
+
+
+class AnswerParseError(RunError):
+    """pandas could not read the extracted table (the official code's "evaluator error").
+
+    The official scorer turns this into an all-zero result; we raise it so callers can tell
+    "no table" (None) from "a table pandas rejects" and show the reason.
+    """
+
+
+def norm_column(name: str) -> str:
+    """Official header normalisation: strip, lower-case, delete ASCII spaces (nothing else)."""
+    return name.strip().lower().replace(" ", "")
+
+
+def extract_table_text(
+    text: str, *, benchmark: Benchmark = "widesearch", corrected: bool = False
+) -> str | None:
+    """Return the cleaned `|`-separated table text the official parser hands to pandas.
+
+    Steps (docs/widesearch-eval.md §3): the first (WideSearch) or last (DeepWideSearch)
+    case-sensitive closed ```` ```markdown ```` block; otherwise, with at least 4 pipes in the
+    text, the pipe-line fallback; then strip, remove spaces from and lower-case the header line,
+    drop lines without `|` or made only of `| - :` and spaces, and strip every cell.
+
+    With `corrected` (bug B11): the last block is used for both benchmarks, ```` ```md ```` and
+    any-case fences count, a table without outer pipes is found by its separator line, and only
+    the separator line right under the header is dropped (a data row of `-` cells is kept).
+
+    Returns:
+        The text to parse, or None when the official code finds no table at all.
+    """
+    if benchmark not in ("widesearch", "deepwidesearch"):
+        raise ValueError(f"benchmark must be 'widesearch' or 'deepwidesearch', got {benchmark!r}")
+    if corrected:
+        return _extract_corrected(text)
+    blocks: list[str] = _FENCE_RE.findall(text)
+    if not blocks:
+        pipes = [m.start() for m in re.finditer(r"\|", text)]
+        if len(pipes) >= 4:
+            start = text.rfind("\n", 0, pipes[0])
+            start = 0 if start == -1 else start
+            end = text.find("\n", pipes[-1])
+            end = len(text) if end == -1 else end
+            blocks = _PIPE_BLOCK_RE.findall(text[start:end])
+    if not blocks:
+        return None
+    block = (blocks[0] if benchmark == "widesearch" else blocks[-1]).strip()
+    lines = block.split("\n")
+    lines[0] = lines[0].replace(" ", "").lower()
+    kept: list[str] = []
+    for raw in lines:
+        line = raw.strip()
+        if set(line).issubset(_SEPARATOR_CHARS) or "|" not in line:
+            continue
+        kept.append("|".join(cell.strip() for cell in line.split("|")))
+    return "\n".join(kept)
+
+
+def _extract_corrected(text: str) -> str | None:
+    """The B11-corrected extraction (see `extract_table_text`)."""
+    blocks = [b for b in (_LOOSE_FENCE_RE.findall(text) or _FENCE_RE.findall(text)) if "|" in b]
+    lines = [line.strip() for line in (blocks[-1] if blocks else text).strip().split("\n")]
+    tables: list[list[str]] = []
+    i = 1
+    while i < len(lines):
+        if "|" in lines[i - 1] and _GFM_SEPARATOR_RE.match(lines[i]):
+            end = i + 1
+            while end < len(lines) and "|" in lines[end]:
+                end += 1
+            tables.append([lines[i - 1], *lines[i + 1 : end]])
+            i = end + 1
+        else:
+            i += 1
+    if tables:
+        table = tables[-1]
+    elif blocks:
+        table = [line for line in lines if "|" in line]
+    else:
+        return None
+    if not table:
+        return None
+    table[0] = table[0].replace(" ", "").lower()
+    return "\n".join("|".join(cell.strip() for cell in _strip_outer_pipes(line).split("|")) for line in table)
+
+
+def _strip_outer_pipes(line: str) -> str:
+    """Drop one leading and one trailing `|`, so rows with and without outer pipes agree."""
+    if line.startswith("|"):
+        line = line[1:]
+    if line.endswith("|"):
+        line = line[:-1]
+    return line
+
+
+def legacy_str(value: Any) -> str:
+    """`str()` of one cell the way pandas 2 `astype(str)` rendered it (NaN -> "nan").
+
+    Why: the official numbers were produced with pandas 2, where `astype(str)` turns a missing
+    value into the string "nan" and a float into `repr` ("2019.0"). pandas 3 keeps NaN as
+    missing, so we convert cell by cell with Python's `str`, which equals numpy's float repr.
+    """
+    return str(value)
+
+
+def corrected_str(value: Any) -> str:
+    """B1 fix: an integral float renders as an integer ("2019", not "2019.0"); NaN stays "nan"."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return str(value)
+
+
+def read_table_frame(source: Any, *, corrected: bool = False) -> pd.DataFrame:
+    """Read a CSV-like source with plain `pd.read_csv` options and stringify it pandas-2 style.
+
+    Args:
+        source: what `pd.read_csv` accepts (a path or a file-like object); extra keyword
+            arguments are deliberately not supported so gold and answer stay symmetrical.
+
+    Returns:
+        An object-dtype frame of Python `str` cells, with the original column labels.
+    """
+    import pandas as pd
+
+    frame = pd.read_csv(source)
+    return _stringify(frame, corrected=corrected)
+
+
+def _stringify(frame: pd.DataFrame, *, corrected: bool = False) -> pd.DataFrame:
+    """Per column: keep the inferred dtype's rendering, then `str` every cell (pandas 2 style)."""
+    import pandas as pd
+
+    columns = list(frame.columns)
+    data = {i: [legacy_str(v) for v in frame.iloc[:, i].tolist()] for i in range(len(columns))}
+    changed = 0
+    if corrected:
+        for i in range(len(columns)):
+            fixed = [corrected_str(v) for v in frame.iloc[:, i].tolist()]
+            changed += sum(1 for a, b in zip(data[i], fixed, strict=True) if a != b)
+            data[i] = fixed
+    out = pd.DataFrame(data, index=range(len(frame)), dtype=object)
+    out.columns = columns
+    out.attrs["b1_changed"] = changed
+    return out
+
+
+def extract_answer_dataframe(
+    text: str, *, benchmark: Benchmark = "widesearch", corrected: bool = False
+) -> pd.DataFrame | None:
+    """Parse a markdown answer into the table the official scorer would score.
+
+    Reproduces `WideSearchResponse.extract_dataframe` then the scorer's header normalisation
+    and per-column `astype(str)`: `pd.read_csv(sep="|")` with its default NA strings and
+    per-column dtype inference (so an int column with one blank cell reads "2019.0"), the
+    `Unnamed` columns from outer pipes dropped, headers passed through `norm_column`.
+
+    Args:
+        text: the full model answer.
+        benchmark: "widesearch" uses the first ```` ```markdown ```` block, "deepwidesearch" the last.
+        corrected: apply the B1, B11 and B12 fixes (integral floats as integers, the relaxed
+            extraction of `extract_table_text`, a leading `"` kept as text). Off by default.
+
+    Returns:
+        An object-dtype frame of `str` cells, or None when the official code finds no table.
+
+    Raises:
+        AnswerParseError: pandas rejects the extracted table (the official code then scores 0
+            with an "evaluator error" message).
+    """
+    import csv
+    from io import StringIO
+
+    import pandas as pd
+
+    table = extract_table_text(text, benchmark=benchmark, corrected=corrected)
+    if table is None:
+        return None
+    try:
+        if corrected:
+            frame = pd.read_csv(StringIO(table), sep="|", quoting=csv.QUOTE_NONE)
+        else:
+            frame = pd.read_csv(StringIO(table), sep="|")
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
+        raise AnswerParseError(
+            f"the answer's table cannot be read as `|`-separated values: {str(exc).strip()}. "
+            f"Check for a stray `|` inside a cell or an empty table."
+        ) from exc
+    keep = [not str(c).startswith("Unnamed") for c in frame.columns]
+    frame = frame.loc[:, keep]
+    out = _stringify(frame, corrected=corrected)
+    out.columns = [norm_column(str(c)) for c in out.columns]
+    if corrected:
+        out.attrs["b12_cells"] = sum(1 for col in data_columns(out) for v in col if v.startswith('"'))
+    return out
+
+
+def data_columns(frame: pd.DataFrame) -> list[list[str]]:
+    """The cells of a stringified frame, column by column."""
+    return [frame.iloc[:, i].tolist() for i in range(frame.shape[1])]

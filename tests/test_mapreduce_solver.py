@@ -1,0 +1,69 @@
+"""The default solver runs a real smolagents ToolCallingAgent per attempt (scripted model)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from smolagents import tool
+
+from amapreduce.decision import Decision
+from amapreduce.errors import BatchTimeout
+from amapreduce.llm.scripted import FunctionModel, ModelInfo, final_answer, message_text, tool_call
+from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
+from amapreduce.mapreduce.solver import BatchRequest, SmolagentsSolver
+
+CAPITALS = {"France": "Paris", "Japan": "Tokyo"}
+
+
+@tool
+def lookup_capital(country: str) -> str:
+    """Return the capital of a country from a tiny offline gazetteer.
+
+    Args:
+        country: the country's name.
+    """
+    return f"The capital of {country} is {CAPITALS.get(country, 'unknown')} (https://gazetteer.example/{country})"
+
+
+def sub_agent(messages: list, info: ModelInfo) -> object:
+    """A simulated sub-agent: look each country up, then answer with JSON rows."""
+    text = "\n".join(message_text(m) for m in messages)
+    if info.call_index % 2 == 0 or "capital of" not in text.split("Sub-questions:")[-1]:
+        tasks = [line.split(". ", 1)[1] for line in text.split("Sub-questions:")[-1].splitlines() if ". " in line]
+        return [tool_call("lookup_capital", country=t.split()[-1]) for t in tasks]
+    rows = []
+    for k, country in enumerate(CAPITALS, 1):
+        if f"The capital of {country} is" in text:
+            rows.append({"task": k, "country": country, "capital": CAPITALS[country], "source": f"https://gazetteer.example/{country}"})
+    return final_answer(json.dumps(rows))
+
+
+def test_engine_with_tool_calling_sub_agents() -> None:
+    model = FunctionModel(sub_agent)
+    solver = SmolagentsSolver(model=model, tools=[lookup_capital], max_steps=4)
+    d = Decision.parse({"task_matrix": [["France"], ["Japan"]], "template": "Capital of __0__", "json_schema": ["country", "capital"], "batch_size": 2})
+    result = MapReduceEngine(solver, config=EngineConfig(workers=2)).run(d)
+    assert result.table.records() == [{"country": "France", "capital": "Paris"}, {"country": "Japan", "capital": "Tokyo"}]
+    assert result.table.rows[1].cells["capital"].source == "https://gazetteer.example/Japan"
+    assert result.summary.usage.requests == 2 and result.summary.usage.input_tokens > 0
+    assert model.calls == 2
+    # The sub-agent saw the search-agent instructions from prompts/search_agent.yaml.
+    assert result.attempts[0].outcome == "ok"
+
+
+def test_sub_agent_is_stopped_at_its_deadline() -> None:
+    def looping(messages: list, info: ModelInfo) -> object:
+        time.sleep(0.05)
+        return tool_call("lookup_capital", country=f"X{info.call_index}")
+
+    solver = SmolagentsSolver(model=FunctionModel(looping), tools=[lookup_capital], max_steps=1000)
+    request = BatchRequest(batch_id="batch-001", attempt=1, prompt="go", tasks=("go",), columns=(), deadline=time.monotonic() + 0.2)
+    with pytest.raises(BatchTimeout, match="stopped at its deadline"):
+        solver.solve(request)
+
+
+def test_max_steps_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="`max_steps` must be >= 1, got 0"):
+        SmolagentsSolver(model=FunctionModel(lambda m, i: "x"), max_steps=0)
