@@ -11,11 +11,12 @@ patch runs bounded rounds over only the rows and cells still missing.
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,14 +75,16 @@ class ProgressEvent:
 @dataclass(eq=False)
 class _BatchState:
     work: WorkBatch
-    first_prompt: str
+    prompt_vars: dict[str, Any]
+    first_prompt: str = ""
     attempt: int = 0
 
 
 @dataclass(eq=False)
 class _Job:
     state: _BatchState
-    request: BatchRequest
+    request: BatchRequest | None
+    """None until submitted: prompts are rendered only when an attempt starts."""
     started_at: float | None = None
 
 
@@ -113,13 +116,14 @@ class MapReduceEngine:
         self._progress = progress
         self._clock = clock
         self._cancel = threading.Event()
-        self._wakeup: Future[None] = Future()
+        # Finished futures arrive here through done-callbacks: O(1) per completion, however
+        # many attempts are in flight. `None` is the wake-up sent by `cancel()`.
+        self._done: queue.SimpleQueue[Future[SolverReply] | None] = queue.SimpleQueue()
 
     def cancel(self) -> None:
         """Stop the current run soon (thread-safe); `run` then raises `RunCancelled`."""
         self._cancel.set()
-        if not self._wakeup.done():
-            self._wakeup.set_result(None)
+        self._done.put(None)
 
     def run(self, decision: Decision) -> MapReduceResult:
         """Execute `decision`: map, reduce, then delta-patch rounds.
@@ -134,18 +138,20 @@ class MapReduceEngine:
         plan = plan_batches(decision, max_batches=cfg.max_batches)
         tables = {i: Table(decision.columns, decision.keys, missing_markers=cfg.missing_markers) for i in range(len(decision.task_matrix))}
         forced_cols = set(decision.forced_values(0))
+        one_row, names = decision.one_row_per_task, decision.column_names
+        wanted = tuple(c for c in names if c not in forced_cols)
         items = []
         for i, table in tables.items():
             forced = decision.forced_values(i)
-            if decision.one_row_per_task:
+            if one_row:
                 table.upsert(forced, task_index=i, sources=dict.fromkeys(forced, MATRIX_SOURCE))
             items.append(
                 WorkItem(
                     task_index=i,
                     text=decision.task_text(i),
                     forced=forced,
-                    columns=tuple(c for c in decision.column_names if c not in forced_cols),
-                    single_row=decision.one_row_per_task,
+                    columns=wanted,
+                    single_row=one_row,
                     expected_rows=decision.rows_per_task,
                 )
             )
@@ -155,16 +161,19 @@ class MapReduceEngine:
         executor = self._executor or ThreadExecutor(cfg.threads or cfg.workers + max(2, cfg.workers // 4))
         rounds_run, batches_run, timings = 0, len(work), {"map_s": 0.0, "patch_s": 0.0}
         cancelled = False
+        table = None
         try:
             self._run_phase("map", work, decision, tables, records, executor)
             timings["map_s"] = self._clock() - start
+            table = self._reduce(decision, tables)
             for round_no in range(1, cfg.patch_rounds + 1):
-                patch = build_patch(decision, self._reduce(decision, tables), tables, round_no)
+                patch = build_patch(decision, table, tables, round_no)
                 if not patch:
                     break
                 rounds_run, batches_run = round_no, batches_run + len(patch)
                 self.trace.write("patch_round", round=round_no, batches=[w.batch.manifest() for w in patch])
                 self._run_phase(f"patch{round_no}", patch, decision, tables, records, executor)
+                table = self._reduce(decision, tables)
             timings["patch_s"] = self._clock() - start - timings["map_s"]
         except (RunCancelled, KeyboardInterrupt):
             cancelled = True
@@ -172,7 +181,8 @@ class MapReduceEngine:
             executor_owned = self._executor is None
             if executor_owned or cancelled:
                 executor.shutdown(cancel=True)
-        table = self._reduce(decision, tables)
+        if cancelled or table is None:
+            table = self._reduce(decision, tables)
         timings["wall_s"] = self._clock() - start
         summary = self._summarize(decision, table, tables, records, rounds_run, batches_run, timings)
         result = MapReduceResult(table=table, summary=summary, plan=plan, attempts=tuple(records), cancelled=cancelled)
@@ -196,18 +206,18 @@ class MapReduceEngine:
         many = not decision.one_row_per_task
         pending: deque[_Job] = deque()
         for w in work:
-            prompt = render_prompt(
-                "mapreduce",
-                "batch",
-                rationale=w.batch.rationale,
-                shared_context=dict(w.batch.shared_context),
-                columns=w.columns,
-                rows_per_task=decision.rows_per_task if many and phase == "map" else None,
-                many_rows=many and not all(i.single_row for i in w.items),
-                tasks=[{"number": k, "text": item.text} for k, item in enumerate(w.items, 1)],
+            state = _BatchState(
+                work=w,
+                prompt_vars={
+                    "rationale": w.batch.rationale,
+                    "shared_context": dict(w.batch.shared_context),
+                    "columns": w.columns,
+                    "rows_per_task": decision.rows_per_task if many and phase == "map" else None,
+                    "many_rows": many and not all(i.single_row for i in w.items),
+                    "tasks": [{"number": k, "text": item.text} for k, item in enumerate(w.items, 1)],
+                },
             )
-            state = _BatchState(work=w, first_prompt=prompt)
-            pending.append(self._next_job(state, prompt))
+            pending.append(_Job(state=state, request=None))
         done_batches, total = 0, len(work)
         self._emit("phase", phase, 0, total)
         inflight: dict[Future[SolverReply], _Job] = {}
@@ -215,37 +225,56 @@ class MapReduceEngine:
             while pending or inflight:
                 if self._cancel.is_set():
                     raise RunCancelled("cancelled")
-                while pending and len(inflight) < cfg.workers:
-                    job = pending.popleft()
-                    inflight[executor.submit(lambda job=job: self._execute(job))] = job
-                finished, _ = wait([*inflight, self._wakeup], timeout=self._wait_s(inflight), return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    if fut is self._wakeup:
-                        continue
-                    job = inflight.pop(fut)
+                self._top_up(pending, inflight, executor)
+                finished: list[tuple[_Job, SolverReply | None, BaseException | None]] = []
+                for fut in self._finished(inflight):
                     exc = fut.exception()
-                    follow = self._settle(job, phase, None if exc else fut.result(), exc, tables, records)
-                    if follow is None:
-                        done_batches += 1
-                        self._emit("batch_done", phase, done_batches, total, batch_id=job.state.work.batch.batch_id)
-                    else:
-                        pending.appendleft(follow)
+                    finished.append((inflight.pop(fut), None if exc else fut.result(), exc))
                 now = self._clock()
                 for fut, job in list(inflight.items()):
                     if job.started_at is not None and now - job.started_at > cfg.batch_timeout_s:
                         del inflight[fut]
-                        job.request.cancel.set()
-                        timeout = BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")
-                        follow = self._settle(job, phase, None, timeout, tables, records)
-                        if follow is None:
-                            done_batches += 1
-                            self._emit("batch_done", phase, done_batches, total, batch_id=job.state.work.batch.batch_id)
-                        else:
-                            pending.appendleft(follow)
+                        job.request.cancel.set()  # abandoned: its late result will be ignored
+                        finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
+                for job, reply, exc in finished:
+                    follow = self._settle(job, phase, reply, exc, tables, records)
+                    if follow is not None:
+                        pending.appendleft(follow)
+                    else:
+                        done_batches += 1
+                        self._emit("batch_done", phase, done_batches, total, batch_id=job.state.work.batch.batch_id)
+                    # Refill at once: a worker freed by this attempt must not wait for the others.
+                    self._top_up(pending, inflight, executor)
         except (KeyboardInterrupt, RunCancelled):
             for job in [*inflight.values(), *pending]:
-                job.request.cancel.set()
+                if job.request is not None:
+                    job.request.cancel.set()
             raise
+
+    def _top_up(self, pending: deque[_Job], inflight: dict[Future[SolverReply], _Job], executor: Executor) -> None:
+        """Submit pending attempts until `workers` are in flight."""
+        while pending and len(inflight) < self.config.workers and not self._cancel.is_set():
+            job = pending.popleft()
+            if job.request is None:
+                job.request = self._request(job.state, render_prompt("mapreduce", "batch", **job.state.prompt_vars))
+            future = executor.submit(lambda job=job: self._execute(job))
+            inflight[future] = job
+            future.add_done_callback(self._done.put)
+
+    def _finished(self, inflight: dict[Future[SolverReply], _Job]) -> list[Future[SolverReply]]:
+        """In-flight futures that finished, in completion order (waits until the first one,
+        the next deadline, or a cancel). Late results of abandoned attempts are ignored."""
+        try:
+            first = self._done.get(timeout=self._wait_s(inflight))
+        except queue.Empty:
+            return []
+        got = [first]
+        while True:
+            try:
+                got.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        return [f for f in got if f is not None and f in inflight]
 
     def _wait_s(self, inflight: dict[Future[SolverReply], _Job]) -> float:
         now = self._clock()
@@ -262,10 +291,13 @@ class MapReduceEngine:
         job.request = request
         return self.solver.solve(request)
 
-    def _next_job(self, state: _BatchState, prompt: str) -> _Job:
+    def _request(self, state: _BatchState, prompt: str) -> BatchRequest:
+        """The request of the batch's next attempt (the first prompt is kept for continuations)."""
         state.attempt += 1
+        if state.attempt == 1:
+            state.first_prompt = prompt
         w = state.work
-        request = BatchRequest(
+        return BatchRequest(
             batch_id=w.batch.batch_id,
             attempt=state.attempt,
             prompt=prompt,
@@ -274,7 +306,6 @@ class MapReduceEngine:
             rationale=w.batch.rationale,
             shared_context=dict(w.batch.shared_context),
         )
-        return _Job(state=state, request=request)
 
     def _settle(
         self,
@@ -297,7 +328,8 @@ class MapReduceEngine:
         elif reply is not None:
             parsed = parse_reply(reply.output)
             projected = [project_row(obj, names) for obj in parsed.rows]
-            parsed_rows = [{**p.values, "task": p.task, "source": p.source} for p in projected]
+            if self.trace.enabled:
+                parsed_rows = [{**p.values, "task": p.task, "source": p.source} for p in projected]
             rows = len(projected)
             by_number, dropped = assign_rows(projected, items)
             for number, answer in by_number.items():
@@ -312,12 +344,8 @@ class MapReduceEngine:
             elapsed_s=round(elapsed, 6), rows=rows, dropped_rows=dropped, error=problem, usage=usage,
         )
         records.append(record)
-        self.trace.write(
-            "attempt", batch_id=record.batch_id, phase=phase, attempt=state.attempt, outcome=outcome,
-            prompt=job.request.prompt, raw_output=None if reply is None else reply.output,
-            parsed_rows=parsed_rows, dropped_rows=dropped, error=problem, elapsed_s=record.elapsed_s,
-            usage=usage.to_json(), subagent=None if reply is None else dict(reply.trace),
-        )
+        if self.trace.enabled:
+            self._trace_attempt(job, record, reply, parsed_rows)
         self._emit("attempt", phase, 0, 0, batch_id=record.batch_id, attempt=state.attempt, outcome=outcome)
         gaps = [(k, item_gaps(tables[item.task_index], item)) for k, item in enumerate(items, 1)]
         missing = [{"number": k, "what": g} for k, g in gaps if g]
@@ -327,7 +355,24 @@ class MapReduceEngine:
             "mapreduce", "continuation", original=state.first_prompt, attempt=state.attempt + 1,
             max_attempts=self.config.max_attempts, problem=problem, missing=missing,
         )
-        return self._next_job(state, prompt)
+        return _Job(state=state, request=self._request(state, prompt))
+
+    def _trace_attempt(self, job: _Job, record: AttemptRecord, reply: SolverReply | None, parsed_rows: list[Any]) -> None:
+        self.trace.write(
+            "attempt",
+            batch_id=record.batch_id,
+            phase=record.phase,
+            attempt=record.attempt,
+            outcome=record.outcome,
+            prompt=job.request.prompt if job.request is not None else None,
+            raw_output=None if reply is None else reply.output,
+            parsed_rows=parsed_rows,
+            dropped_rows=record.dropped_rows,
+            error=record.error,
+            elapsed_s=record.elapsed_s,
+            usage=record.usage.to_json(),
+            subagent=None if reply is None else dict(reply.trace),
+        )
 
     # -- reduce and summary ---------------------------------------------------------------------
 

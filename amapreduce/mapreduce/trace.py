@@ -31,6 +31,9 @@ def redact(value: Any) -> Any:
 class Trace:
     """Interface: anything that accepts trace events."""
 
+    enabled: bool = True
+    """False when events are discarded, so callers can skip building them."""
+
     def write(self, event: str, **data: Any) -> None:
         """Record one event."""
 
@@ -40,6 +43,8 @@ class Trace:
 
 class NullTrace(Trace):
     """Discards every event (the default when no trace file is wanted)."""
+
+    enabled = False
 
 
 class TraceWriter(Trace):
