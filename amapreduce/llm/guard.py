@@ -50,6 +50,7 @@ def _guarded(name: str) -> Any:
 
 def _all_subclasses(cls: type) -> list[type]:
     found: list[type] = [cls]
+    sub: type
     for sub in cls.__subclasses__():
         found.extend(_all_subclasses(sub))
     return found

@@ -18,7 +18,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from smolagents.models import (
     ChatMessage,
@@ -55,7 +55,7 @@ class ToolCall:
     """The call's arguments, as the tool's inputs name them."""
 
 
-Reply = ChatMessage | str | ToolCall | Sequence[ToolCall]
+Reply: TypeAlias = ChatMessage | str | ToolCall | Sequence[ToolCall]
 """What a model function may return: a full message, plain text, or one or more tool calls."""
 
 
@@ -71,7 +71,7 @@ class ModelInfo:
     response_format: dict[str, Any] | None = None
 
 
-ModelFunction = Callable[[list[ChatMessage], ModelInfo], Reply]
+ModelFunction: TypeAlias = Callable[[list[ChatMessage], ModelInfo], Reply]
 
 
 class ScriptExhausted(RunError):

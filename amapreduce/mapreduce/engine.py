@@ -11,6 +11,7 @@ patch runs bounded rounds over only the rows and cells still missing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import queue
 import threading
 import time
@@ -141,10 +142,10 @@ class MapReduceEngine:
         one_row, names = decision.one_row_per_task, decision.column_names
         wanted = tuple(c for c in names if c not in forced_cols)
         items = []
-        for i, table in tables.items():
+        for i, task_table in tables.items():
             forced = decision.forced_values(i)
             if one_row:
-                table.upsert(forced, task_index=i, sources=dict.fromkeys(forced, MATRIX_SOURCE))
+                task_table.upsert(forced, task_index=i, sources=dict.fromkeys(forced, MATRIX_SOURCE))
             items.append(
                 WorkItem(
                     task_index=i,
@@ -161,7 +162,7 @@ class MapReduceEngine:
         executor = self._executor or ThreadExecutor(cfg.threads or cfg.workers + max(2, cfg.workers // 4))
         rounds_run, batches_run, timings = 0, len(work), {"map_s": 0.0, "patch_s": 0.0}
         cancelled = False
-        table = None
+        table: Table | None = None
         try:
             self._run_phase("map", work, decision, tables, records, executor)
             timings["map_s"] = self._clock() - start
@@ -234,7 +235,8 @@ class MapReduceEngine:
                 for fut, job in list(inflight.items()):
                     if job.started_at is not None and now - job.started_at > cfg.batch_timeout_s:
                         del inflight[fut]
-                        job.request.cancel.set()  # abandoned: its late result will be ignored
+                        if job.request is not None:
+                            job.request.cancel.set()  # abandoned: its late result will be ignored
                         finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
                 for job, reply, exc in finished:
                     follow = self._settle(job, phase, reply, exc, tables, records)
@@ -257,7 +259,7 @@ class MapReduceEngine:
             job = pending.popleft()
             if job.request is None:
                 job.request = self._request(job.state, render_prompt("mapreduce", "batch", **job.state.prompt_vars))
-            future = executor.submit(lambda job=job: self._execute(job))
+            future = executor.submit(functools.partial(self._execute, job))
             inflight[future] = job
             future.add_done_callback(self._done.put)
 
@@ -287,6 +289,8 @@ class MapReduceEngine:
 
     def _execute(self, job: _Job) -> SolverReply:
         job.started_at = self._clock()
+        if job.request is None:
+            raise RuntimeError("a job was submitted before its request was built")  # engine bug, not user input
         request = dataclasses.replace(job.request, deadline=time.monotonic() + self.config.batch_timeout_s)
         job.request = request
         return self.solver.solve(request)

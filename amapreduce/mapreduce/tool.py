@@ -102,7 +102,7 @@ class MapReduceTool(Tool):
         self.results: list[MapReduceResult] = []
         self.table: Table | None = None
 
-    def forward(  # type: ignore[override]
+    def forward(
         self,
         task_matrix: list[list[Any]],
         template: str,

@@ -61,7 +61,7 @@ def to_jsonl(table: Table, *, with_status: bool = False) -> str:
     """One JSON object per row; with `with_status`, also `_missing`, `_conflicts` and `_sources`."""
     out = []
     for row in table.rows:
-        obj: dict[str, object] = row.values()
+        obj: dict[str, object] = dict(row.values())
         if with_status:
             obj["_missing"] = row.missing()
             obj["_conflicts"] = {c: cell.alternatives for c, cell in row.cells.items() if cell.alternatives}
