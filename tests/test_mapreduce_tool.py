@@ -100,3 +100,12 @@ def test_broken_memory_is_reported_not_hidden() -> None:
 
     plan = json.loads(make_tool(prior_provider=Broken())(**ARGS))
     assert "unavailable for this run (RunError: store is locked)" in plan["experiential_prior"]
+
+
+def test_tool_and_engine_share_one_trace(tmp_path: Path) -> None:
+    trace = TraceWriter(tmp_path / "run.jsonl")
+    tool = MapReduceTool(MapReduceEngine(WorldSolver(TRUTH), trace=trace), plan_stage=False)
+    tool(**ARGS)
+    trace.close()
+    events = [json.loads(x)["event"] for x in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert events[0] == "run_start" and events.count("attempt") == 4 and events[-1] == "tool_call"

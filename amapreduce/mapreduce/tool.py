@@ -25,7 +25,7 @@ from amapreduce.mapreduce.batching import plan_batches
 from amapreduce.mapreduce.engine import MapReduceEngine
 from amapreduce.mapreduce.prior import NoPrior, Prior, PriorProvider, PriorRequest
 from amapreduce.mapreduce.result import MapReduceResult
-from amapreduce.mapreduce.trace import NullTrace, Trace
+from amapreduce.mapreduce.trace import Trace
 from amapreduce.table.table import Table
 
 __all__ = ["MapReduceTool"]
@@ -91,7 +91,7 @@ class MapReduceTool(Tool):
         self.plan_stage = plan_stage
         self.max_calls = max_calls
         self.max_batches = max_batches
-        self.trace = trace or NullTrace()
+        self.trace = trace or engine.trace  # one JSONL for calls, batches and attempts
         self.preview_rows = preview_rows
         self._lock = threading.Lock()
         self.calls = 0
