@@ -53,6 +53,14 @@ def test_csv_and_jsonl() -> None:
     assert line == {"a": 'say "hi", ok', "b": "", "_missing": ["b"], "_conflicts": {}, "_sources": ["https://s"]}
 
 
+def test_backtick_fence_in_a_cell_cannot_end_the_table() -> None:
+    t = Table(["name", "code"], ["name"])
+    t.upsert({"name": "a", "code": "x```y"}, task_index=0)
+    t.upsert({"name": "b", "code": "z"}, task_index=1)
+    frame = extract_answer_dataframe(to_markdown(t))
+    assert frame is not None and frame.values.tolist() == [["a", "x``y"], ["b", "z"]]
+
+
 def test_markdown_cell_quoting() -> None:
     assert markdown_cell("a | b") == '"a|b"'
     assert markdown_cell('"Quoted" title') == '"""Quoted"" title"'
@@ -69,7 +77,7 @@ def expected_cell(value: str) -> str:
     # What the official parser keeps: white space collapsed/stripped, none around an inner `|`.
     import re
 
-    return re.sub(r"\s*\|\s*", "|", " ".join(value.split()))
+    return re.sub(r"\s*\|\s*", "|", re.sub(r"`{3,}", "``", " ".join(value.split())))
 
 
 @settings(max_examples=150, deadline=None)

@@ -5,6 +5,8 @@ parser (docs/widesearch-eval.md §3), which splits lines on `|`, strips every ce
 result with `pandas.read_csv(sep="|")`. So:
 
 * a cell never holds a newline (collapsed to a space at projection time, and again here);
+* a run of three or more backticks becomes two: the official regex would end the
+  ```` ```markdown ```` block at it and lose the rest of the table;
 * a cell holding `|` or starting with `"` is written CSV-quoted (`"a|b"`, inner `"` doubled),
   which `read_csv` reads back as the original text. White space next to a `|` inside a cell is
   the one thing the official parser cannot keep (it strips around every `|`); we write it
@@ -23,12 +25,13 @@ from amapreduce.table.table import Table
 __all__ = ["markdown_cell", "to_csv", "to_jsonl", "to_markdown"]
 
 _SPACE_AROUND_PIPE = re.compile(r"\s*\|\s*")
+_FENCE_BREAKER = re.compile(r"`{3,}")
 _WS = re.compile(r"\s+")
 
 
 def markdown_cell(value: str) -> str:
     """One value as a markdown table cell that the WideSearch parser reads back."""
-    text = _WS.sub(" ", value).strip()
+    text = _FENCE_BREAKER.sub("``", _WS.sub(" ", value).strip())
     if "|" in text or text.startswith('"'):
         text = _SPACE_AROUND_PIPE.sub("|", text)
         text = '"' + text.replace('"', '""') + '"'
