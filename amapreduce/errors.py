@@ -8,6 +8,7 @@ AmapreduceError                 base of everything we raise on purpose
 ├── RunError                    a runtime failure; carries structured fields
 │   ├── SolverError             one sub-agent attempt failed (crash, bad reply)
 │   ├── BatchTimeout            one sub-agent attempt ran past its deadline
+│   ├── BudgetExceeded          the run's cost or token budget is spent; the run stops cleanly
 │   └── RunCancelled            the run was cancelled (Ctrl-C or `cancel()`); holds the partial result
 └── ToolCallRefused             model-facing: a tool refuses a call and tells the model how to recover
 ```
@@ -26,6 +27,7 @@ from typing import Any
 __all__ = [
     "AmapreduceError",
     "BatchTimeout",
+    "BudgetExceeded",
     "ConfigError",
     "DecisionError",
     "RunCancelled",
@@ -84,6 +86,10 @@ class SolverError(RunError):
 
 class BatchTimeout(RunError):
     """One sub-agent attempt ran past its deadline; the engine abandons it and retries."""
+
+
+class BudgetExceeded(RunError):
+    """The run's cost or token budget is spent; the run stops and keeps what it has."""
 
 
 class RunCancelled(RunError):

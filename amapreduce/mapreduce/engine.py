@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from amapreduce.decision.model import Decision
-from amapreduce.errors import BatchTimeout, RunCancelled
+from amapreduce.errors import BatchTimeout, BudgetExceeded, RunCancelled
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import plan_batches
 from amapreduce.mapreduce.executor import Executor, ThreadExecutor
@@ -117,6 +117,7 @@ class MapReduceEngine:
         self._progress = progress
         self._clock = clock
         self._cancel = threading.Event()
+        self._stop_reason = "the MapReduce run was cancelled"
         # Finished futures arrive here through done-callbacks: O(1) per completion, however
         # many attempts are in flight. `None` is the wake-up sent by `cancel()`.
         self._done: queue.SimpleQueue[Future[SolverReply] | None] = queue.SimpleQueue()
@@ -189,7 +190,7 @@ class MapReduceEngine:
         result = MapReduceResult(table=table, summary=summary, plan=plan, attempts=tuple(records), cancelled=cancelled)
         self.trace.write("run_end", summary=summary.to_json(), cancelled=cancelled)
         if cancelled:
-            raise RunCancelled("the MapReduce run was cancelled; `partial` holds the rows found so far", partial=result)
+            raise RunCancelled(f"{self._stop_reason}; `partial` holds the rows found so far", partial=result)
         return result
 
     # -- one phase (map or a patch round) ------------------------------------------------------
@@ -239,6 +240,9 @@ class MapReduceEngine:
                             job.request.cancel.set()  # abandoned: its late result will be ignored
                         finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
                 for job, reply, exc in finished:
+                    if isinstance(exc, BudgetExceeded):
+                        self._stop_reason = str(exc)
+                        self.cancel()
                     follow = self._settle(job, phase, reply, exc, tables, records)
                     if follow is not None:
                         pending.appendleft(follow)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from amapreduce.decision.columns import Column
-from amapreduce.errors import BatchTimeout, SolverError
+from amapreduce.errors import BatchTimeout, BudgetExceeded, SolverError
 from amapreduce.llm.usage import Usage
 
 if TYPE_CHECKING:
@@ -63,6 +63,16 @@ class BatchSolver(Protocol):
     def solve(self, request: BatchRequest) -> SolverReply:
         """Run one attempt; raise `SolverError`/`BatchTimeout` (or any exception) on failure."""
         ...
+
+
+def _cause(exc: BaseException, kind: type[BudgetExceeded]) -> BudgetExceeded | None:
+    """The first `kind` in `exc`'s cause/context chain (smolagents wraps model errors)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class SmolagentsSolver:
@@ -123,6 +133,9 @@ class SmolagentsSolver:
         try:
             result = agent.run(request.prompt, return_full_result=True)
         except AgentError as exc:
+            budget = _cause(exc, BudgetExceeded)
+            if budget is not None:
+                raise budget from None
             if request.cancel.is_set() or time.monotonic() > request.deadline:
                 raise BatchTimeout(
                     f"sub-agent for {request.batch_id} attempt {request.attempt} was stopped at its deadline",

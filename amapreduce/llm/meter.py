@@ -1,0 +1,153 @@
+"""Usage and cost per role and per run, prices from LiteLLM's map, and budgets.
+
+Every model call of a run reports to one `UsageMeter`: tokens and dollars by role (manager,
+sub-agent, extraction, memory, judge). Prices come from an override table first, then from
+LiteLLM's bundled price map (loaded offline); a model with no known price costs `None`, shown
+as unknown rather than as a made-up number (the reference charged every model one hard-coded
+price). When a budget (`max_cost_usd`, `max_tokens`) is spent, the next call raises
+`BudgetExceeded`, which stops the run cleanly and keeps the partial table.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from amapreduce.errors import BudgetExceeded
+from amapreduce.llm.usage import Usage
+
+__all__ = ["Budget", "BudgetExceeded", "Price", "PriceTable", "UsageMeter"]
+
+
+class Budget(BaseModel):
+    """Limits on one run (None: unlimited)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class Price(BaseModel):
+    """Dollars per token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cached_input: float | None = Field(default=None, ge=0)
+    """Price of cached prompt tokens (default: the input price)."""
+
+
+@functools.cache
+def _litellm_prices() -> Mapping[str, Any]:
+    # LiteLLM fetches a price map from the network at import unless told to use its bundled
+    # copy; this process never needs the live one.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    try:
+        import litellm
+    except ImportError:
+        return {}
+    return dict(litellm.model_cost)
+
+
+class PriceTable:
+    """Prices by model id: overrides first, then LiteLLM's map (with and without the provider prefix)."""
+
+    def __init__(self, overrides: Mapping[str, Price] | None = None, *, use_litellm: bool = True) -> None:
+        self.overrides = dict(overrides or {})
+        self.use_litellm = use_litellm
+
+    def price(self, model_id: str) -> Price | None:
+        """The price of `model_id`, or None when unknown."""
+        bare = model_id.split("/", 1)[-1]
+        for key in (model_id, bare):
+            if key in self.overrides:
+                return self.overrides[key]
+        if not self.use_litellm:
+            return None
+        prices = _litellm_prices()
+        for key in (model_id, bare):
+            entry = prices.get(key)
+            if isinstance(entry, Mapping) and entry.get("input_cost_per_token") is not None:
+                return Price(
+                    input=float(entry["input_cost_per_token"]),
+                    output=float(entry.get("output_cost_per_token") or 0.0),
+                    cached_input=entry.get("cache_read_input_token_cost"),
+                )
+        return None
+
+    def cost(self, model_id: str, usage: Usage) -> float | None:
+        """Dollars for `usage` on `model_id`, or None when the price is unknown."""
+        price = self.price(model_id)
+        if price is None:
+            return None
+        cached = min(usage.cached_tokens, usage.input_tokens)
+        cached_price = price.cached_input if price.cached_input is not None else price.input
+        return (usage.input_tokens - cached) * price.input + cached * cached_price + usage.output_tokens * price.output
+
+
+class UsageMeter:
+    """Thread-safe usage and cost accounting for one run, with an optional budget."""
+
+    def __init__(self, *, budget: Budget | None = None, prices: PriceTable | None = None) -> None:
+        self.budget = budget or Budget()
+        self.prices = prices or PriceTable()
+        self._lock = threading.Lock()
+        self._by_role: dict[str, Usage] = {}
+        self.unpriced_models: set[str] = set()
+
+    def check(self) -> None:
+        """Raise `BudgetExceeded` when the budget is already spent (called before each call)."""
+        total = self.total()
+        b = self.budget
+        if b.max_cost_usd is not None and total.cost_usd >= b.max_cost_usd:
+            raise BudgetExceeded(
+                f"the cost budget of ${b.max_cost_usd:g} is spent (${total.cost_usd:.4f}); the run stops with "
+                "the rows found so far. Raise --max-cost to go further.",
+                kind="cost",
+            )
+        if b.max_tokens is not None and total.total_tokens >= b.max_tokens:
+            raise BudgetExceeded(
+                f"the token budget of {b.max_tokens} is spent ({total.total_tokens} tokens); the run stops with "
+                "the rows found so far. Raise --max-tokens to go further.",
+                kind="tokens",
+            )
+
+    def record(self, role: str, model_id: str, usage: Usage) -> Usage:
+        """Add one call's usage (its cost filled in from the price table); return it priced."""
+        cost = self.prices.cost(model_id, usage)
+        priced = Usage(
+            requests=usage.requests,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_tokens=usage.cached_tokens,
+            cost_usd=cost or 0.0,
+        )
+        with self._lock:
+            self._by_role[role] = self._by_role.get(role, Usage()) + priced
+            if cost is None:
+                self.unpriced_models.add(model_id)
+        return priced
+
+    def by_role(self) -> dict[str, Usage]:
+        """Usage per role."""
+        with self._lock:
+            return dict(self._by_role)
+
+    def total(self) -> Usage:
+        """Usage of the whole run."""
+        return sum(self.by_role().values(), Usage())
+
+    def to_json(self) -> dict[str, Any]:
+        """Per-role and total usage, plus models whose price is unknown."""
+        return {
+            "by_role": {role: u.to_json() for role, u in self.by_role().items()},
+            "total": self.total().to_json(),
+            "unpriced_models": sorted(self.unpriced_models),
+        }

@@ -1,0 +1,190 @@
+"""One factory for every model a run uses, and the wrapper that makes calls safe to fan out.
+
+`build_model(spec)` returns a smolagents `Model` for:
+
+* a LiteLLM model id (`openai/gpt-5-mini`, `anthropic/claude-...`, `ollama/llama3.1`), or
+* any OpenAI-compatible endpoint (vLLM, llama.cpp server, Ollama) when `api_base` is set.
+
+It is wrapped in `ManagedModel`, which every call goes through: the budget check, the
+provider's process-wide rate limiter, retries with backoff that honour `Retry-After`, and usage
+and cost accounting by role. Reasoning models get no `temperature`/`max_tokens` (their APIs
+reject them). The provider clients' own retries are switched off so one policy applies.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from smolagents.models import ChatMessage, Model
+
+from amapreduce.errors import ConfigError
+from amapreduce.llm.limits import ProviderLimiter, limiter_for
+from amapreduce.llm.meter import UsageMeter
+from amapreduce.llm.retry import RetryPolicy, call_with_retries
+from amapreduce.llm.scripted import estimate_tokens, message_text
+from amapreduce.llm.usage import Usage
+
+__all__ = ["ROLES", "ManagedModel", "ModelSpec", "build_model", "is_reasoning_model", "provider_of"]
+
+ROLES = ("manager", "subagent", "extraction", "memory", "judge")
+"""The roles a run assigns models to; each may use its own model."""
+
+_REASONING = re.compile(r"(^|/)(o1|o3|o4|gpt-5)([-.]|$)|deepseek-r1|reasoner", re.IGNORECASE)
+
+
+class ModelSpec(BaseModel):
+    """Which model serves a role, and how to reach it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_id: str = Field(min_length=1)
+    """LiteLLM id (`openai/gpt-5-mini`) or, with `api_base`, the server's model name."""
+    api_base: str | None = None
+    """An OpenAI-compatible endpoint, e.g. `http://127.0.0.1:8000/v1`."""
+    api_key: SecretStr | None = None
+    temperature: float | None = 0.0
+    max_tokens: int | None = Field(default=None, ge=1)
+    timeout_s: float = Field(default=120.0, gt=0)
+    rpm: int | None = Field(default=None, ge=1)
+    """Requests per minute for this provider, shared by the whole process."""
+    tpm: int | None = Field(default=None, ge=1)
+    """Tokens per minute for this provider, shared by the whole process."""
+    flatten_messages: bool = False
+    """Send message content as plain strings (llama.cpp's server needs it)."""
+
+
+def is_reasoning_model(model_id: str) -> bool:
+    """Models whose APIs refuse sampling parameters (o-series, GPT-5, R1-style reasoners)."""
+    return bool(_REASONING.search(model_id))
+
+
+def provider_of(spec: ModelSpec) -> str:
+    """The rate-limit bucket of a spec: the endpoint's host, or the LiteLLM provider prefix."""
+    if spec.api_base:
+        return urlparse(spec.api_base).netloc or spec.api_base
+    return spec.model_id.split("/", 1)[0] if "/" in spec.model_id else "openai"
+
+
+def _sampling(spec: ModelSpec) -> dict[str, Any]:
+    if is_reasoning_model(spec.model_id):
+        return {}
+    params: dict[str, Any] = {}
+    if spec.temperature is not None:
+        params["temperature"] = spec.temperature
+    if spec.max_tokens is not None:
+        params["max_tokens"] = spec.max_tokens
+    return params
+
+
+def _inner_model(spec: ModelSpec) -> Model:
+    key = spec.api_key.get_secret_value() if spec.api_key else None
+    if spec.api_base:
+        from smolagents import OpenAIModel
+
+        return OpenAIModel(
+            model_id=spec.model_id,
+            api_base=spec.api_base,
+            api_key=key or "not-needed",
+            client_kwargs={"max_retries": 0, "timeout": spec.timeout_s},
+            flatten_messages_as_text=spec.flatten_messages,
+            **_sampling(spec),
+        )
+    if "/" not in spec.model_id:
+        raise ConfigError(
+            f"model {spec.model_id!r} needs a provider prefix (e.g. 'openai/{spec.model_id}') or --api-base "
+            "pointing at an OpenAI-compatible server."
+        )
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
+    try:
+        from smolagents import LiteLLMModel
+
+        return LiteLLMModel(model_id=spec.model_id, api_key=key, num_retries=0, timeout=spec.timeout_s, **_sampling(spec))
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"model {spec.model_id!r} needs LiteLLM: pip install 'amapreduce[litellm]' "
+            "(or use --api-base with an OpenAI-compatible server)."
+        ) from exc
+
+
+class ManagedModel(Model):
+    """A model whose every call is budgeted, rate-limited, retried and metered.
+
+    Args:
+        inner: the model that talks to the provider (or a simulated model).
+        role: what the model is used for (`manager`, `subagent`, ...), for usage by role.
+        meter: the run's usage meter (and budget).
+        limiter: the provider's shared limiter (None: unlimited).
+        retry: the retry policy.
+    """
+
+    def __init__(
+        self,
+        inner: Model,
+        *,
+        role: str,
+        meter: UsageMeter,
+        limiter: ProviderLimiter | None = None,
+        retry: RetryPolicy | None = None,
+        sleep: Any = None,
+    ) -> None:
+        super().__init__(model_id=inner.model_id)
+        self.inner = inner
+        self.role = role
+        self.meter = meter
+        self.limiter = limiter
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+
+    def generate(
+        self,
+        messages: list[ChatMessage],
+        stop_sequences: list[str] | None = None,
+        response_format: dict[str, str] | None = None,
+        tools_to_call_from: list[Any] | None = None,
+        **kwargs: Any,
+    ) -> ChatMessage:
+        self.meter.check()
+        estimate = sum(estimate_tokens(message_text(m)) for m in messages)
+        ticket = self.limiter.acquire(estimate) if self.limiter is not None else None
+
+        def call() -> ChatMessage:
+            return self.inner.generate(
+                messages,
+                stop_sequences=stop_sequences,
+                response_format=response_format,
+                tools_to_call_from=tools_to_call_from,
+                **kwargs,
+            )
+
+        extra = {"sleep": self._sleep} if self._sleep is not None else {}
+        reply = call_with_retries(call, what=f"{self.role} model {self.model_id!r}", policy=self.retry, **extra)
+        used = reply.token_usage
+        usage = Usage(
+            requests=1,
+            input_tokens=used.input_tokens if used else estimate,
+            output_tokens=used.output_tokens if used else estimate_tokens(message_text(reply)),
+        )
+        if ticket is not None and self.limiter is not None:
+            self.limiter.settle(ticket, usage.total_tokens)
+        self.meter.record(self.role, self.model_id or "unknown", usage)
+        return reply
+
+
+def build_model(
+    spec: ModelSpec,
+    *,
+    role: str,
+    meter: UsageMeter,
+    retry: RetryPolicy | None = None,
+    inner: Model | None = None,
+) -> ManagedModel:
+    """The managed model for `role` (`inner` replaces the provider client, e.g. a simulated model)."""
+    if role not in ROLES:
+        raise ConfigError(f"unknown model role {role!r}; roles are {', '.join(ROLES)}.")
+    limiter = limiter_for(provider_of(spec), rpm=spec.rpm, tpm=spec.tpm) if (spec.rpm or spec.tpm) else None
+    return ManagedModel(inner or _inner_model(spec), role=role, meter=meter, limiter=limiter, retry=retry)

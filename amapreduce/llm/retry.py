@@ -1,0 +1,134 @@
+"""Retries for model calls: classify the error, back off with jitter, honour `Retry-After`.
+
+Errors are classified by exception type and status code (429 → rate limit, 5xx → server,
+timeouts, connection errors), never by message text. After the last retry the caller gets a
+`ModelCallError` that says what failed and how often — never a `None` reply (the reference
+returned None after five failures and every caller then crashed on `.content`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from amapreduce.errors import RunError
+
+__all__ = ["ModelCallError", "RetryPolicy", "Transient", "call_with_retries", "classify"]
+
+T = TypeVar("T")
+
+
+class ModelCallError(RunError):
+    """A model call failed for good (a permanent error, or retries exhausted)."""
+
+
+class RetryPolicy(BaseModel):
+    """How model calls are retried."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_retries: int = Field(default=5, ge=0)
+    """Retries after the first attempt."""
+    base_delay_s: float = Field(default=1.0, ge=0)
+    """First backoff; doubles each retry."""
+    max_delay_s: float = Field(default=60.0, ge=0)
+    """Cap on one backoff (a longer `Retry-After` is still honoured, up to `max_retry_after_s`)."""
+    max_retry_after_s: float = Field(default=300.0, ge=0)
+    jitter: float = Field(default=0.25, ge=0, le=1)
+    """Random ± fraction added to each backoff so parallel sub-agents do not retry in lockstep."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transient:
+    """Why an error may go away on retry."""
+
+    kind: str
+    """`rate_limit`, `server`, `timeout` or `connection`."""
+    retry_after_s: float | None = None
+    """What the server asked us to wait, when it said."""
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or getattr(exc, "headers", None)
+    if not headers:
+        return None
+    try:
+        if headers.get("retry-after-ms") is not None:
+            return float(headers["retry-after-ms"]) / 1000
+        raw = headers.get("retry-after")
+        return float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None  # an HTTP-date or junk: fall back to our own backoff
+
+
+def _status(exc: BaseException) -> int | None:
+    for owner in (exc, getattr(exc, "response", None)):
+        code = getattr(owner, "status_code", None)
+        if isinstance(code, int):
+            return code
+    return None
+
+
+def _named(exc: BaseException, *names: str) -> bool:
+    return any(cls.__name__ in names for cls in type(exc).__mro__)
+
+
+def classify(exc: BaseException) -> Transient | None:
+    """Whether `exc` is worth retrying (and how long the server wants us to wait)."""
+    status = _status(exc)
+    if status == 429 or _named(exc, "RateLimitError"):
+        return Transient(kind="rate_limit", retry_after_s=_retry_after(exc))
+    if (status is not None and status >= 500) or _named(exc, "InternalServerError", "ServiceUnavailableError"):
+        return Transient(kind="server", retry_after_s=_retry_after(exc))
+    if _named(exc, "APITimeoutError", "Timeout", "TimeoutException", "ReadTimeout", "ConnectTimeout") or isinstance(
+        exc, TimeoutError
+    ):
+        return Transient(kind="timeout")
+    if _named(exc, "APIConnectionError", "ConnectError", "ConnectionError") or isinstance(exc, ConnectionError):
+        return Transient(kind="connection")
+    return None
+
+
+def call_with_retries(
+    call: Callable[[], T],
+    *,
+    what: str,
+    policy: RetryPolicy,
+    sleep: Callable[[float], None] = time.sleep,
+    rng: random.Random | None = None,
+    on_retry: Callable[[int, Transient, float], Any] | None = None,
+) -> T:
+    """Run `call`, retrying transient errors per `policy`.
+
+    Raises:
+        ModelCallError: a permanent error (immediately) or the last transient one; the original
+            exception is chained as `__cause__`.
+    """
+    rng = rng or random.Random()
+    for attempt in range(policy.max_retries + 1):
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - classified below; permanent errors re-raised
+            transient = classify(exc)
+            if transient is None:
+                raise ModelCallError(f"{what} failed: {type(exc).__name__}: {exc}", kind="permanent") from exc
+            if attempt == policy.max_retries:
+                raise ModelCallError(
+                    f"{what} failed after {attempt + 1} attempts ({transient.kind}): {type(exc).__name__}: {exc}. "
+                    "Check the provider's status and your rate limits, or lower --workers.",
+                    kind=transient.kind,
+                ) from exc
+            backoff = min(policy.max_delay_s, policy.base_delay_s * 2**attempt)
+            backoff *= 1 + rng.uniform(-policy.jitter, policy.jitter)
+            if transient.retry_after_s is not None:
+                backoff = max(backoff, min(transient.retry_after_s, policy.max_retry_after_s))
+            if on_retry is not None:
+                on_retry(attempt + 1, transient, backoff)
+            sleep(backoff)
+    raise ModelCallError(f"{what} failed: no attempt was made (max_retries={policy.max_retries})")
