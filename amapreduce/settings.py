@@ -14,13 +14,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from amapreduce.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "Settings", "load_settings"]
+__all__ = ["ENV_ALIASES", "ENV_PREFIX", "Settings", "load_settings"]
 
 ENV_PREFIX = "AMAPREDUCE_"
+
+# Conventional provider variable names, read only when the `AMAPREDUCE_*` one is unset, so a
+# user who already exports `SERPER_API_KEY` for other tools needs nothing new.
+ENV_ALIASES: dict[str, str] = {
+    "serper_api_key": "SERPER_API_KEY",
+    "tavily_api_key": "TAVILY_API_KEY",
+    "api_key": "OPENAI_API_KEY",
+    "api_base": "OPENAI_BASE_URL",
+}
 
 
 class Settings(BaseModel):
@@ -46,6 +55,55 @@ class Settings(BaseModel):
     """Default experiential-memory namespace (`AMAPREDUCE_MEMORY_STORE`)."""
     cache_dir: Path = Path(".amapreduce-cache")
     """Search/crawl cache folder (`AMAPREDUCE_CACHE_DIR`)."""
+    search_backend: str = "ddgs"
+    """Default `web_search` backend: `ddgs`, `searxng:URL`, `serper`, `tavily` or `corpus:INDEX`
+    (`AMAPREDUCE_SEARCH_BACKEND`)."""
+    searxng_url: str | None = None
+    """SearXNG base URL used by the plain `searxng` backend spec (`AMAPREDUCE_SEARXNG_URL`)."""
+    serper_api_key: SecretStr | None = None
+    """Serper key (`AMAPREDUCE_SERPER_API_KEY`, or the conventional `SERPER_API_KEY`); never printed."""
+    tavily_api_key: SecretStr | None = None
+    """Tavily key (`AMAPREDUCE_TAVILY_API_KEY`, or the conventional `TAVILY_API_KEY`); never printed."""
+    cache_ttl_s: float = Field(default=7 * 24 * 3600.0, ge=0)
+    """Lifetime of cached search results and pages in seconds; 0 disables the cache (`AMAPREDUCE_CACHE_TTL_S`)."""
+    allow_private_urls: bool = False
+    """Let `crawl_page` reach loopback/private addresses; cloud metadata stays refused
+    (`AMAPREDUCE_ALLOW_PRIVATE_URLS`)."""
+    crawl_max_chars: int = Field(default=20_000, ge=100)
+    """Character budget of one crawled page's text (`AMAPREDUCE_CRAWL_MAX_CHARS`)."""
+    search_min_interval_s: float = Field(default=1.0, ge=0)
+    """Minimum seconds between two calls to one remote search backend (`AMAPREDUCE_SEARCH_MIN_INTERVAL_S`)."""
+    model: str | None = None
+    """Default model of every role: a LiteLLM id (`openai/gpt-5-mini`) or, with `api_base`, the
+    server's model name (`AMAPREDUCE_MODEL`)."""
+    api_base: str | None = None
+    """OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama) (`AMAPREDUCE_API_BASE` or `OPENAI_BASE_URL`)."""
+    api_key: SecretStr | None = None
+    """Key for `api_base` (`AMAPREDUCE_API_KEY` or `OPENAI_API_KEY`); LiteLLM ids read their
+    provider's usual variable themselves. Never printed or traced."""
+    subagent_model: str | None = None
+    """Model of the search sub-agents (default: `model`) (`AMAPREDUCE_SUBAGENT_MODEL`)."""
+    extraction_model: str | None = None
+    """Model of query-focused page extraction; `none` turns extraction off (`AMAPREDUCE_EXTRACTION_MODEL`)."""
+    memory_model: str | None = None
+    """Model of the memory's projection and distillation (`AMAPREDUCE_MEMORY_MODEL`)."""
+    judge_model: str | None = None
+    """Model of LLM judging in evaluations (`AMAPREDUCE_JUDGE_MODEL`)."""
+    model_rpm: int | None = Field(default=None, ge=1)
+    """Requests per minute allowed by the provider, shared by the process (`AMAPREDUCE_MODEL_RPM`)."""
+    model_tpm: int | None = Field(default=None, ge=1)
+    """Tokens per minute allowed by the provider (`AMAPREDUCE_MODEL_TPM`)."""
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    """Stop a run once it has spent this many dollars (`AMAPREDUCE_MAX_COST_USD`)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Stop a run once it has used this many tokens (`AMAPREDUCE_MAX_TOKENS`)."""
+    memory_encoder: str = "minilm"
+    """Encoder of NEW memory stores: `minilm`, `st:MODEL` (e.g. a multilingual model) or
+    `hashing[:DIM]`; an existing store keeps its own (`AMAPREDUCE_MEMORY_ENCODER`)."""
+    subagent_max_steps: int = Field(default=20, ge=1)
+    """Agent steps per sub-agent attempt (`AMAPREDUCE_SUBAGENT_MAX_STEPS`)."""
+    manager_max_steps: int = Field(default=30, ge=1)
+    """Agent steps of the manager (`AMAPREDUCE_MANAGER_MAX_STEPS`)."""
 
 
 def load_settings(
@@ -57,6 +115,9 @@ def load_settings(
         environ: the environment to read; `os.environ` when None.
         **overrides: values that win over the environment (None values are ignored).
 
+    Secret fields also accept the conventional variable names in `ENV_ALIASES`
+    (e.g. `SERPER_API_KEY`) when their `AMAPREDUCE_*` variable is unset.
+
     Raises:
         ConfigError: a variable or override has an invalid value; the message names it.
     """
@@ -64,6 +125,8 @@ def load_settings(
     values: dict[str, Any] = {}
     for name in Settings.model_fields:
         raw = env.get(ENV_PREFIX + name.upper())
+        if (raw is None or raw == "") and name in ENV_ALIASES:
+            raw = env.get(ENV_ALIASES[name])
         if raw is not None and raw != "":
             values[name] = raw
     values.update({k: v for k, v in overrides.items() if v is not None})

@@ -29,6 +29,7 @@ def test_openai_compatible_endpoint_params() -> None:
     assert m.inner.kwargs == {"temperature": 0.2, "max_tokens": 50}
     r = build_model(ModelSpec(model_id="gpt-5-mini", api_base="http://127.0.0.1:9/v1", max_tokens=50), role="subagent", meter=meter)
     assert r.inner.kwargs == {}  # reasoning models get no sampling parameters
+    assert m.inner.retryer.max_attempts == 1 and m.inner.client.max_retries == 0  # one retry policy: ours
 
 
 def test_unprefixed_model_without_api_base_is_a_config_error() -> None:
@@ -41,6 +42,7 @@ def test_unprefixed_model_without_api_base_is_a_config_error() -> None:
 def test_litellm_model_builds_offline() -> None:
     m = build_model(ModelSpec(model_id="openai/gpt-4o-mini", api_key="sk-test"), role="judge", meter=UsageMeter())
     assert type(m.inner).__name__ == "LiteLLMModel"
+    assert m.inner.retryer.max_attempts == 1
 
 
 def test_usage_by_role_and_cost() -> None:

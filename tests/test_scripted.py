@@ -63,3 +63,13 @@ def test_real_model_calls_are_blocked_under_test() -> None:
     model = OpenAIModel(model_id="gpt-test", api_base="http://127.0.0.1:9/v1", api_key="x")
     with pytest.raises(ModelRequestsBlocked, match="model requests are blocked under test"):
         model.generate([])
+
+
+def test_opt_in_reaches_only_loopback_endpoints() -> None:
+    from smolagents import OpenAIModel
+
+    from amapreduce.llm.guard import allow_model_requests
+
+    remote = OpenAIModel(model_id="gpt-test", api_base="https://api.example.com/v1", api_key="x")
+    with allow_model_requests(), pytest.raises(ModelRequestsBlocked):
+        remote.generate([])

@@ -26,7 +26,11 @@ EXIT_INTERRUPTED = 130
 # (module, attribute, command name, help). Each module exposes a typer app (a group) or, when
 # the name is None, a `register(app)` function that adds top-level commands.
 _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
+    ("amapreduce.cli.ask", "register", None, "Answer questions and inspect runs."),
     ("amapreduce.cli.mapreduce", "app", "mapreduce", "Validate, plan and run MapReduce decisions."),
+    ("amapreduce.cli.eval", "app", "eval", "Score answers like the official WideSearch/DeepWideSearch scorers."),
+    ("amapreduce.cli.memory", "app", "memory", "Inspect, search, prune and distil the experiential memory."),
+    ("amapreduce.cli.web", "register", None, "Search, crawl, cache and corpus commands."),
 )
 
 app = typer.Typer(

@@ -1,8 +1,9 @@
-"""`amapreduce mapreduce ...`: validate a decision file and print its batch plan."""
+"""`amapreduce mapreduce ...`: validate a decision file, print its batch plan, or run it."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -44,3 +45,61 @@ def plan(
         table.add_row(b.batch_id, shown, str(b.size), b.rationale)
     console.print(table)
     console.print(f"First sub-query: [italic]{decision.task_text(0)}[/]")
+
+
+@app.command("run")
+def run(
+    decision_file: str = typer.Argument(..., metavar="DECISION.json", help="Decision file to execute."),
+    model: str | None = typer.Option(None, "--model", help="Sub-agent model: LiteLLM id or the server's model name."),
+    api_base: str | None = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."),
+    search: str | None = typer.Option(None, "--search", help="ddgs | searxng:URL | serper | tavily | corpus:INDEX"),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once."),
+    out: Path | None = typer.Option(None, "--out", help="Also write the markdown table here."),
+    csv_out: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV here."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
+) -> None:
+    """Run a decision through the engine and search sub-agents, with no manager.
+
+    For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/.
+    """
+    from amapreduce.decision.model import load_decision
+    from amapreduce.run.execute import run_decision, usage_json
+    from amapreduce.run.rundir import atomic_write
+    from amapreduce.run.wiring import require_model
+    from amapreduce.settings import load_settings
+
+    decision = load_decision(decision_file)
+    settings = load_settings(model=model, api_base=api_base, search_backend=search, workers=workers)
+    require_model(settings)
+    outcome = run_decision(decision, settings, label=Path(decision_file).stem, show_progress=None if not as_json else False)
+    result = outcome.result
+    if out is not None:
+        atomic_write(out, result.markdown() + "\n")
+    if csv_out is not None:
+        atomic_write(csv_out, result.csv())
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "rows": result.summary.rows,
+                    "missing_cells": result.summary.missing_cells,
+                    "table_markdown": result.markdown(),
+                    "usage": usage_json(outcome.meter),
+                    "timings": {"wall_s": result.summary.timings.get("wall_s", 0.0)},
+                    "run_dir": str(outcome.run_dir.path),
+                    "status": outcome.status,
+                },
+                ensure_ascii=False,
+            )
+        )
+    else:
+        typer.echo(result.markdown())
+        s = result.summary
+        typer.echo(
+            f"{s.rows} rows, {s.missing_cells} missing cells, {s.patch_rounds} patch rounds, {s.retries} retries "
+            f"({outcome.status}). Run directory: {outcome.run_dir.path}",
+            err=True,
+        )
+    if outcome.status.startswith("stopped"):
+        raise typer.Exit(1)
+

@@ -13,6 +13,7 @@ and `amapreduce --help` must stay fast.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce.errors import RunError
@@ -23,11 +24,14 @@ if TYPE_CHECKING:
 __all__ = [
     "AnswerParseError",
     "Benchmark",
+    "CellTable",
     "extract_answer_dataframe",
     "extract_table_text",
     "legacy_str",
     "corrected_str",
     "norm_column",
+    "parse_answer_table",
+    "read_table_cells",
     "read_table_frame",
 ]
 
@@ -150,37 +154,101 @@ def corrected_str(value: Any) -> str:
     return str(value)
 
 
+@dataclass
+class CellTable:
+    """A stringified table, column-major: what both the gold and the answer become.
+
+    Attributes:
+        columns: column labels (normalised for answers, as read for gold files).
+        cells: one list of `str` cells per column, all the same length.
+        b1_changed: cells the B1 fix rendered differently (only with `corrected`).
+        b12_cells: cells kept with a literal leading quote (only with `corrected`).
+    """
+
+    columns: list[str]
+    cells: list[list[str]]
+    b1_changed: int = 0
+    b12_cells: int = 0
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows."""
+        return len(self.cells[0]) if self.cells else 0
+
+    def to_frame(self) -> pd.DataFrame:
+        """An object-dtype DataFrame of the cells (labels kept, duplicates allowed)."""
+        import pandas as pd
+
+        frame = pd.DataFrame(dict(enumerate(self.cells)), index=range(self.n_rows), dtype=object)
+        frame.columns = list(self.columns)
+        frame.attrs["b1_changed"] = self.b1_changed
+        frame.attrs["b12_cells"] = self.b12_cells
+        return frame
+
+
+def _cells(frame: pd.DataFrame, *, corrected: bool) -> CellTable:
+    """Per column: keep the inferred dtype's rendering, then `str` every cell (pandas 2 style)."""
+    cells: list[list[str]] = []
+    changed = 0
+    for _, series in frame.items():  # by position: duplicate labels are fine
+        values = series.tolist()
+        legacy = [legacy_str(v) for v in values]
+        if corrected:
+            fixed = [corrected_str(v) for v in values]
+            changed += sum(1 for a, b in zip(legacy, fixed, strict=True) if a != b)
+            legacy = fixed
+        cells.append(legacy)
+    return CellTable([str(c) for c in frame.columns], cells, b1_changed=changed)
+
+
+def read_table_cells(source: Any, *, corrected: bool = False) -> CellTable:
+    """Read a CSV file with plain `pd.read_csv` (the official gold loader) into a `CellTable`."""
+    import pandas as pd
+
+    return _cells(pd.read_csv(source), corrected=corrected)
+
+
 def read_table_frame(source: Any, *, corrected: bool = False) -> pd.DataFrame:
     """Read a CSV-like source with plain `pd.read_csv` options and stringify it pandas-2 style.
 
     Args:
         source: what `pd.read_csv` accepts (a path or a file-like object); extra keyword
             arguments are deliberately not supported so gold and answer stay symmetrical.
+        corrected: B1 fix (integral floats rendered as integers).
 
     Returns:
         An object-dtype frame of Python `str` cells, with the original column labels.
     """
+    return read_table_cells(source, corrected=corrected).to_frame()
+
+
+def parse_answer_table(
+    text: str, *, benchmark: Benchmark = "widesearch", corrected: bool = False
+) -> CellTable | None:
+    """`extract_answer_dataframe` without building a DataFrame (the scorer's fast path)."""
+    import csv
+    from io import StringIO
+
     import pandas as pd
 
-    frame = pd.read_csv(source)
-    return _stringify(frame, corrected=corrected)
-
-
-def _stringify(frame: pd.DataFrame, *, corrected: bool = False) -> pd.DataFrame:
-    """Per column: keep the inferred dtype's rendering, then `str` every cell (pandas 2 style)."""
-    import pandas as pd
-
-    columns = list(frame.columns)
-    data = {i: [legacy_str(v) for v in frame.iloc[:, i].tolist()] for i in range(len(columns))}
-    changed = 0
+    table = extract_table_text(text, benchmark=benchmark, corrected=corrected)
+    if table is None:
+        return None
+    try:
+        if corrected:
+            frame = pd.read_csv(StringIO(table), sep="|", quoting=csv.QUOTE_NONE)
+        else:
+            frame = pd.read_csv(StringIO(table), sep="|")
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
+        raise AnswerParseError(
+            f"the answer's table cannot be read as `|`-separated values: {str(exc).strip()}. "
+            f"Check for a stray `|` inside a cell or an empty table."
+        ) from exc
+    keep = [not str(c).startswith("Unnamed") for c in frame.columns]
+    out = _cells(frame.loc[:, keep], corrected=corrected)
+    out.columns = [norm_column(c) for c in out.columns]
     if corrected:
-        for i in range(len(columns)):
-            fixed = [corrected_str(v) for v in frame.iloc[:, i].tolist()]
-            changed += sum(1 for a, b in zip(data[i], fixed, strict=True) if a != b)
-            data[i] = fixed
-    out = pd.DataFrame(data, index=range(len(frame)), dtype=object)
-    out.columns = columns
-    out.attrs["b1_changed"] = changed
+        out.b12_cells = sum(1 for col in out.cells for v in col if v.startswith('"'))
     return out
 
 
@@ -207,33 +275,5 @@ def extract_answer_dataframe(
         AnswerParseError: pandas rejects the extracted table (the official code then scores 0
             with an "evaluator error" message).
     """
-    import csv
-    from io import StringIO
-
-    import pandas as pd
-
-    table = extract_table_text(text, benchmark=benchmark, corrected=corrected)
-    if table is None:
-        return None
-    try:
-        if corrected:
-            frame = pd.read_csv(StringIO(table), sep="|", quoting=csv.QUOTE_NONE)
-        else:
-            frame = pd.read_csv(StringIO(table), sep="|")
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
-        raise AnswerParseError(
-            f"the answer's table cannot be read as `|`-separated values: {str(exc).strip()}. "
-            f"Check for a stray `|` inside a cell or an empty table."
-        ) from exc
-    keep = [not str(c).startswith("Unnamed") for c in frame.columns]
-    frame = frame.loc[:, keep]
-    out = _stringify(frame, corrected=corrected)
-    out.columns = [norm_column(str(c)) for c in out.columns]
-    if corrected:
-        out.attrs["b12_cells"] = sum(1 for col in data_columns(out) for v in col if v.startswith('"'))
-    return out
-
-
-def data_columns(frame: pd.DataFrame) -> list[list[str]]:
-    """The cells of a stringified frame, column by column."""
-    return [frame.iloc[:, i].tolist() for i in range(frame.shape[1])]
+    table = parse_answer_table(text, benchmark=benchmark, corrected=corrected)
+    return None if table is None else table.to_frame()

@@ -4,7 +4,8 @@
 real provider raises `ModelRequestsBlocked` instead of silently spending money or hanging on a
 closed network. Scripted models (`amapreduce.llm.scripted`) are not API models and keep working.
 Code that must exercise the real client path against a loopback server opts in with
-`allow_model_requests()`.
+`allow_model_requests()`: process-wide (sub-agents call from worker threads), and even then
+only for models whose endpoint is on 127.0.0.1/localhost/::1.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlparse
 
 from amapreduce.errors import RunError
 
 __all__ = ["ModelRequestsBlocked", "allow_model_requests", "block_model_requests", "model_requests_allowed"]
 
-_state = threading.local()
 _lock = threading.Lock()
 _blocked = False
+_allowed = 0  # depth of active `allow_model_requests()` blocks
 _originals: dict[str, Any] = {}
 
 
@@ -29,15 +31,25 @@ class ModelRequestsBlocked(RunError):
 
 
 def model_requests_allowed() -> bool:
-    """Whether a real model call may go out right now (in this thread)."""
-    return (not _blocked) or bool(getattr(_state, "allowed", False))
+    """Whether real model calls may go out right now."""
+    return (not _blocked) or _allowed > 0
+
+
+def _endpoint(model: Any) -> str:
+    base = getattr(model, "api_base", None) or getattr(getattr(model, "client", None), "base_url", None)
+    return str(base or "")
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
 def _guarded(name: str) -> Any:
     original = _originals[name]
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not model_requests_allowed():
+        if not model_requests_allowed() or (_blocked and not _is_loopback(_endpoint(self))):
             raise ModelRequestsBlocked(
                 f"real model call to {type(self).__name__}(model_id={getattr(self, 'model_id', None)!r}) "
                 "refused: model requests are blocked under test. Use a scripted model from "
@@ -77,10 +89,12 @@ def block_model_requests() -> None:
 
 @contextlib.contextmanager
 def allow_model_requests() -> Iterator[None]:
-    """Let real model calls through inside this block, in this thread only."""
-    previous = getattr(_state, "allowed", False)
-    _state.allowed = True
+    """Let model calls to loopback endpoints through inside this block (all threads)."""
+    global _allowed
+    with _lock:
+        _allowed += 1
     try:
         yield
     finally:
-        _state.allowed = previous
+        with _lock:
+            _allowed -= 1

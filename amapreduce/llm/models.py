@@ -8,7 +8,8 @@
 It is wrapped in `ManagedModel`, which every call goes through: the budget check, the
 provider's process-wide rate limiter, retries with backoff that honour `Retry-After`, and usage
 and cost accounting by role. Reasoning models get no `temperature`/`max_tokens` (their APIs
-reject them). The provider clients' own retries are switched off so one policy applies.
+reject them). The provider clients' own retries (openai's `max_retries`, LiteLLM's
+`num_retries`, smolagents' `retryer`) are switched off so exactly one policy applies.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def _inner_model(spec: ModelSpec) -> Model:
             api_key=key or "not-needed",
             client_kwargs={"max_retries": 0, "timeout": spec.timeout_s},
             flatten_messages_as_text=spec.flatten_messages,
+            retry=False,  # smolagents' own retryer would sleep ~60 s on a 429 beneath our policy
             **_sampling(spec),
         )
     if "/" not in spec.model_id:
@@ -103,7 +105,9 @@ def _inner_model(spec: ModelSpec) -> Model:
     try:
         from smolagents import LiteLLMModel
 
-        return LiteLLMModel(model_id=spec.model_id, api_key=key, num_retries=0, timeout=spec.timeout_s, **_sampling(spec))
+        return LiteLLMModel(
+            model_id=spec.model_id, api_key=key, num_retries=0, timeout=spec.timeout_s, retry=False, **_sampling(spec)
+        )
     except ModuleNotFoundError as exc:
         raise ConfigError(
             f"model {spec.model_id!r} needs LiteLLM: pip install 'amapreduce[litellm]' "

@@ -20,7 +20,7 @@ from typing import Any
 from smolagents import Tool
 
 from amapreduce.decision.model import Decision
-from amapreduce.errors import AmapreduceError, DecisionError, ToolCallRefused
+from amapreduce.errors import AmapreduceError, DecisionError, RunCancelled, ToolCallRefused
 from amapreduce.mapreduce.batching import plan_batches
 from amapreduce.mapreduce.engine import MapReduceEngine
 from amapreduce.mapreduce.prior import NoPrior, Prior, PriorProvider, PriorRequest
@@ -182,7 +182,12 @@ class MapReduceTool(Tool):
         return json.dumps(payload, ensure_ascii=False)
 
     def _execute(self, raw: dict[str, Any], decision: Decision) -> str:
-        result = self.engine.run(decision)
+        try:
+            result = self.engine.run(decision)
+        except RunCancelled as exc:
+            self._accumulate(exc.partial.table)  # a stopped run still keeps the rows it found
+            self.results.append(exc.partial)
+            raise
         self.decisions.append(decision)
         self.results.append(result)
         self._accumulate(result.table)

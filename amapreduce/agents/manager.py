@@ -1,0 +1,88 @@
+"""The manager agent: discovers entities, writes the decision Θ, calls `mapreduce`, finishes.
+
+A smolagents `ToolCallingAgent` (never a CodeAgent: no model-written code is run) with
+`web_search`, `crawl_page`, `mapreduce` and `final_answer`. Its instructions live in
+`prompts/manager.yaml`. Observations are truncated before they enter the context, and the final
+table is the reducer's table rendered in code, never retyped by the model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from amapreduce.prompts import render_prompt
+
+if TYPE_CHECKING:
+    from smolagents import Model, Tool, ToolCallingAgent
+
+    from amapreduce.mapreduce.trace import Trace
+
+__all__ = ["MAX_OBSERVATION_CHARS", "build_manager", "truncate"]
+
+MAX_OBSERVATION_CHARS = 12_000
+"""Longest tool output the manager sees; the rest is cut with a note (full text stays in the trace)."""
+
+
+def truncate(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
+    """`text` cut to `limit` characters with a note saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n… [{len(text) - limit} more characters not shown]"
+
+
+def _truncating(tool: Tool, limit: int) -> Tool:
+    original = tool.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        return truncate(out, limit) if isinstance(out, str) else out
+
+    tool.forward = forward  # type: ignore[method-assign]
+    return tool
+
+
+def build_manager(
+    model: Model,
+    tools: Sequence[Tool],
+    *,
+    max_steps: int = 30,
+    max_batches: int = 50,
+    trace: Trace | None = None,
+    observation_chars: int = MAX_OBSERVATION_CHARS,
+) -> ToolCallingAgent:
+    """A manager agent over `tools` (web tools plus the `mapreduce` tool).
+
+    Args:
+        model: the manager's model.
+        tools: the tools it may call; `final_answer` is added by smolagents.
+        max_steps: agent steps before smolagents asks for a final answer.
+        max_batches: the batch cap quoted in the instructions.
+        trace: receives one `manager_step` event per step (tool calls, truncated observations).
+        observation_chars: longest tool output shown to the model.
+    """
+    from smolagents import ToolCallingAgent
+    from smolagents.memory import ActionStep
+
+    agent = ToolCallingAgent(
+        tools=[_truncating(t, observation_chars) for t in tools],
+        model=model,
+        max_steps=max_steps,
+        instructions=render_prompt("manager", "instructions", max_batches=max_batches),
+        verbosity_level=-1,
+    )
+    if trace is not None and trace.enabled:
+
+        def record(step: ActionStep, **_: Any) -> None:
+            trace.write(
+                "manager_step",
+                step=step.step_number,
+                tool_calls=[{"name": c.name, "arguments": c.arguments} for c in step.tool_calls or []],
+                observations=truncate(step.observations or "", 4000),
+                error=str(step.error) if step.error else None,
+                at=time.time(),
+            )
+
+        agent.step_callbacks.register(ActionStep, record)
+    return agent

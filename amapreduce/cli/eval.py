@@ -1,0 +1,257 @@
+"""`amapreduce eval score`: WideSearch/DeepWideSearch scores that match the official scorers.
+
+Only typer is imported at module level; the evaluation package (pandas, dateparser) loads
+inside the command so `amapreduce --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from amapreduce.errors import RunError, UserError
+
+if TYPE_CHECKING:
+    from amapreduce.evaluation.runner import EvalOptions, Trial
+    from amapreduce.settings import Settings
+
+__all__ = ["app"]
+
+app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+_BENCHMARKS = ("widesearch", "deepwidesearch")
+_PROTOCOLS = ("aidc", "amapreduce")
+_PER_TASK_ROWS = 30
+"""Runs with at most this many tasks also print one row per task."""
+
+
+def _parse_date(value: str | None) -> dt.date | None:
+    if value is None:
+        return None
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise UserError(f"--reference-date must be YYYY-MM-DD, got {value!r}. Example: 2026-01-01.") from None
+
+
+def _client(model: str, settings: Settings, api_base: str | None) -> Any:
+    from amapreduce.evaluation.judges import ModelClient
+
+    return ModelClient.build(
+        model,
+        settings.cache_dir / "judge",
+        api_base=api_base or settings.api_base,
+        api_key=settings.api_key,
+        rpm=settings.model_rpm,
+        tpm=settings.model_tpm,
+    )
+
+
+def _options(
+    benchmark: str,
+    judge: str,
+    align: str,
+    entity_judge: str,
+    protocol: str,
+    chunk_size: int,
+    reference_date: str | None,
+    corrected: bool,
+    details: Path | None,
+    api_base: str | None = None,
+) -> EvalOptions:
+    from amapreduce.evaluation import judges
+    from amapreduce.evaluation.runner import EvalOptions
+    from amapreduce.settings import load_settings
+
+    if benchmark not in _BENCHMARKS:
+        raise UserError(f"--benchmark must be one of {list(_BENCHMARKS)}, got {benchmark!r}.")
+    if protocol not in _PROTOCOLS:
+        raise UserError(f"--protocol must be one of {list(_PROTOCOLS)}, got {protocol!r}.")
+    if chunk_size < 1:
+        raise UserError(
+            f"--judge-chunk-size must be >= 1, got {chunk_size}. Use a positive number of rows per call."
+        )
+    for flag, value in (("--judge", judge), ("--align", align), ("--entity-judge", entity_judge)):
+        if not value.strip():
+            raise UserError(f"{flag} must not be empty. Use a stand-in name or a model id.")
+    settings = load_settings()
+    column_judge: judges.ColumnJudge = (
+        judges.ExactJudge()
+        if judge == "exact"
+        else judges.ModelJudge(
+            _client(judge, settings, api_base), chunk_size=chunk_size, normalize=protocol == "amapreduce"
+        )
+    )
+    aligner: judges.Aligner
+    if align == "identity":
+        aligner = judges.IdentityAligner()
+    elif align == "norm":
+        aligner = judges.NormAligner()
+    else:
+        aligner = judges.ModelAligner(_client(align, settings, api_base))
+    entity: judges.EntityJudge = (
+        judges.SubstringEntityJudge()
+        if entity_judge == "substring"
+        else judges.ModelEntityJudge(_client(entity_judge, settings, api_base))
+    )
+    return EvalOptions(
+        benchmark=benchmark,  # type: ignore[arg-type]
+        judge=column_judge,
+        aligner=aligner,
+        entity_judge=entity,
+        protocol=protocol,  # type: ignore[arg-type]
+        reference_date=_parse_date(reference_date),
+        corrected=corrected,
+        details_dir=details,
+        date_cache_dir=settings.cache_dir / "dates",
+    )
+
+
+def _trials(pred_dirs: list[Path], pred_jsonl: Path | None, candidate_ids: list[str]) -> list[Trial]:
+    from amapreduce.evaluation.loaders import load_predictions_dir, load_predictions_jsonl
+    from amapreduce.evaluation.runner import Trial
+
+    if pred_dirs and pred_jsonl is not None:
+        raise UserError("use either --pred-dir (one per trial) or --pred-jsonl, not both.")
+    if not pred_dirs and pred_jsonl is None:
+        raise UserError("no predictions given. Pass --pred-dir TRIAL_DIR (repeatable) or --pred-jsonl FILE.")
+    if pred_jsonl is not None:
+        return [Trial(label, answers) for label, answers in load_predictions_jsonl(pred_jsonl).items()]
+    return [Trial(str(d), load_predictions_dir(d, candidate_ids)) for d in pred_dirs]
+
+
+def _task_ids(all_ids: list[str], ids: str | None, all_tasks: bool, trials: list[Trial]) -> list[str]:
+    if ids is not None and all_tasks:
+        raise UserError("use either --ids or --all-tasks, not both.")
+    if all_tasks:
+        return all_ids
+    if ids is not None:
+        wanted = [i.strip() for i in ids.split(",") if i.strip()]
+        if not wanted:
+            raise UserError(f"--ids is empty, got {ids!r}. Pass comma-separated instance ids.")
+        return list(dict.fromkeys(wanted))
+    answered = {iid for t in trials for iid, text in t.answers.items() if text is not None}
+    chosen = [i for i in all_ids if i in answered]
+    if not chosen:
+        raise UserError(
+            "no answer file matches a task id. Name answers <instance_id>.md, or pass --ids / --all-tasks."
+        )
+    return chosen
+
+
+@app.command("score")
+def score(
+    tasks: Annotated[Path, typer.Option("--tasks", help="The benchmark's tasks jsonl.")],
+    gold_dir: Annotated[Path, typer.Option("--gold-dir", help="Folder of <instance_id>.csv gold tables.")],
+    out: Annotated[Path, typer.Option("--out", help="Results JSON: per_task and summary.")],
+    benchmark: Annotated[
+        str, typer.Option("--benchmark", help="widesearch | deepwidesearch.")
+    ] = "widesearch",
+    pred_dir: Annotated[
+        list[Path] | None,
+        typer.Option("--pred-dir", help="One trial: a folder of <instance_id>.md answers. Repeatable."),
+    ] = None,
+    pred_jsonl: Annotated[
+        Path | None, typer.Option("--pred-jsonl", help='Lines {"instance_id", "trial", "response"}.')
+    ] = None,
+    ids: Annotated[str | None, typer.Option("--ids", help="Comma-separated instance ids to score.")] = None,
+    all_tasks: Annotated[
+        bool, typer.Option("--all-tasks", help="Score every task (missing answers score 0).")
+    ] = False,
+    judge: Annotated[
+        str, typer.Option("--judge", help="llm_judge columns: exact (offline stand-in) or a model id.")
+    ] = "exact",
+    align: Annotated[
+        str, typer.Option("--align", help="Header/key alignment: identity | norm | a model id.")
+    ] = "identity",
+    entity_judge: Annotated[
+        str, typer.Option("--entity-judge", help="DeepWideSearch entity check: substring | a model id.")
+    ] = "substring",
+    protocol: Annotated[
+        str, typer.Option("--protocol", help="DeepWideSearch protocol: aidc (entity gate) | amapreduce.")
+    ] = "aidc",
+    judge_chunk_size: Annotated[
+        int, typer.Option("--judge-chunk-size", help="Rows per LLM judge call.")
+    ] = 100,
+    api_base: Annotated[
+        str | None,
+        typer.Option(
+            "--api-base",
+            help="OpenAI-compatible endpoint for the model ids given (default: the api_base setting).",
+        ),
+    ] = None,
+    reference_date: Annotated[
+        str | None, typer.Option("--reference-date", help="Pin dateparser's 'today' (YYYY-MM-DD).")
+    ] = None,
+    corrected: Annotated[
+        bool,
+        typer.Option(
+            "--corrected", help="Fix bugs B1, B2, B5, B6, B11, B12 (not comparable to published numbers)."
+        ),
+    ] = False,
+    details: Annotated[
+        Path | None, typer.Option("--details", help="Write a per-row detail CSV per task and trial here.")
+    ] = None,
+) -> None:
+    """Score answers like the official WideSearch/DeepWideSearch scorers."""
+    from rich.console import Console
+
+    from amapreduce.evaluation.loaders import load_tasks
+    from amapreduce.evaluation.runner import run_evaluation, write_json_atomic
+    from amapreduce.evaluation.summary import render_per_task, render_summary
+
+    options = _options(
+        benchmark,
+        judge,
+        align,
+        entity_judge,
+        protocol,
+        judge_chunk_size,
+        reference_date,
+        corrected,
+        details,
+        api_base,
+    )
+    task_specs = load_tasks(tasks, options.benchmark)
+    if not gold_dir.is_dir():
+        raise UserError(f"--gold-dir {gold_dir} is not a folder of <instance_id>.csv gold tables.")
+    all_ids = list(task_specs)
+    trials = _trials(pred_dir or [], pred_jsonl, all_ids)
+    chosen = _task_ids(all_ids, ids, all_tasks, trials)
+    stray = sorted({i for t in trials for i in t.answers if i not in task_specs})
+    for folder in pred_dir or []:
+        stray.extend(sorted(p.stem for p in folder.glob("*.md") if p.stem not in task_specs))
+    if stray:
+        typer.echo(
+            f"warning: {len(stray)} answer(s) match no task and are ignored, e.g. {stray[:3]}", err=True
+        )
+    err = Console(stderr=True)
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % 25 == 0:
+            err.print(f"scored {done}/{total} tasks", highlight=False)
+
+    try:
+        report = run_evaluation(task_specs, chosen, trials, gold_dir, options, progress=progress)
+        write_json_atomic(out, report.to_json())
+    except OSError as exc:  # --out / --details / cache folders not writable, disk full, ...
+        raise RunError(
+            f"cannot write results: {exc}. Check that the --out and --details folders are writable."
+        ) from exc
+    console = Console(file=sys.stdout, soft_wrap=True)
+    title = f"{options.benchmark} scores (judge {options.judge.name}, align {options.aligner.name})"
+    if len(chosen) <= _PER_TASK_ROWS:
+        console.print(render_per_task(report.per_task, [t.label for t in trials]))
+    console.print(
+        render_summary(
+            report.summary, tasks=len(chosen), trials=len(trials), successes=report.successes, title=title
+        )
+    )
+    if options.corrected:
+        changed = ", ".join(f"{k}: {v}" for k, v in sorted(report.corrections.items()) if v) or "nothing"
+        console.print(f"--corrected changed: {changed}", highlight=False)
+    console.print(f"results written to {out}", highlight=False)

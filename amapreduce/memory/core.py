@@ -1,0 +1,193 @@
+"""`ExperientialMemory`: the memory M = {D, H, F_ψ} behind the plan-stage prior (paper §3.3).
+
+It is the `PriorProvider` the mapreduce tool's plan stage calls (`prior(request)`), and after the
+run is scored `update(prior, ...)` applies the online credit assignment and, when the schedule
+says so, the distillation. `snapshot()` gives the frozen, read-only view one benchmark instance's
+trials share (App. D.5; see `amapreduce.memory.protocol`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from amapreduce.mapreduce.prior import Prior, PriorRequest
+from amapreduce.memory import prompts
+from amapreduce.memory.config import MemoryConfig
+from amapreduce.memory.distill import DistillReport, distill
+from amapreduce.memory.embed import Encoder
+from amapreduce.memory.index import VectorIndex
+from amapreduce.memory.llm import ask
+from amapreduce.memory.parsing import parse_list
+from amapreduce.memory.records import DecisionSummary, TraceSummary
+from amapreduce.memory.retrieval import Retrieval, render_prior, retrieve
+from amapreduce.memory.schema import connect
+from amapreduce.memory.store import MemoryStore
+from amapreduce.memory.update import UpdateResult, record_outcome
+
+__all__ = ["ExperientialMemory"]
+
+log = logging.getLogger(__name__)
+
+
+def _decision_text(decision: Mapping[str, Any]) -> str:
+    matrix = decision.get("task_matrix")
+    shown = dict(decision)
+    if isinstance(matrix, list) and len(matrix) > 5:
+        shown["task_matrix"] = [*matrix[:5], f"... ({len(matrix) - 5} more rows)"]
+    return json.dumps(shown, ensure_ascii=False, default=str)[:4000]
+
+
+class ExperientialMemory:
+    """Records, hints, retrieval, online update and distillation over one store folder.
+
+    Args:
+        store: a store folder (created if missing) or an open `MemoryStore`.
+        config: retrieval/update/distillation parameters.
+        model: the memory model for Φ and F_ψ (any smolagents `Model`); None disables both.
+        encoder: an encoder spec or object; must match the store's.
+    """
+
+    def __init__(self, store: str | Path | MemoryStore, *, config: MemoryConfig | None = None,
+                 model: Any | None = None, encoder: Encoder | str | None = None, readonly: bool = False) -> None:
+        self.store = store if isinstance(store, MemoryStore) else MemoryStore(store, encoder=encoder, readonly=readonly)
+        self.config = config or MemoryConfig()
+        self.model = model
+        self.index = VectorIndex(self.store.folder, persist=not self.store.readonly)
+        self._warned_no_model = False
+
+    # -- read side -------------------------------------------------------------------------
+    def retrieve(self, query: str, *, task_id: str | None = None) -> Retrieval:
+        """I⁺, I⁻ and the ranked hints for `query` (no projection)."""
+        vector = self.store.embed([query])[0]
+        return retrieve(self.store, self.index, vector, query, self.config, task_id=task_id)
+
+    def project(self, query: str, decision: Mapping[str, Any], retrieval: Retrieval) -> tuple[list[str], str | None]:
+        """h_s = Φ(q; H_q): the memory model's ≤ max_bullets bullets, or the raw hints.
+
+        Returns the guidance and, when Φ failed, why (the caller traces it; nothing is hidden).
+        """
+        raw = [h.text for h in retrieval.hints]
+        if not raw or not self.config.project or self.model is None:
+            return raw, None
+        system = prompts.PROJECT_SYSTEM.format(max_bullets=self.config.max_bullets)
+        user = prompts.PROJECT_USER.format(query=query, decision=_decision_text(decision) if decision else "(none yet)",
+                                           hints="\n".join(f"{k}. {t}" for k, t in enumerate(raw, 1)),
+                                           max_bullets=self.config.max_bullets)
+        try:
+            bullets = parse_list(ask(self.model, system, user), limit=self.config.max_bullets)
+        except Exception as exc:  # noqa: BLE001 - any model failure falls back, and is reported
+            log.warning("projection Φ failed (%s: %s); using the raw hints", type(exc).__name__, exc)
+            return raw, f"{type(exc).__name__}: {exc}"
+        if not bullets:
+            log.warning("projection Φ returned no list items; using the raw hints")
+            return raw, "reply had no list items"
+        return bullets, None
+
+    def search(self, query: str, *, decision: Mapping[str, Any] | None = None,
+               task_id: str | None = None) -> tuple[Retrieval, Prior]:
+        """What the plan stage would retrieve for `query`, and the prior it would get."""
+        retrieval = self.retrieve(query, task_id=task_id)
+        guidance, error = self.project(query, decision or {}, retrieval)
+        details: dict[str, Any] = {
+            "positives": [n.to_json() for n in retrieval.positives],
+            "negatives": [n.to_json() for n in retrieval.negatives],
+            "hints": [h.to_json() for h in retrieval.hints],
+            "candidates": retrieval.candidates,
+            "excluded_same_task": retrieval.excluded,
+            "query": query,
+            "task_id": task_id,
+            "projected": error is None and guidance != [h.text for h in retrieval.hints],
+        }
+        if error is not None:
+            details["projection_error"] = error
+        prior = Prior(text=render_prior(retrieval, guidance), hint_ids=tuple(h.id for h in retrieval.hints),
+                      record_ids=retrieval.neighbourhood, details=details)
+        return retrieval, prior
+
+    def prior(self, request: PriorRequest) -> Prior:
+        """The plan stage's experiential prior Δ_q (the `PriorProvider` protocol)."""
+        return self.search(request.query, decision=request.decision, task_id=request.task_id)[1]
+
+    # -- write side ------------------------------------------------------------------------
+    def update(self, prior: Prior | None, *, query: str | None = None, decision: Mapping[str, Any] | DecisionSummary,
+               metrics: Mapping[str, Any] | None, trace: Mapping[str, Any] | TraceSummary | None = None,
+               task_id: str | None = None, failure: str | None = None, record_id: str | None = None,
+               auto_distill: bool = True) -> UpdateResult:
+        """Write ε_new and credit the hints of `prior` (Eq. 13/22); distil when due.
+
+        `failure` (or metrics missing a required value) marks an infrastructure failure: nothing
+        is written and no hint is credited. A distillation that fails after the record was written
+        is logged and reported in the result's `distill` field as `failed: ...`; the record stays.
+        `query` and `task_id` default to the ones the prior was built for.
+        """
+        details = prior.details if prior is not None else {}
+        query = query if query is not None else details.get("query")
+        task_id = task_id if task_id is not None else details.get("task_id")
+        if not query:
+            from amapreduce.errors import UserError
+
+            raise UserError("update needs the run's query: pass query=..., or the Prior returned by prior().")
+        result = record_outcome(self.store, self.config, query=query, decision=decision, metrics=metrics,
+                                prior=prior, trace=trace, task_id=task_id, failure=failure, record_id=record_id)
+        if result.distill and auto_distill:
+            if self.model is None:
+                level = logging.DEBUG if self._warned_no_model else logging.WARNING
+                log.log(level, "distillation due (%s) but no memory model is configured; skipped. Run "
+                        "`amapreduce memory distill --model ...` later.", result.distill)
+                self._warned_no_model = True
+                return result
+            try:
+                distill(self.store, self.config, self.model, refine="refine" in result.distill,
+                        merge="merge" in result.distill)
+            except Exception as exc:  # noqa: BLE001 - the run's record is already safe; report, don't lose it
+                log.warning("scheduled distillation failed: %s: %s", type(exc).__name__, exc)
+                from dataclasses import replace
+
+                return replace(result, distill=f"failed: {type(exc).__name__}: {exc}")
+        return result
+
+    def distill(self, *, refine: bool = True, merge: bool = True, dry_run: bool = False) -> DistillReport:
+        """Run F_ψ now (whatever the schedule says)."""
+        return distill(self.store, self.config, self.model, refine=refine, merge=merge, dry_run=dry_run)
+
+    def rebuild_index(self) -> int:
+        """Rebuild the faiss cache from SQLite; return the number of vectors."""
+        with self.store.read() as conn:
+            return self.index.rebuild(conn)
+
+    def snapshot(self) -> ExperientialMemory:
+        """A frozen, read-only view: what one instance's trials share (App. D.5).
+
+        No copy is made: a read-only connection opens one read transaction and keeps it, and
+        SQLite's WAL guarantees that transaction keeps seeing the same state while other
+        connections write. Close the snapshot (`close()`) when the instance is done, so the WAL
+        can be checkpointed past it.
+        """
+        if self.store.readonly:
+            return self
+        with self.store.read() as conn:
+            self.index.sync(conn)
+        index = self.index.frozen_copy(self.store.folder)  # covers a prefix of what the snapshot sees
+        frozen_conn = connect(self.store.folder, readonly=True)
+        frozen_conn.execute("PRAGMA query_only = ON")
+        frozen_conn.execute("BEGIN")
+        frozen_conn.execute("SELECT count(*) FROM records").fetchone()  # the read snapshot starts here
+        frozen = MemoryStore(self.store.folder, encoder=self.store.encoder, readonly=True, connection=frozen_conn)
+        index.sync(frozen_conn)  # catch up to exactly the snapshot's records
+        memory = ExperientialMemory(frozen, config=self.config, model=self.model)
+        memory.index = index
+        return memory
+
+    def close(self) -> None:
+        """Close the store."""
+        self.store.close()
+
+    def __enter__(self) -> ExperientialMemory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

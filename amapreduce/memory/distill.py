@@ -1,0 +1,293 @@
+"""The distillation operator F_ψ (paper Eq. 14–15, App. D.8): cluster, refine contrastively, merge.
+
+1. **Cluster** every record's stored query vector with FINCH (finch-clust), taking one explicit,
+   configured partition level, seeded, so the same store gives the same clusters.
+2. **Refine** inside each cluster: a negative record is paired with its most similar positive of
+   the same cluster and the memory model proposes ADD/EDIT/REMOVE/AGREE operations on the hints
+   attached to that cluster (a cluster with positives only gets the success-only prompt).
+3. **Merge** redundant hints per cluster: each hint belongs to the cluster holding most of its
+   provenance (so it is merged once, not duplicated); batches shrink to max(1, n/3) hints whose
+   provenance is the cluster and whose score is the best score they replace (never reset).
+
+Every change goes through the store's helpers, so each is an event in the audit log.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from amapreduce.errors import ConfigError, RunError
+from amapreduce.memory import prompts
+from amapreduce.memory.config import MemoryConfig
+from amapreduce.memory.llm import ask
+from amapreduce.memory.parsing import Operation, map_operations, parse_list, parse_operations
+from amapreduce.memory.records import normalise_query
+from amapreduce.memory.store import (
+    MemoryStore,
+    add_provenance,
+    delete_hint,
+    get_meta,
+    insert_hint,
+    log_event,
+    prune_hints,
+    set_meta,
+    update_hint,
+)
+
+__all__ = ["DistillReport", "cluster_records", "distill"]
+
+
+@dataclass(kw_only=True)
+class DistillReport:
+    """What one distillation did (or, with `dry_run`, would ask the model)."""
+
+    dry_run: bool
+    records: int = 0
+    clusters: dict[int, int] = field(default_factory=dict)
+    """Cluster id → number of records."""
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per model call: step, cluster, records shown, hints shown."""
+    applied: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    merged: list[dict[str, Any]] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready summary."""
+        return {"dry_run": self.dry_run, "records": self.records,
+                "clusters": {str(k): v for k, v in sorted(self.clusters.items())}, "calls": self.calls,
+                "applied": self.applied, "rejected": self.rejected, "merged": self.merged, "pruned": self.pruned}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Rec:
+    id: str
+    label: bool
+    query: str
+    pattern: str
+    cluster: int
+
+
+def cluster_records(vectors: Any, config: MemoryConfig) -> Any:
+    """FINCH cluster labels (one per row) at `config.finch_level`, clamped to the coarsest level."""
+    import numpy as np
+
+    n = len(vectors)
+    if n < 3:
+        return np.zeros(n, dtype=np.int64)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="pynndescent is not installed", category=UserWarning)
+        from finch import FINCH
+    try:
+        partitions, _, _ = FINCH(np.asarray(vectors, dtype=np.float32), distance="cosine", verbose=False,
+                                 random_state=config.seed)
+    except MemoryError as exc:
+        raise RunError(f"FINCH could not cluster {n} records without approximate neighbours ({exc}). "
+                       "Install finch-clust[ann] (pynndescent) for stores above 20,000 records.") from exc
+    level = min(config.finch_level, partitions.shape[1] - 1)
+    return np.asarray(partitions[:, level], dtype=np.int64)
+
+
+def _load(store: MemoryStore, config: MemoryConfig, *, dry_run: bool) -> tuple[list[_Rec], Any]:
+    import numpy as np
+
+    with store.read() as conn:
+        rows = conn.execute("SELECT id, label, query, decision, embedding FROM records ORDER BY rowid").fetchall()
+    if not rows:
+        return [], np.zeros((0, 0), dtype=np.float32)
+    vectors = np.stack([np.frombuffer(r["embedding"], dtype=np.float32) for r in rows])
+    labels = cluster_records(vectors, config)
+    recs = [_Rec(id=r["id"], label=bool(r["label"]), query=r["query"],
+                 pattern=json.loads(r["decision"]).get("pattern", ""), cluster=int(c))
+            for r, c in zip(rows, labels, strict=True)]
+    if not dry_run:
+        with store.write() as conn:
+            conn.executemany("UPDATE records SET cluster = ? WHERE id = ?", [(r.cluster, r.id) for r in recs])
+            sizes: dict[int, int] = {}
+            for r in recs:
+                sizes[r.cluster] = sizes.get(r.cluster, 0) + 1
+            log_event(conn, "clustered", records=len(recs), clusters=len(sizes), level=config.finch_level)
+    return recs, vectors
+
+
+def _cluster_hints(store: MemoryStore, record_ids: list[str], limit: int | None = None) -> list[tuple[str, str, int]]:
+    """Hints whose provenance meets the cluster, best score first: (id, text, w)."""
+    if not record_ids:
+        return []
+    with store.read() as conn:
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS _cluster(id TEXT PRIMARY KEY)")
+        conn.execute("DELETE FROM _cluster")
+        conn.executemany("INSERT OR IGNORE INTO _cluster(id) VALUES (?)", [(i,) for i in record_ids])
+        rows = conn.execute(
+            "SELECT h.id, h.text, h.w FROM hints h WHERE EXISTS (SELECT 1 FROM provenance p JOIN _cluster c "
+            "ON c.id = p.record_id WHERE p.hint_id = h.id) ORDER BY h.w DESC, h.seq").fetchall()
+    hints = [(r[0], r[1], int(r[2])) for r in rows]
+    return hints[:limit] if limit is not None else hints
+
+
+def _apply(store: MemoryStore, config: MemoryConfig, ops: list[Operation], relevant: list[str], pool: int,
+           report: DistillReport, cluster: int) -> None:
+    order = {"REMOVE": 0, "AGREE": 1, "EDIT": 2, "ADD": 3}
+    with store.write() as conn:
+        existing = [normalise_query(r[0]) for r in conn.execute("SELECT text FROM hints")]
+        for op in sorted(ops, key=lambda o: order[o.op]):
+            if op.op == "REMOVE" and op.hint_id:
+                update_hint(conn, op.hint_id, kind="downvoted", delta=-3 if pool >= config.max_listed_hints else -1,
+                            cluster=cluster, records=relevant)
+            elif op.op in ("AGREE", "EDIT") and op.hint_id:
+                update_hint(conn, op.hint_id, kind="agreed" if op.op == "AGREE" else "edited", delta=1,
+                            text=op.text if op.op == "EDIT" else None, cluster=cluster, records=relevant)
+                add_provenance(conn, op.hint_id, relevant)
+            elif op.op == "ADD":
+                key = normalise_query(op.text)
+                if any(key == e or e in key for e in existing if e):
+                    report.rejected.append({"line": f"ADD: {op.text}", "reason": "duplicates an existing hint"})
+                    continue
+                hid = insert_hint(conn, op.text, config.hint_init_score, origin="distill", provenance=relevant,
+                                  cluster=cluster)
+                existing.append(key)
+                report.applied.append({"op": "ADD", "hint_id": hid, "text": op.text, "cluster": cluster})
+                continue
+            report.applied.append({"op": op.op, "hint_id": op.hint_id, "text": op.text, "cluster": cluster})
+        report.pruned += [h["id"] for h in prune_hints(conn, config.prune_threshold)]
+
+
+def _refine(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec], vectors: Any,
+            report: DistillReport, rng: random.Random) -> None:
+    by_cluster: dict[int, list[int]] = {}
+    for i, r in enumerate(recs):
+        by_cluster.setdefault(r.cluster, []).append(i)
+    for cluster, members in sorted(by_cluster.items()):
+        pos = [i for i in members if recs[i].label]
+        neg = [i for i in members if not recs[i].label]
+        if not pos:
+            continue
+        jobs: list[tuple[str, list[int]]] = []
+        if neg:
+            for negative in sorted(rng.sample(neg, min(config.pairs_per_cluster, len(neg)))):
+                sims = {p: float(vectors[p] @ vectors[negative]) for p in pos}
+                best = max(pos, key=lambda p: (sims[p], -p))  # its most similar positive; ties: oldest
+                jobs.append(("compare", [best, negative]))
+        else:
+            jobs.append(("success", sorted(rng.sample(pos, min(config.success_chunk, len(pos))))))
+        for kind, idx in jobs:
+            listed = _cluster_hints(store, [recs[i].id for i in members], config.max_listed_hints)
+            rules = "\n".join(f"{k}. {t}" for k, (_, t, _) in enumerate(listed, 1)) or "(no rules yet)"
+            fmt = prompts.OPERATION_FORMAT.format(max_ops=config.max_ops)
+            if kind == "compare":
+                good, weak = recs[idx[0]], recs[idx[1]]
+                system, user = prompts.COMPARE_SYSTEM, prompts.COMPARE_USER.format(
+                    pos_query=good.query, pos_pattern=good.pattern, neg_query=weak.query, neg_pattern=weak.pattern,
+                    rules=rules, format=fmt)
+            else:
+                cases = "\n".join(f"Case {k}: {recs[i].query}\n{recs[i].pattern}" for k, i in enumerate(idx, 1))
+                system, user = prompts.SUCCESS_SYSTEM, prompts.SUCCESS_USER.format(cases=cases, rules=rules, format=fmt)
+            if len(listed) >= config.max_listed_hints:
+                system += prompts.FULL_POOL_SUFFIX
+            relevant = [recs[i].id for i in idx]
+            report.calls.append({"step": kind, "cluster": cluster, "records": relevant,
+                                 "hints": [h[0] for h in listed]})
+            if report.dry_run:
+                continue
+            ops, rejected = parse_operations(ask(model, system, user))
+            ops, more = map_operations(ops, [(h[0], h[1]) for h in listed], max_ops=config.max_ops)
+            report.rejected += [{"line": r.line, "reason": r.reason} for r in (*rejected, *more)]
+            _apply(store, config, ops, relevant, len(listed), report, cluster)
+
+
+def _merge(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec], report: DistillReport) -> None:
+    members: dict[int, list[str]] = {}
+    for r in recs:
+        members.setdefault(r.cluster, []).append(r.id)
+    cluster_of = {r.id: r.cluster for r in recs}
+    with store.read() as conn:
+        hints = conn.execute("SELECT id, text, w, seq FROM hints ORDER BY w DESC, seq").fetchall()
+        prov = conn.execute("SELECT hint_id, record_id FROM provenance").fetchall()
+    overlap: dict[str, dict[int, int]] = {}
+    for hint_id, record_id in prov:
+        if record_id in cluster_of:
+            counts = overlap.setdefault(hint_id, {})
+            counts[cluster_of[record_id]] = counts.get(cluster_of[record_id], 0) + 1
+    assigned: dict[int, list[Any]] = {}
+    for h in hints:
+        votes = overlap.get(h["id"])
+        if votes:
+            home = min(votes.items(), key=lambda item: (-item[1], item[0]))[0]  # most provenance; ties: lowest id
+            assigned.setdefault(home, []).append(h)
+    for cluster, group in sorted(assigned.items()):
+        for start in range(0, len(group), config.merge_batch):
+            batch = group[start:start + config.merge_batch]
+            if len(batch) < 2:
+                continue
+            limit = max(1, len(batch) // 3)
+            report.calls.append({"step": "merge", "cluster": cluster, "records": members[cluster],
+                                 "hints": [h["id"] for h in batch]})
+            if report.dry_run:
+                continue
+            rules = "\n".join(f"{k}. {h['text']}" for k, h in enumerate(batch, 1))
+            merged = parse_list(ask(model, prompts.MERGE_SYSTEM, prompts.MERGE_USER.format(rules=rules, limit=limit)),
+                                limit=limit)
+            if not merged:
+                report.rejected.append({"line": f"merge of cluster {cluster}", "reason": "reply had no numbered list"})
+                continue
+            score = max(int(h["w"]) for h in batch)
+            with store.write() as conn:
+                new_ids = [insert_hint(conn, text, score, origin="merge", provenance=members[cluster], cluster=cluster,
+                                       sources=[h["id"] for h in batch]) for text in merged]
+                for h in batch:
+                    delete_hint(conn, h["id"], kind="merged", into=new_ids, cluster=cluster)
+            report.merged.append({"cluster": cluster, "from": [h["id"] for h in batch], "into": new_ids, "w": score})
+
+
+def distill(store: MemoryStore, config: MemoryConfig, model: Any | None, *, refine: bool = True,
+            merge: bool = True, dry_run: bool = False) -> DistillReport:
+    """Run F_ψ once over the whole store (see the module docstring).
+
+    Raises:
+        ConfigError: no memory model was given and this is not a dry run.
+    """
+    if model is None and not dry_run:
+        raise ConfigError("distillation needs a memory model (any smolagents Model). Pass one, or use --dry-run "
+                          "to see the clusters and the calls it would make.")
+    report = DistillReport(dry_run=dry_run)
+    if not dry_run:
+        _claim(store)
+    try:
+        recs, vectors = _load(store, config, dry_run=dry_run)
+        report.records = len(recs)
+        for r in recs:
+            report.clusters[r.cluster] = report.clusters.get(r.cluster, 0) + 1
+        if recs:
+            rng = random.Random(config.seed * 1_000_003 + len(recs))
+            if refine:
+                _refine(store, config, model, recs, vectors, report, rng)
+            if merge:
+                _merge(store, config, model, recs, report)
+    finally:
+        if not dry_run:
+            with store.write() as conn:
+                conn.execute("DELETE FROM meta WHERE key = 'distilling_since'")
+                log_event(conn, "distilled", refine=refine, merge=merge, calls=len(report.calls),
+                          applied=len(report.applied), merged=len(report.merged), rejected=len(report.rejected))
+    return report
+
+
+STALE_CLAIM_S = 3600
+"""A distillation claim older than this is treated as left behind by a crashed process."""
+
+
+def _claim(store: MemoryStore) -> None:
+    """Take the store's distillation slot, so two processes never refine the same hints at once."""
+    import time
+
+    with store.write() as conn:
+        since = get_meta(conn, "distilling_since")
+        if since is not None and time.time() - float(since) < STALE_CLAIM_S:
+            raise RunError(f"another distillation of {store.folder} is running (since "
+                           f"{time.strftime('%H:%M:%S', time.gmtime(float(since)))} UTC). Wait for it to finish.")
+        set_meta(conn, "distilling_since", str(time.time()))
+

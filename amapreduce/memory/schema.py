@@ -1,0 +1,213 @@
+"""The SQLite side of a memory store: connection settings, schema and migrations.
+
+Why SQLite with WAL: several processes (parallel benchmark runners, the CLI) read and write one
+store at once. WAL lets readers proceed during a write; `BEGIN IMMEDIATE` plus a generous busy
+timeout serialises writers without losing an update. The schema version lives in
+`PRAGMA user_version`; migrations run forward inside one transaction, and a store written by a
+newer amapreduce is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from amapreduce.errors import RunError
+
+__all__ = [
+    "DB_NAME",
+    "SCHEMA_VERSION",
+    "StoreCorrupted",
+    "StoreError",
+    "StoreVersionError",
+    "connect",
+    "read_transaction",
+    "write_transaction",
+]
+
+DB_NAME = "memory.sqlite3"
+BUSY_TIMEOUT_MS = 60_000
+
+
+class StoreError(RunError):
+    """The memory store cannot be used."""
+
+
+class StoreCorrupted(StoreError):
+    """The store's files are not a readable amapreduce memory store."""
+
+
+class StoreVersionError(StoreError):
+    """The store was written by a newer amapreduce (or is otherwise of an unknown version)."""
+
+
+_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE records (
+    rowid INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    task_id TEXT,
+    query TEXT NOT NULL,
+    query_key TEXT NOT NULL,
+    label INTEGER NOT NULL CHECK (label IN (0, 1)),
+    decision TEXT NOT NULL,
+    trace TEXT NOT NULL,
+    metrics TEXT NOT NULL,
+    embedding BLOB NOT NULL,
+    cluster INTEGER,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX records_task ON records(task_id);
+CREATE INDEX records_query_key ON records(query_key);
+CREATE TABLE hints (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    text TEXT NOT NULL,
+    w INTEGER NOT NULL,
+    origin TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX hints_w ON hints(w);
+CREATE TABLE provenance (
+    hint_id TEXT NOT NULL REFERENCES hints(id) ON DELETE CASCADE ON UPDATE CASCADE,
+    record_id TEXT NOT NULL REFERENCES records(id) ON DELETE CASCADE,
+    PRIMARY KEY (hint_id, record_id)
+) WITHOUT ROWID;
+CREATE INDEX provenance_record ON provenance(record_id);
+CREATE TABLE pending_provenance (
+    hint_id TEXT NOT NULL REFERENCES hints(id) ON DELETE CASCADE,
+    query_key TEXT NOT NULL,
+    PRIMARY KEY (hint_id, query_key)
+) WITHOUT ROWID;
+CREATE INDEX pending_query ON pending_provenance(query_key);
+CREATE TABLE events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    hint_id TEXT,
+    record_id TEXT,
+    detail TEXT NOT NULL
+);
+CREATE INDEX events_hint ON events(hint_id);
+"""
+
+
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    for statement in _V1.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_v1,)
+"""Migration i brings a store from version i to i+1. Append only; never edit a released one."""
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+_CORRUPT = ("not a database", "malformed", "corrupt", "no such table", "no such column", "file is encrypted")
+
+
+@contextlib.contextmanager
+def _translate(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        text = str(exc).lower()
+        if "locked" in text or "busy" in text:
+            raise StoreError(
+                f"memory store {path} stayed locked for {BUSY_TIMEOUT_MS // 1000} s: {exc}. "
+                "Another process holds a long write; retry when it finishes."
+            ) from exc
+        if any(marker in text for marker in _CORRUPT):
+            raise StoreCorrupted(
+                f"memory store {path} is corrupted or not an amapreduce store ({exc}). "
+                "Restore it from an `amapreduce memory export` file, or point --store at another folder."
+            ) from exc
+        raise
+
+
+def connect(folder: Path, *, create: bool = True, readonly: bool = False) -> sqlite3.Connection:
+    """Open (and if needed create and migrate) the store's database in `folder`.
+
+    Raises:
+        StoreCorrupted: the file is not a SQLite database or its tables are damaged.
+        StoreVersionError: the store's schema is newer than this code understands.
+        StoreError: the folder does not exist and `create` is False.
+    """
+    db = folder / DB_NAME
+    if not db.exists() and (readonly or not create):
+        raise StoreError(
+            f"no memory store at {folder} (missing {DB_NAME}). Create one by importing or recording runs, "
+            "or check --store."
+        )
+    if not readonly:
+        folder.mkdir(parents=True, exist_ok=True)
+    with _translate(db):
+        uri = f"file:{db}?mode=ro" if readonly else f"file:{db}"
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                               check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            conn.close()
+            raise StoreVersionError(
+                f"memory store {folder} has schema version {version}, newer than this amapreduce "
+                f"supports ({SCHEMA_VERSION}). Upgrade amapreduce, or export the store with the newer version."
+            )
+        if readonly:
+            return conn
+        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        if version < SCHEMA_VERSION:
+            _migrate(conn)
+        conn.execute("SELECT count(*) FROM meta").fetchone()
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])  # re-read under the lock
+        for step in MIGRATIONS[version:]:
+            step(conn)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+@contextlib.contextmanager
+def write_transaction(conn: sqlite3.Connection, folder: Path) -> Iterator[sqlite3.Connection]:
+    """A `BEGIN IMMEDIATE` transaction: the write lock is taken up front, so read-modify-write
+    sequences (credit a hint, count records) cannot interleave with another writer's."""
+    with _translate(folder / DB_NAME):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+
+@contextlib.contextmanager
+def read_transaction(conn: sqlite3.Connection, folder: Path) -> Iterator[sqlite3.Connection]:
+    """A deferred transaction: every read inside sees one consistent state of the store."""
+    if conn.in_transaction:  # nested inside another read or write: already consistent
+        yield conn
+        return
+    with _translate(folder / DB_NAME):
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")

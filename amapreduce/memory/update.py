@@ -1,0 +1,118 @@
+"""Learning from one scored run (paper Eq. 13 and 22): write ε_new, credit the hints of its Δ_q.
+
+All of it happens in one write transaction: insert the record (label from the pass rule), add
+w_h += g(u) and S(h) ∪= {ε_new} for every hint that was in the prior and still exists, prune hints
+with w_h <= threshold, and claim a distillation slot when the schedule says one is due. Runs whose
+metrics say the infrastructure failed are not written at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from amapreduce.mapreduce.prior import Prior
+from amapreduce.memory.config import MemoryConfig
+from amapreduce.memory.labels import infrastructure_failure_reason, label
+from amapreduce.memory.records import DecisionSummary, Record, TraceSummary, new_id
+from amapreduce.memory.store import (
+    MemoryStore,
+    add_provenance,
+    get_hint,
+    get_meta,
+    insert_record,
+    log_event,
+    prune_hints,
+    record_count,
+    set_meta,
+    update_hint,
+)
+
+__all__ = ["UpdateResult", "due_distillation", "record_outcome"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateResult:
+    """What one update did."""
+
+    record_id: str | None = None
+    label: bool | None = None
+    skipped: str | None = None
+    """Why nothing was written (an infrastructure failure), or None."""
+    credited: dict[str, int] = field(default_factory=dict)
+    """Hint id → w_h after the update."""
+    missing_hints: tuple[str, ...] = ()
+    """Hints of the prior that no longer exist (pruned or merged since)."""
+    pruned: tuple[str, ...] = ()
+    distill: str | None = None
+    """`refine`, `refine+merge` or None: the distillation claimed by this update."""
+
+
+def due_distillation(conn: Any, total: int, config: MemoryConfig) -> str | None:
+    """Claim the distillation slot the schedule makes due at `total` records (inside a write txn).
+
+    Counters instead of `total % every == 0`: with concurrent writers a multiple can be skipped,
+    and a re-run must not fire twice. Claiming inside the write transaction means only one
+    process distils per slot.
+    """
+    if total < config.distill_start:
+        return None
+    last_refine = get_meta(conn, "last_refine_at")
+    last_merge = get_meta(conn, "last_merge_at")
+    refine = last_refine is None or total - int(last_refine) >= config.distill_every
+    merge = last_merge is None or total - int(last_merge) >= config.merge_every
+    if not (refine or merge):
+        return None
+    if refine:
+        set_meta(conn, "last_refine_at", str(total))
+    if merge:
+        set_meta(conn, "last_merge_at", str(total))
+    return "refine+merge" if refine and merge else ("merge" if merge else "refine")
+
+
+def record_outcome(
+    store: MemoryStore,
+    config: MemoryConfig,
+    *,
+    query: str,
+    decision: Mapping[str, Any] | DecisionSummary,
+    metrics: Mapping[str, Any] | None,
+    prior: Prior | None = None,
+    trace: Mapping[str, Any] | TraceSummary | None = None,
+    task_id: str | None = None,
+    failure: str | None = None,
+    record_id: str | None = None,
+) -> UpdateResult:
+    """Apply Eq. 13/22 for one scored run; see the module docstring."""
+    reason = f"run failed: {failure}" if failure else infrastructure_failure_reason(metrics)
+    if reason is not None or metrics is None:
+        with store.write() as conn:
+            log_event(conn, "record_skipped", reason=reason, task_id=task_id, query=query[:200])
+        return UpdateResult(skipped=reason)
+    trace_summary = trace if isinstance(trace, TraceSummary) else TraceSummary.model_validate(dict(trace or {}))
+    summary = decision if isinstance(decision, DecisionSummary) else DecisionSummary.from_decision(
+        decision, batches=trace_summary.batches)
+    passed = label(metrics, config.label_rule)
+    record = Record(id=record_id or new_id("r"), query=query, label=passed, decision=summary, trace=trace_summary,
+                    metrics=dict(metrics), task_id=task_id)
+    vector = store.embed([query])[0]
+    reward = config.reward_pass if passed else config.reward_fail
+    credited: dict[str, int] = {}
+    missing: list[str] = []
+    with store.write() as conn:
+        insert_record(conn, record, vector)
+        for hint_id in dict.fromkeys(prior.hint_ids if prior else ()):
+            if get_hint(conn, hint_id) is None:
+                missing.append(hint_id)
+                continue
+            hint = update_hint(conn, hint_id, kind="credited", delta=reward, record_id=record.id, label=passed)
+            add_provenance(conn, hint_id, [record.id])
+            credited[hint_id] = int(hint["w"])
+        pruned = prune_hints(conn, config.prune_threshold)
+        total = record_count(conn)
+        distill = due_distillation(conn, total, config)
+        if distill:
+            log_event(conn, "distill_due", record_id=record.id, records=total, what=distill)
+    return UpdateResult(record_id=record.id, label=passed, credited=credited, missing_hints=tuple(missing),
+                        pruned=tuple(h["id"] for h in pruned), distill=distill)

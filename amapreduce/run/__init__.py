@@ -1,0 +1,1 @@
+"""Running things end to end: run directories, wiring, progress, decision execution."""

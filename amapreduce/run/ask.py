@@ -1,0 +1,153 @@
+"""`amapreduce ask`: a wide-search question in, a complete table out, end to end.
+
+The manager agent discovers the entities and writes the decision; the `mapreduce` tool runs it
+(plan stage first, with the experiential prior when a memory is given); the final table is the
+reducer's table rendered in code. Whatever happens — a budget stop, Ctrl-C, a model failure —
+the run directory is written with what was found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from amapreduce.errors import BudgetExceeded, RunCancelled
+from amapreduce.run.execute import finish_run
+from amapreduce.run.progress import RunProgress
+from amapreduce.run.rundir import RunDir
+from amapreduce.run.wiring import InnerFactory, build_parts, new_meter
+from amapreduce.settings import Settings
+from amapreduce.table.render import to_markdown
+from amapreduce.table.table import Table
+
+if TYPE_CHECKING:
+    from smolagents import Tool
+
+    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.mapreduce.prior import PriorProvider
+    from amapreduce.mapreduce.tool import MapReduceTool
+
+__all__ = ["AskOutcome", "run_ask"]
+
+
+@dataclass(kw_only=True)
+class AskOutcome:
+    """The answer to one question."""
+
+    table: Table
+    markdown: str
+    """The table as WideSearch-readable markdown (or the manager's own answer when no table was built)."""
+    status: str
+    """`complete`, `incomplete`, `no_table`, or `stopped: <reason>`."""
+    run_dir: RunDir
+    meter: UsageMeter
+    record: dict[str, Any]
+    tool: MapReduceTool
+
+
+def _stop_reason(exc: BaseException) -> BaseException | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, BudgetExceeded | RunCancelled):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _completeness(tool: MapReduceTool, table: Table) -> dict[str, Any]:
+    runs = [r.summary for r in tool.results]
+    return {
+        "rows": len(table),
+        "missing_cells": len(table.missing_cells()),
+        "complete": bool(len(table)) and not table.missing_cells(),
+        "mapreduce_calls": tool.calls,
+        "executions": len(runs),
+        "patch_rounds": sum(s.patch_rounds for s in runs),
+        "retries": sum(s.retries for s in runs),
+        "batches": sum(s.batches for s in runs),
+    }
+
+
+def run_ask(
+    query: str,
+    settings: Settings,
+    *,
+    inner: InnerFactory | None = None,
+    web_tools: list[Tool] | None = None,
+    prior_provider: PriorProvider | None = None,
+    memory_store: Path | None = None,
+    task_id: str | None = None,
+    show_progress: bool | None = None,
+) -> AskOutcome:
+    """Answer `query` with the manager, the mapreduce tool and search sub-agents.
+
+    Args:
+        query: the wide-search question.
+        settings: models, limits, budgets, search backend.
+        inner: replaces provider clients (the offline demo's simulated model).
+        web_tools: replaces the web tools (e.g. the sandbox corpus).
+        prior_provider: a plan-stage prior provider (overrides `memory_store`).
+        memory_store: an experiential-memory folder to draw the plan-stage prior from (opened
+            read-only: a run never changes the memory; learning happens after scoring).
+        task_id: benchmark instance id, passed to the memory.
+        show_progress: force the progress display on/off (default: when stderr is a terminal).
+    """
+    from smolagents.utils import AgentError
+
+    from amapreduce.agents.manager import build_manager
+    from amapreduce.mapreduce.tool import MapReduceTool
+
+    run_dir = RunDir.create(settings.runs_dir, query)
+    meter = new_meter(settings)
+    answer: Any = None
+    status = "complete"
+    interrupted: BaseException | None = None
+    try:
+        with RunProgress(meter, enabled=show_progress) as progress:
+            roles = ("manager", "subagent", "extraction", *(("memory",) if memory_store is not None else ()))
+            parts = build_parts(
+                settings, trace=run_dir.trace, meter=meter, progress=progress, inner=inner, web_tools=web_tools, roles=roles
+            )
+            if prior_provider is None and memory_store is not None:
+                from amapreduce.memory import ExperientialMemory
+
+                prior_provider = ExperientialMemory(memory_store, model=parts.models.get("memory"), readonly=True)
+            tool = MapReduceTool(
+                parts.engine,
+                query=query,
+                task_id=task_id,
+                prior_provider=prior_provider,
+                max_calls=settings.max_tool_calls,
+                max_batches=settings.max_batches,
+            )
+            manager = build_manager(
+                parts.models["manager"], [*parts.web_tools, tool],
+                max_steps=settings.manager_max_steps, max_batches=settings.max_batches, trace=run_dir.trace,
+            )
+            progress.set_stage("manager")
+            try:
+                answer = manager.run(query)
+            except AgentError as exc:
+                reason = _stop_reason(exc)
+                status = f"stopped: {reason}" if reason is not None else f"stopped: manager failed: {exc}"
+            except KeyboardInterrupt as exc:
+                status, interrupted = "stopped: interrupted", exc
+        table = tool.table if tool.table is not None else Table(["answer"], ["answer"])
+        if status == "complete":
+            status = "no_table" if not len(table) else ("complete" if not table.missing_cells() else "incomplete")
+        markdown = to_markdown(table) if len(table) else str(answer or "")
+        record = finish_run(
+            run_dir, table, _completeness(tool, table), kind="ask", query=query, status=status, meter=meter,
+            extra={
+                "manager_answer": None if answer is None else str(answer),
+                "decisions": [d.model_dump(mode="json") for d in tool.decisions],
+                "prior": None if tool.prior is None else {"text": tool.prior.text, "hint_ids": list(tool.prior.hint_ids)},
+                "web": parts.web_usage(),
+            },
+        )
+    finally:
+        run_dir.close()
+    if interrupted is not None:
+        raise interrupted
+    return AskOutcome(table=table, markdown=markdown, status=status, run_dir=run_dir, meter=meter, record=record, tool=tool)

@@ -1,0 +1,122 @@
+"""Run a decision straight through the engine (no manager) and record it in a run directory.
+
+This is `amapreduce mapreduce run`: for users who already know their entity list, like a
+DocETL/LOTUS map operation, and the building block the manager's runs share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from amapreduce.errors import RunCancelled
+from amapreduce.run.progress import RunProgress
+from amapreduce.run.rundir import RunDir
+from amapreduce.run.wiring import InnerFactory, build_parts, new_meter
+from amapreduce.settings import Settings
+from amapreduce.table.render import to_csv, to_markdown
+from amapreduce.table.table import Table
+
+if TYPE_CHECKING:
+    from smolagents import Tool
+
+    from amapreduce.decision.model import Decision
+    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.mapreduce.result import MapReduceResult
+
+__all__ = ["RunOutcome", "finish_run", "run_decision", "usage_json"]
+
+
+@dataclass(kw_only=True)
+class RunOutcome:
+    """What a finished (or stopped) run produced."""
+
+    result: MapReduceResult
+    run_dir: RunDir
+    status: str
+    """`complete`, `incomplete` (cells still missing), or `stopped: <reason>`."""
+    record: dict[str, Any]
+    """The content of `result.json`."""
+    meter: UsageMeter
+    """Usage and cost of the run, by role."""
+
+
+def usage_json(meter: UsageMeter) -> dict[str, Any]:
+    """The `usage` object of the CLI's JSON outputs."""
+    total = meter.total()
+    return {
+        "requests": total.requests,
+        "prompt_tokens": total.input_tokens,
+        "completion_tokens": total.output_tokens,
+        "cost_usd": round(total.cost_usd, 6),
+    }
+
+
+def finish_run(
+    run_dir: RunDir,
+    table: Table,
+    completeness: dict[str, Any],
+    *,
+    kind: str,
+    query: str,
+    status: str,
+    meter: UsageMeter,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write `table.md`, `table.csv` and `result.json`; return the recorded object.
+
+    `completeness` is the engine's summary (rows, missing cells, rounds, retries, timings).
+    """
+    run_dir.write_table(to_markdown(table), to_csv(table))
+    record = {
+        "kind": kind,
+        "query": query,
+        "status": status,
+        "completeness": completeness,
+        "table": table.to_json(),
+        "usage": meter.to_json(),
+        **(extra or {}),
+    }
+    run_dir.write_result(record)
+    run_dir.trace.write("run_finished", status=status, usage=meter.to_json())
+    return record
+
+
+def run_decision(
+    decision: Decision,
+    settings: Settings,
+    *,
+    label: str,
+    inner: InnerFactory | None = None,
+    web_tools: list[Tool] | None = None,
+    show_progress: bool | None = None,
+) -> RunOutcome:
+    """Execute `decision` with sub-agents from `settings`; always leaves a complete run directory.
+
+    A budget stop or Ctrl-C keeps the partial table (status `stopped: ...`).
+    """
+    run_dir = RunDir.create(settings.runs_dir, label)
+    meter = new_meter(settings)
+    try:
+        with RunProgress(meter, enabled=show_progress) as progress:
+            parts = build_parts(
+                settings, trace=run_dir.trace, meter=meter, progress=progress, inner=inner,
+                web_tools=web_tools, roles=("subagent", "extraction"),
+            )
+            try:
+                result = parts.engine.run(decision)
+                status = "complete" if result.summary.complete else "incomplete"
+            except RunCancelled as exc:
+                result = exc.partial
+                status = f"stopped: {exc}"
+        record = finish_run(
+            run_dir, result.table, result.summary.to_json(), kind="mapreduce_run", query=label, status=status,
+            meter=meter, extra={
+                "decision": decision.model_dump(mode="json"),
+                "web": parts.web_usage(),
+                "timings": dict(result.summary.timings),
+            },
+        )
+    finally:
+        run_dir.close()
+    return RunOutcome(result=result, run_dir=run_dir, status=status, record=record, meter=meter)

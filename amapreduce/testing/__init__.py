@@ -1,0 +1,1 @@
+"""Test helpers shipped with the package: a loopback OpenAI-compatible server for simulated models."""

@@ -1,0 +1,163 @@
+"""An OpenAI-compatible chat server on 127.0.0.1, answered by a simulated model.
+
+It lets tests (and anyone curious) run the *real* client path — smolagents' `OpenAIModel`, our
+`ManagedModel`, HTTP, JSON tool calls — with replies decided by a Python function instead of an
+LLM. It serves `POST /v1/chat/completions` and `GET /v1/models`, can answer the first requests
+with `429` and a `Retry-After` header, and only ever binds to loopback.
+
+Example:
+    >>> from amapreduce.llm.scripted import FunctionModel
+    >>> with OpenAICompatibleServer(FunctionModel(lambda m, i: "hi")) as server:
+    ...     server.base_url.startswith("http://127.0.0.1:")
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace, TracebackType
+from typing import Any
+
+from smolagents.models import ChatMessage, MessageRole, Model
+
+__all__ = ["OpenAICompatibleServer"]
+
+_ROLES = {
+    "system": MessageRole.SYSTEM,
+    "user": MessageRole.USER,
+    "assistant": MessageRole.ASSISTANT,
+    "tool": MessageRole.TOOL_RESPONSE,
+}
+
+
+def _to_messages(raw: list[dict[str, Any]]) -> list[ChatMessage]:
+    out = []
+    for m in raw:
+        content = m.get("content")
+        if m.get("tool_calls"):
+            calls = "\n".join(json.dumps(c.get("function", {})) for c in m["tool_calls"])
+            content = f"{content or ''}\nCalling tools:\n{calls}".strip()
+        out.append(ChatMessage(role=_ROLES.get(m.get("role", "user"), MessageRole.USER), content=content))
+    return out
+
+
+def _to_response(message: ChatMessage, model: str) -> dict[str, Any]:
+    calls = [
+        {
+            "id": c.id,
+            "type": "function",
+            "function": {
+                "name": c.function.name,
+                "arguments": c.function.arguments if isinstance(c.function.arguments, str) else json.dumps(c.function.arguments),
+            },
+        }
+        for c in message.tool_calls or []
+    ]
+    usage = message.token_usage
+    prompt, completion = (usage.input_tokens, usage.output_tokens) if usage else (0, 0)
+    content = message.content if isinstance(message.content, str) or message.content is None else json.dumps(message.content)
+    return {
+        "id": f"chatcmpl-{time.time_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})},
+                "finish_reason": "tool_calls" if calls else "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }
+
+
+class OpenAICompatibleServer:
+    """A loopback chat-completions server backed by `model` (usually a simulated one).
+
+    Args:
+        model: decides every reply (its `generate` sees the request's messages and tools).
+        rate_limit_first: answer this many first requests with 429 and `Retry-After`.
+        retry_after_s: the `Retry-After` value sent with those 429s.
+        latency_s: sleep this long before each reply (a slow provider).
+    """
+
+    def __init__(self, model: Model, *, rate_limit_first: int = 0, retry_after_s: float = 1.0, latency_s: float = 0.0) -> None:
+        self.model = model
+        self.rate_limit_first = rate_limit_first
+        self.retry_after_s = retry_after_s
+        self.latency_s = latency_s
+        self.requests: list[dict[str, Any]] = []
+        self.authorization: list[str | None] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="openai-compatible-server", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        """The `api_base` to give a client, e.g. `http://127.0.0.1:54321/v1`."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def __enter__(self) -> OpenAICompatibleServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+                return
+
+            def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, {"object": "list", "data": [{"id": server.model.model_id, "object": "model"}]})
+                else:
+                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+            def do_POST(self) -> None:
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+                    return
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+                with server._lock:
+                    server.requests.append(body)
+                    server.authorization.append(self.headers.get("Authorization"))
+                    count = len(server.requests)
+                if count <= server.rate_limit_first:
+                    self._send(
+                        429,
+                        {"error": {"message": "rate limited (simulated)", "type": "rate_limit_error"}},
+                        {"Retry-After": str(server.retry_after_s)},
+                    )
+                    return
+                if server.latency_s:
+                    time.sleep(server.latency_s)
+                tools = [SimpleNamespace(name=t.get("function", {}).get("name")) for t in body.get("tools") or []]
+                try:
+                    reply = server.model.generate(_to_messages(body.get("messages", [])), tools_to_call_from=tools)
+                except Exception as exc:  # noqa: BLE001 - reported to the client as a server error
+                    self._send(500, {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error"}})
+                    return
+                self._send(200, _to_response(reply, body.get("model", "simulated")))
+
+        return Handler

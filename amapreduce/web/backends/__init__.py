@@ -1,0 +1,12 @@
+"""Search backends: one module each, one result shape (`SearchResult`) for all.
+
+`make_backend(spec, settings)` turns a spec string into a backend:
+`ddgs` | `searxng` | `searxng:URL` | `serper` | `tavily` | `corpus:INDEX`.
+Backend modules import their client libraries lazily.
+"""
+
+from __future__ import annotations
+
+from amapreduce.web.backends.base import SearchBackend, make_backend
+
+__all__ = ["SearchBackend", "make_backend"]

@@ -1,0 +1,170 @@
+"""The backend interface, the shared HTTP/JSON plumbing of remote APIs, and the spec parser."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from amapreduce.errors import ConfigError
+from amapreduce.web.models import SearchResult
+from amapreduce.web.ratelimit import BackendError, limiter_for, with_retries
+
+if TYPE_CHECKING:
+    import httpx
+
+    from amapreduce.settings import Settings
+
+__all__ = ["BACKEND_SPECS", "RemoteBackend", "SearchBackend", "http_json", "make_backend"]
+
+BACKEND_SPECS = "ddgs | searxng[:URL] | serper | tavily | corpus:INDEX"
+
+
+class SearchBackend(ABC):
+    """A search engine returning `SearchResult`s, best first."""
+
+    name: str = "backend"
+    """Identifies the backend in cache keys and result `source` fields."""
+
+    @abstractmethod
+    def search(self, query: str, n: int) -> list[SearchResult]:
+        """Return at most `n` results for `query`.
+
+        Raises:
+            BackendError: the backend failed (network down, bad key, bad reply).
+        """
+
+
+class RemoteBackend(SearchBackend):
+    """A backend reached over the network: rate-limited and retried with backoff.
+
+    Args:
+        min_interval_s: minimum spacing between calls from this process.
+        attempts: tries per search (transient failures only).
+        base_delay_s: first backoff delay; it doubles each retry.
+        timeout_s: HTTP timeout of one request.
+        sleep: injected by tests so retries do not wait.
+    """
+
+    def __init__(
+        self,
+        *,
+        min_interval_s: float = 1.0,
+        attempts: int = 3,
+        base_delay_s: float = 1.0,
+        timeout_s: float = 10.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.min_interval_s = min_interval_s
+        self.attempts = attempts
+        self.base_delay_s = base_delay_s
+        self.timeout_s = timeout_s
+        self._sleep = sleep
+
+    @abstractmethod
+    def _search_once(self, query: str, n: int) -> list[SearchResult]:
+        """One attempt; raise `BackendError(transient=...)` on failure."""
+
+    def search(self, query: str, n: int) -> list[SearchResult]:
+        limiter = limiter_for(self.name, self.min_interval_s)
+
+        def attempt() -> list[SearchResult]:
+            limiter.acquire()
+            return self._search_once(query, n)
+
+        return with_retries(
+            attempt, what=f"`{self.name}` search", attempts=self.attempts,
+            base_delay_s=self.base_delay_s, sleep=self._sleep,
+        )
+
+
+def http_json(
+    backend: str,
+    method: str,
+    url: str,
+    *,
+    timeout_s: float,
+    params: dict[str, Any] | None = None,
+    json_body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> Any:
+    """Make one JSON API request and map every failure to a `BackendError`.
+
+    Connection errors, timeouts, 429 and 5xx are transient (retried); 401/403 say the key is
+    wrong; other 4xx and unreadable bodies are permanent.
+    """
+    import httpx
+
+    from amapreduce.web.fetch import shared_ssl_context
+
+    try:
+        with httpx.Client(timeout=timeout_s, transport=transport, verify=shared_ssl_context()) as client:
+            response = client.request(method, url, params=params, json=json_body, headers=headers)
+    except httpx.TimeoutException as exc:
+        raise BackendError(f"`{backend}` timed out after {timeout_s:g} s. Try again later.",
+                           backend=backend, transient=True) from exc
+    except httpx.HTTPError as exc:
+        raise BackendError(
+            f"`{backend}` is unreachable ({type(exc).__name__}: {exc}). Check the network, or use "
+            "`--backend corpus:INDEX` to search a local index offline.",
+            backend=backend, transient=True,
+        ) from exc
+    status = response.status_code
+    if status in (401, 403):
+        raise BackendError(f"`{backend}` refused the API key (HTTP {status}). Check the key in the environment.",
+                           backend=backend, transient=False, status=status)
+    if status == 429 or status >= 500:
+        raise BackendError(f"`{backend}` answered HTTP {status}. Retry later or lower the request rate.",
+                           backend=backend, transient=True, status=status)
+    if status >= 400:
+        raise BackendError(f"`{backend}` rejected the request (HTTP {status}): {response.text[:200]}",
+                           backend=backend, transient=False, status=status)
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise BackendError(f"`{backend}` returned a non-JSON reply: {response.text[:200]!r}. "
+                           "Check the backend URL.", backend=backend, transient=False) from exc
+
+
+def make_backend(spec: str, settings: Settings) -> SearchBackend:
+    """Build the backend a spec string names.
+
+    Raises:
+        ConfigError: unknown spec, missing API key or URL, or a missing corpus index.
+    """
+    name, _, arg = spec.strip().partition(":")
+    name = name.lower()
+    interval = settings.search_min_interval_s
+    if name == "ddgs" and not arg:
+        from amapreduce.web.backends.ddgs import DdgsBackend
+
+        return DdgsBackend(min_interval_s=interval)
+    if name == "searxng":
+        from amapreduce.web.backends.searxng import SearxngBackend
+
+        url = arg or settings.searxng_url
+        if not url:
+            raise ConfigError("backend `searxng` needs a URL: use `searxng:http://host:8888` "
+                              "or set AMAPREDUCE_SEARXNG_URL.")
+        return SearxngBackend(url, min_interval_s=interval)
+    if name in ("serper", "tavily") and not arg:
+        key = settings.serper_api_key if name == "serper" else settings.tavily_api_key
+        if key is None or not key.get_secret_value():
+            env = name.upper() + "_API_KEY"
+            raise ConfigError(f"backend `{name}` needs an API key, got none. Set {env} (or AMAPREDUCE_{env}), "
+                              "or use the free default `--backend ddgs`.")
+        if name == "serper":
+            from amapreduce.web.backends.serper import SerperBackend
+
+            return SerperBackend(key.get_secret_value(), min_interval_s=interval)
+        from amapreduce.web.backends.tavily import TavilyBackend
+
+        return TavilyBackend(key.get_secret_value(), min_interval_s=interval)
+    if name == "corpus" and arg:
+        from amapreduce.web.backends.corpus import CorpusBackend
+
+        return CorpusBackend(Path(arg))
+    raise ConfigError(f"unknown search backend {spec!r}. Use one of: {BACKEND_SPECS}.")

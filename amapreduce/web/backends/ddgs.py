@@ -1,0 +1,56 @@
+"""`ddgs` backend: the free default (DuckDuckGo and friends through the `ddgs` library, no key)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amapreduce.web.backends.base import RemoteBackend
+from amapreduce.web.models import SearchResult
+from amapreduce.web.ratelimit import BackendError
+
+__all__ = ["DdgsBackend"]
+
+
+class DdgsBackend(RemoteBackend):
+    """Search through `ddgs.DDGS().text(...)`.
+
+    Args:
+        region: ddgs region code, e.g. `us-en`, `wt-wt` (no region).
+        **kwargs: rate-limit and retry options of `RemoteBackend`.
+    """
+
+    name = "ddgs"
+
+    def __init__(self, *, region: str = "us-en", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.region = region
+
+    def _search_once(self, query: str, n: int) -> list[SearchResult]:
+        from ddgs import DDGS
+        from ddgs.exceptions import DDGSException, RatelimitException, TimeoutException
+
+        try:
+            raw = DDGS(timeout=int(max(1, self.timeout_s))).text(query, max_results=n, region=self.region)
+        except RatelimitException as exc:
+            raise BackendError(f"`ddgs` is rate-limited: {exc}. Wait a minute or choose another backend.",
+                               backend=self.name, transient=True) from exc
+        except TimeoutException as exc:
+            raise BackendError(f"`ddgs` timed out: {exc}. Try again later.",
+                               backend=self.name, transient=True) from exc
+        except DDGSException as exc:
+            raise BackendError(
+                f"`ddgs` search failed: {exc}. Check the network, or use `--backend corpus:INDEX` offline.",
+                backend=self.name, transient=True,
+            ) from exc
+        results: list[SearchResult] = []
+        for item in raw or []:
+            url = str(item.get("href") or item.get("url") or "")
+            if not url:
+                continue
+            results.append(SearchResult(
+                rank=len(results) + 1, title=str(item.get("title") or url), url=url,
+                snippet=str(item.get("body") or ""), date=item.get("date") or None, source=self.name,
+            ))
+            if len(results) >= n:
+                break
+        return results

@@ -1,0 +1,171 @@
+"""`WebService`: search and crawl with cache, policy and usage counts, shared by tools and CLI.
+
+Why a service object: the `web_search`/`crawl_page` tools of every sub-agent in a run share one
+backend (one rate limiter), one cache and one usage counter, so the run can report totals.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from amapreduce.errors import ConfigError
+from amapreduce.web.backends.base import SearchBackend, make_backend
+from amapreduce.web.cache import WebCache, normalize_url
+from amapreduce.web.corpus import CORPUS_SCHEME, CorpusIndex, split_corpus_url
+from amapreduce.web.extract import extract_main_text, truncate
+from amapreduce.web.fetch import FetchLimits, fetch
+from amapreduce.web.models import Page, SearchResult
+from amapreduce.web.policy import Resolver, UrlPolicy, UrlRefused
+
+if TYPE_CHECKING:
+    import httpx
+
+    from amapreduce.settings import Settings
+
+__all__ = ["MAX_RESULTS", "WebService", "WebUsage"]
+
+MAX_RESULTS = 50
+
+
+class WebUsage(BaseModel):
+    """Counts reported in a run's usage."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    searches: int = 0
+    crawls: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+
+
+class WebService:
+    """Search and crawl for one run.
+
+    Args:
+        backend: the search backend.
+        cache: the on-disk cache (None: no caching).
+        policy: URL policy for crawls.
+        limits: fetch limits.
+        corpora: extra corpus indexes readable through `corpus://NAME/...` (a corpus backend's own
+            index is added automatically).
+        resolver, transport: injected by tests.
+    """
+
+    def __init__(
+        self,
+        backend: SearchBackend,
+        *,
+        cache: WebCache | None = None,
+        policy: UrlPolicy | None = None,
+        limits: FetchLimits | None = None,
+        corpora: Mapping[str, CorpusIndex] | None = None,
+        resolver: Resolver | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.policy = policy or UrlPolicy()
+        self.limits = limits or FetchLimits()
+        self.corpora: dict[str, CorpusIndex] = dict(corpora or {})
+        own = getattr(backend, "index", None)
+        if isinstance(own, CorpusIndex):
+            self.corpora.setdefault(own.name, own)
+        self._resolver = resolver
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._searches = 0
+        self._crawls = 0
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, backend: str | None = None, corpora: Mapping[str, Path] | None = None
+    ) -> WebService:
+        """Build the service a run's settings describe (backend spec, cache, URL policy)."""
+        return cls(
+            make_backend(backend or settings.search_backend, settings),
+            cache=WebCache.in_dir(settings.cache_dir, settings.cache_ttl_s),
+            policy=UrlPolicy(allow_private_urls=settings.allow_private_urls),
+            corpora={name: CorpusIndex.open(path) for name, path in (corpora or {}).items()},
+        )
+
+    def usage(self) -> WebUsage:
+        """Searches, crawls and cache hits/misses so far."""
+        hits, misses = self.cache.counts() if self.cache is not None else (0, 0)
+        with self._lock:
+            return WebUsage(searches=self._searches, crawls=self._crawls, cache_hits=hits, cache_misses=misses)
+
+    def search(self, query: str, n: int = 5) -> list[SearchResult]:
+        """Up to `n` results for `query`, from the cache when fresh.
+
+        Raises:
+            ConfigError: empty query or `n` out of range.
+            BackendError: the backend failed.
+        """
+        query = " ".join(query.split())
+        if not query:
+            raise ConfigError("the search query is empty. Give a few descriptive words.")
+        if not 1 <= n <= MAX_RESULTS:
+            raise ConfigError(f"`n` must be between 1 and {MAX_RESULTS}, got {n}. Use a small positive number.")
+        with self._lock:
+            self._searches += 1
+        use_cache = self.cache is not None and not self.backend.name.startswith("corpus:")
+        key = f"{self.backend.name}\x00{n}\x00{query}"
+        if use_cache and self.cache is not None:
+            stored = self.cache.get("search", key)
+            if stored is not None:
+                return [SearchResult.model_validate(item) for item in json.loads(stored)]
+        results = self.backend.search(query, n)
+        if use_cache and self.cache is not None:
+            self.cache.put("search", key, json.dumps([r.model_dump() for r in results]))
+        return results
+
+    def crawl(self, url: str, max_chars: int) -> Page:
+        """The main text of `url`, truncated to `max_chars` characters.
+
+        `corpus://` URLs are read from the local indexes; http(s) URLs pass the URL policy (on
+        every redirect hop), then the cache, then a real fetch.
+
+        Raises:
+            UrlRefused: the policy refuses the URL or a redirect hop.
+            FetchFailed: the page could not be fetched or is not text.
+            ConfigError: `max_chars` out of range or an unknown corpus.
+        """
+        if max_chars < 100:
+            raise ConfigError(f"`max_chars` must be >= 100, got {max_chars}. Use a larger character budget.")
+        url = url.strip()
+        with self._lock:
+            self._crawls += 1
+        if url.startswith(CORPUS_SCHEME):
+            return self._crawl_corpus(url, max_chars)
+        self.policy.check(url, self._resolver)
+        key = normalize_url(url)
+        stored = self.cache.get("page", key) if self.cache is not None else None
+        if stored is not None:
+            full = Page.model_validate_json(stored)
+        else:
+            raw = fetch(url, self.policy, self.limits, resolver=self._resolver, transport=self._transport)
+            title, text = extract_main_text(raw.body, raw.content_type, url=raw.final_url, encoding=raw.encoding)
+            full = Page(url=url, final_url=raw.final_url, title=title, text=text, content_type=raw.content_type)
+            if self.cache is not None:
+                self.cache.put("page", key, full.model_dump_json())
+        text, cut = truncate(full.text, max_chars)
+        return full.model_copy(update={"text": text, "truncated": cut})
+
+    def _crawl_corpus(self, url: str, max_chars: int) -> Page:
+        name, _ = split_corpus_url(url)
+        index = self.corpora.get(name)
+        if index is None:
+            known = ", ".join(sorted(self.corpora)) or "none"
+            raise UrlRefused(f"unknown corpus {name!r} in {url!r} (loaded: {known}). "
+                             "Use a URL returned by web_search.")
+        doc = index.get(url)
+        if doc is None:
+            raise UrlRefused(f"no document {url!r} in corpus {name!r}. Use a URL returned by web_search.")
+        text, cut = truncate(doc.text, max_chars)
+        return Page(url=url, final_url=url, title=doc.title, text=text, content_type="text/markdown", truncated=cut)

@@ -1,0 +1,101 @@
+"""`ask` and `mapreduce run` end to end through the real client path: smolagents' OpenAIModel
+talks HTTP to an OpenAI-compatible server on 127.0.0.1 whose replies come from a simulated model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amapreduce.cli.app import main
+from amapreduce.llm.guard import allow_model_requests
+from amapreduce.llm.scripted import FunctionModel, ModelInfo, final_answer, message_text, tool_call
+from amapreduce.run.ask import run_ask
+from amapreduce.settings import load_settings
+from amapreduce.testing.openai_server import OpenAICompatibleServer
+
+CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi"}
+SECRET = "sk-test-SECRET-0123456789"
+DECISION = {
+    "task_matrix": [[c] for c in CAPITALS],
+    "template": "What is the capital of __0__?",
+    "json_schema": {"type": "object", "properties": {"country": {}, "capital": {"description": "city name"}}},
+    "batch_strategy": {"type": "per_atom", "rationale": "independent look-ups"},
+}
+
+
+def simulated(messages: list, info: ModelInfo) -> Any:
+    """Plays the manager (it is offered `mapreduce`) and the sub-agents (they are not)."""
+    text = "\n".join(message_text(m) for m in messages)
+    if "mapreduce" in info.tools:
+        if '"call_stage": "execute"' in text:
+            return final_answer("The table is complete.")
+        return tool_call("mapreduce", **DECISION)  # plan stage first, then the same call executes
+    tasks = text.rsplit("Sub-questions:", 1)[-1]
+    rows = [{"task": k, "country": c, "capital": CAPITALS[c]} for k, c in enumerate(CAPITALS, 1) if f"capital of {c}?" in tasks]
+    for row, n in zip(rows, range(1, len(rows) + 1), strict=True):
+        row["task"] = n
+    return final_answer(json.dumps(rows))
+
+
+@pytest.fixture
+def server() -> Any:
+    with OpenAICompatibleServer(FunctionModel(simulated, model_id="sim-model"), rate_limit_first=1, retry_after_s=0.05) as srv, allow_model_requests():
+        yield srv
+
+
+def settings_for(server: OpenAICompatibleServer, tmp_path: Path) -> Any:
+    return load_settings({}, model="sim-model", api_base=server.base_url, api_key=SECRET, runs_dir=tmp_path / "runs", workers=2)
+
+
+def test_ask_end_to_end_over_http(server: OpenAICompatibleServer, tmp_path: Path) -> None:
+    outcome = run_ask("Capitals of France, Japan and Kenya?", settings_for(server, tmp_path), web_tools=[], show_progress=False)
+    assert outcome.status == "complete"
+    assert outcome.table.records() == [{"country": c, "capital": v} for c, v in CAPITALS.items()]
+    assert outcome.markdown.startswith("```markdown\n| country | capital |")
+    calls = outcome.record["completeness"]
+    assert calls["mapreduce_calls"] == 2 and calls["executions"] == 1
+    usage = outcome.meter.by_role()
+    assert usage["manager"].requests == 3 and usage["subagent"].requests == 3
+    assert server.requests[0]["model"] == "sim-model"
+    assert server.authorization[-1] == f"Bearer {SECRET}"
+    folder = outcome.run_dir.path
+    assert {p.name for p in folder.iterdir()} == {"table.md", "table.csv", "result.json", "trace.jsonl"}
+    for f in folder.iterdir():
+        assert SECRET not in f.read_text(encoding="utf-8")
+    events = [json.loads(x)["event"] for x in (folder / "trace.jsonl").read_text().splitlines()]
+    assert "manager_step" in events and "attempt" in events and "tool_call" in events
+    result = json.loads((folder / "result.json").read_text())
+    assert result["status"] == "complete" and result["decisions"][0]["template"] == DECISION["template"]
+
+
+def test_mapreduce_run_cli_json(server: OpenAICompatibleServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(DECISION), encoding="utf-8")
+    monkeypatch.setenv("AMAPREDUCE_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("AMAPREDUCE_API_KEY", SECRET)
+    from amapreduce.sandbox import sandbox_world
+
+    index = sandbox_world(cache_dir=tmp_path / "cache").index_dir  # offline search for the sub-agents' tools
+    monkeypatch.setenv("AMAPREDUCE_SEARCH_BACKEND", f"corpus:{index}")
+    monkeypatch.setenv("AMAPREDUCE_CACHE_DIR", str(tmp_path / "cache"))
+    code = main(["mapreduce", "run", str(path), "--model", "sim-model", "--api-base", server.base_url, "--workers", "3",
+                 "--csv", str(tmp_path / "t.csv"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["rows"] == 3 and out["missing_cells"] == 0
+    assert "| Japan | Tokyo |" in out["table_markdown"]
+    assert set(out["usage"]) == {"requests", "prompt_tokens", "completion_tokens", "cost_usd"} and out["usage"]["requests"] == 3
+    assert out["timings"]["wall_s"] > 0 and Path(out["run_dir"]).is_dir()
+    assert (tmp_path / "t.csv").read_text().splitlines()[1] == "France,Paris"
+    assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs"), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed[0]["kind"] == "mapreduce_run" and listed[0]["rows"] == 3
+
+
+def test_ask_without_model_exits_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AMAPREDUCE_MODEL", raising=False)
+    assert main(["ask", "anything"]) == 2
+    assert "no model is configured" in capsys.readouterr().err

@@ -1,0 +1,201 @@
+"""Every backend's request/response handling: ddgs at its library boundary, the HTTP APIs against
+local fakes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ddgs
+import ddgs.exceptions
+import pytest
+from test_web_fetch import LocalServer, send, send_json
+
+from amapreduce.errors import ConfigError
+from amapreduce.settings import load_settings
+from amapreduce.web.backends import make_backend
+from amapreduce.web.backends.corpus import CorpusBackend
+from amapreduce.web.backends.ddgs import DdgsBackend
+from amapreduce.web.backends.searxng import SearxngBackend
+from amapreduce.web.backends.serper import SerperBackend
+from amapreduce.web.backends.tavily import TavilyBackend
+from amapreduce.web.ratelimit import BackendError
+
+NO_WAIT = {"min_interval_s": 0.0, "sleep": lambda s: None}
+
+
+class FakeDDGS:
+    """Stands in for `ddgs.DDGS`: records calls, replays a script of replies or exceptions."""
+
+    script: list[Any] = []
+    calls: list[dict[str, Any]] = []
+
+    def __init__(self, timeout: int | None = 5, **kwargs: Any) -> None:
+        self.timeout = timeout
+
+    def text(self, query: str, **kwargs: Any) -> list[dict[str, Any]]:
+        FakeDDGS.calls.append({"query": query, **kwargs})
+        reply = FakeDDGS.script.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+@pytest.fixture
+def fake_ddgs(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeDDGS]]:
+    FakeDDGS.script, FakeDDGS.calls = [], []
+    monkeypatch.setattr(ddgs, "DDGS", FakeDDGS)
+    yield FakeDDGS
+
+
+def test_ddgs_maps_results(fake_ddgs: type[FakeDDGS]) -> None:
+    fake_ddgs.script = [[
+        {"title": "Paris - Wiki", "href": "https://en.example.org/Paris", "body": "Capital of France."},
+        {"title": "no link", "href": "", "body": "dropped"},
+        {"title": "Paris tourism", "href": "https://paris.example/", "body": "Visit."},
+        {"title": "third", "href": "https://third.example/", "body": "cut by n"},
+    ]]
+    results = DdgsBackend(**NO_WAIT).search("paris", 2)
+    assert [(r.rank, r.url, r.snippet, r.source) for r in results] == [
+        (1, "https://en.example.org/Paris", "Capital of France.", "ddgs"),
+        (2, "https://paris.example/", "Visit.", "ddgs"),
+    ]
+    assert fake_ddgs.calls == [{"query": "paris", "max_results": 2, "region": "us-en"}]
+
+
+def test_ddgs_retries_rate_limits_then_succeeds(fake_ddgs: type[FakeDDGS]) -> None:
+    fake_ddgs.script = [ddgs.exceptions.RatelimitException("202 Ratelimit"), [{"title": "t", "href": "https://x.example/"}]]
+    slept: list[float] = []
+    results = DdgsBackend(min_interval_s=0.0, sleep=slept.append, base_delay_s=0.25).search("q", 5)
+    assert [r.url for r in results] == ["https://x.example/"]
+    assert slept == [0.25]
+
+
+def test_ddgs_network_down_is_a_clear_error(fake_ddgs: type[FakeDDGS]) -> None:
+    fake_ddgs.script = [ddgs.exceptions.DDGSException("No results found. [Errno -3] Temporary failure")] * 3
+    with pytest.raises(BackendError, match=r"`ddgs` search failed.*corpus:INDEX.*after 3 attempts"):
+        DdgsBackend(**NO_WAIT).search("q", 5)
+
+
+@pytest.fixture
+def api() -> Iterator[LocalServer]:
+    with LocalServer({}) as srv:
+        yield srv
+
+
+def test_searxng_request_and_parsing(api: LocalServer) -> None:
+    api.routes["/search"] = send_json({"results": [
+        {"url": "https://a.example/", "title": "A", "content": "alpha", "publishedDate": "2024-01-02"},
+        {"title": "no url"},
+        {"url": "https://b.example/", "title": "B", "content": "beta"},
+    ]})
+    results = SearxngBackend(api.url + "/", **NO_WAIT).search("two words", 5)
+    assert [(r.rank, r.title, r.url, r.date) for r in results] == [
+        (1, "A", "https://a.example/", "2024-01-02"), (2, "B", "https://b.example/", None)]
+    method, path, _headers, _body = api.requests[0]
+    assert method == "GET" and path == "/search?q=two+words&format=json"
+
+
+def test_searxng_without_json_format_is_explained(api: LocalServer) -> None:
+    api.routes["/search"] = send(403, "Forbidden", "text/html")
+    with pytest.raises(BackendError, match="HTTP 403"):
+        SearxngBackend(api.url, **NO_WAIT).search("q", 5)
+    api.routes["/search"] = send_json({"answers": []})
+    with pytest.raises(BackendError, match="json"):
+        SearxngBackend(api.url, **NO_WAIT).search("q", 5)
+
+
+def test_serper_request_and_parsing(api: LocalServer) -> None:
+    api.routes["/search"] = send_json({"organic": [
+        {"title": "T1", "link": "https://one.example/", "snippet": "s1", "date": "Mar 3, 2024", "position": 1},
+        {"title": "T2", "link": "https://two.example/", "snippet": "s2", "position": 2},
+    ]})
+    results = SerperBackend("sk-test", base_url=api.url, **NO_WAIT).search("q w", 3)
+    assert [(r.rank, r.url, r.date) for r in results] == [(1, "https://one.example/", "Mar 3, 2024"),
+                                                          (2, "https://two.example/", None)]
+    method, path, headers, body = api.requests[0]
+    assert (method, path) == ("POST", "/search")
+    assert headers["X-API-KEY"] == "sk-test"
+    assert json.loads(body) == {"q": "q w", "num": 3}
+    assert "sk-test" not in repr(SerperBackend("sk-test", base_url=api.url))
+
+
+def test_serper_bad_key_is_not_retried(api: LocalServer) -> None:
+    api.routes["/search"] = send_json({"message": "Unauthorized."}, status=401)
+    with pytest.raises(BackendError, match="refused the API key"):
+        SerperBackend("bad", base_url=api.url, **NO_WAIT).search("q", 3)
+    assert len(api.requests) == 1
+
+
+def test_serper_server_errors_are_retried(api: LocalServer) -> None:
+    api.routes["/search"] = send_json({"error": "boom"}, status=503)
+    slept: list[float] = []
+    with pytest.raises(BackendError, match=r"HTTP 503.*after 3 attempts"):
+        SerperBackend("k", base_url=api.url, min_interval_s=0.0, sleep=slept.append).search("q", 3)
+    assert len(api.requests) == 3 and slept == [1.0, 2.0]
+
+
+def test_tavily_request_and_parsing(api: LocalServer) -> None:
+    api.routes["/search"] = send_json({"query": "q", "results": [
+        {"title": "Tv", "url": "https://tv.example/", "content": "c", "score": 0.9, "published_date": "2025-05-05"}]})
+    results = TavilyBackend("tv-key", base_url=api.url, **NO_WAIT).search("q", 4)
+    assert [(r.title, r.url, r.snippet, r.date, r.source) for r in results] == [
+        ("Tv", "https://tv.example/", "c", "2025-05-05", "tavily")]
+    _method, _path, headers, body = api.requests[0]
+    assert headers["Authorization"] == "Bearer tv-key"
+    assert json.loads(body) == {"query": "q", "max_results": 4, "search_depth": "basic"}
+
+
+def test_non_json_reply_is_a_permanent_error(api: LocalServer) -> None:
+    api.routes["/search"] = send(200, "<html>oops</html>", "text/html")
+    with pytest.raises(BackendError, match="non-JSON"):
+        TavilyBackend("k", base_url=api.url, **NO_WAIT).search("q", 4)
+    assert len(api.requests) == 1
+
+
+def test_unreachable_api_is_a_clear_error() -> None:
+    with LocalServer({}) as srv:
+        url = srv.url
+    with pytest.raises(BackendError, match=r"unreachable.*after 2 attempts"):
+        SerperBackend("k", base_url=url, attempts=2, **NO_WAIT).search("q", 3)
+
+
+def test_make_backend_specs_and_key_errors(tmp_path: Path) -> None:
+    settings = load_settings({})
+    assert isinstance(make_backend("ddgs", settings), DdgsBackend)
+    assert make_backend("searxng:http://127.0.0.1:9/", settings).base_url == "http://127.0.0.1:9"  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="needs a URL"):
+        make_backend("searxng", settings)
+    with pytest.raises(ConfigError, match="SERPER_API_KEY"):
+        make_backend("serper", settings)
+    with pytest.raises(ConfigError, match="TAVILY_API_KEY"):
+        make_backend("tavily", settings)
+    with pytest.raises(ConfigError, match="unknown search backend"):
+        make_backend("google", settings)
+    with pytest.raises(ConfigError, match="no corpus index"):
+        make_backend(f"corpus:{tmp_path}", settings)
+    keyed = load_settings({"SERPER_API_KEY": "from-alias", "TAVILY_API_KEY": "t", "AMAPREDUCE_SEARXNG_URL": "http://s"})
+    assert isinstance(make_backend("serper", keyed), SerperBackend)
+    assert isinstance(make_backend("tavily", keyed), TavilyBackend)
+    assert make_backend("searxng", keyed).base_url == "http://s"  # type: ignore[attr-defined]
+
+
+def test_settings_alias_and_secret_never_printed() -> None:
+    s = load_settings({"SERPER_API_KEY": "alias-key", "AMAPREDUCE_TAVILY_API_KEY": "prefixed",
+                       "TAVILY_API_KEY": "ignored"})
+    assert s.serper_api_key is not None and s.serper_api_key.get_secret_value() == "alias-key"
+    assert s.tavily_api_key is not None and s.tavily_api_key.get_secret_value() == "prefixed"
+    assert "alias-key" not in repr(s) and "alias-key" not in str(s) and "alias-key" not in s.model_dump_json()
+
+
+def test_corpus_backend_name(tmp_path: Path) -> None:
+    from amapreduce.web.corpus import build_corpus_index
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("hello corpus world")
+    build_corpus_index([tmp_path / "docs"], tmp_path / "idx", name="mine")
+    backend = CorpusBackend(tmp_path / "idx")
+    assert backend.name == "corpus:mine"
+    assert [r.url for r in backend.search("hello", 3)] == ["corpus://mine/a.txt"]
