@@ -95,6 +95,9 @@ class BudgetExceeded(RunError):
 class RunCancelled(RunError):
     """The run was cancelled; `partial` holds whatever result existed at that moment."""
 
+    partial: Any
+    """The result so far (a `MapReduceResult` when raised by the engine)."""
+
 
 class ToolCallRefused(AmapreduceError):
     """Raised inside a tool to refuse a call; the agent shows the message to the model.

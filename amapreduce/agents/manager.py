@@ -39,7 +39,7 @@ def _truncating(tool: Tool, limit: int) -> Tool:
         out = original(*args, **kwargs)
         return truncate(out, limit) if isinstance(out, str) else out
 
-    tool.forward = forward  # type: ignore[method-assign]
+    tool.forward = forward
     return tool
 
 

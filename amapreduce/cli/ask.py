@@ -38,9 +38,9 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Answer a wide-search question with a table (manager + parallel search sub-agents)."""
+    from amapreduce._atomic import atomic_write
     from amapreduce.run.ask import run_ask
     from amapreduce.run.execute import usage_json
-    from amapreduce.run.rundir import atomic_write
     from amapreduce.run.wiring import require_model
     from amapreduce.settings import load_settings
 

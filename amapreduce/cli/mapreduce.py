@@ -62,9 +62,9 @@ def run(
 
     For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/.
     """
+    from amapreduce._atomic import atomic_write
     from amapreduce.decision.model import load_decision
     from amapreduce.run.execute import run_decision, usage_json
-    from amapreduce.run.rundir import atomic_write
     from amapreduce.run.wiring import require_model
     from amapreduce.settings import load_settings
 

@@ -36,7 +36,6 @@ def _folder(store: Path | None) -> Path:
 
 def _open(store: Path | None, *, encoder: str | None = None, create: bool = False) -> MemoryStore:
     from amapreduce.memory import MemoryStore
-
     from amapreduce.memory.schema import DB_NAME
 
     folder = _folder(store)

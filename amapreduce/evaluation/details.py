@@ -9,10 +9,10 @@ layout is the same: joined rows with `<col>_query`, `<col>_response`, `<col>_<me
 from __future__ import annotations
 
 import csv
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from amapreduce._atomic import atomic_open
 
 __all__ = ["detail_records", "write_details_csv"]
 
@@ -75,14 +75,7 @@ def write_details_csv(path: Path, records: list[dict[str, Any]], unique: list[st
             names.append(flag)
     keys = set(unique) | {f"{c}_before_map" for c in unique} | {"exist_flag_gt", "exist_flag_response"}
     ordered = sorted(n for n in names if n in keys) + sorted(n for n in names if n not in keys)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=ordered)
-            writer.writeheader()
-            writer.writerows(records)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=ordered)
+        writer.writeheader()
+        writer.writerows(records)

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from amapreduce._atomic import atomic_open
 from amapreduce.errors import RunError
 from amapreduce.evaluation.prompts import COLUMN_JUDGE_PROMPT, ENTITY_JUDGE_PROMPT, KEY_ALIGN_PROMPT
 
@@ -89,18 +88,11 @@ class JudgeCache:
         return reply if isinstance(reply, str) else None
 
     def put(self, model_id: str, prompt: str, reply: str) -> None:
-        """Store a reply (temp file + os.replace)."""
+        """Store a reply (atomically)."""
         path = self._path(model_id, prompt)
-        path.parent.mkdir(parents=True, exist_ok=True)
         record = {"model": model_id, "prompt_sha256": path.stem, "reply": reply}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(record, handle, ensure_ascii=False)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_open(path) as handle:
+            json.dump(record, handle, ensure_ascii=False)
 
 
 class ModelClient:

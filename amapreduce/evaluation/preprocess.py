@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from amapreduce._atomic import atomic_open
 
 __all__ = [
     "PREPROCESS_NAMES",
@@ -123,15 +123,8 @@ class DateCache:
         """Write the cache atomically if anything was added."""
         if not self._dirty:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(self._data, handle, ensure_ascii=False)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_open(self.path) as handle:
+            json.dump(self._data, handle, ensure_ascii=False)
         self._dirty = False
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from amapreduce._atomic import atomic_open
 from amapreduce.errors import UserError
 from amapreduce.evaluation.deepwide import DEEPWIDE_FIELDS, Protocol, configure_protocol, score_deepwide
 from amapreduce.evaluation.details import write_details_csv
@@ -158,13 +157,6 @@ def _safe(label: str) -> str:
 
 
 def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
-    """Write JSON via a temp file and `os.replace`, so a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, ensure_ascii=False, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON atomically, so a crash never leaves half a file."""
+    with atomic_open(path) as handle:
+        json.dump(document, handle, ensure_ascii=False, indent=2)

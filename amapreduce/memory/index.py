@@ -10,14 +10,13 @@ holds faiss's own serialisation as raw bytes plus integers.
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from amapreduce._atomic import atomic_open
 from amapreduce.memory.store import get_meta
 
 __all__ = ["INDEX_FILE", "VectorIndex"]
@@ -111,15 +110,8 @@ class VectorIndex:
 
         faiss = _faiss()
         header = np.array([state.dim, state.generation, state.last_rowid], dtype=np.int64)
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".vectors-", suffix=".npz")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, header=header, pos=faiss.serialize_index(state.pos),
-                         neg=faiss.serialize_index(state.neg))
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_open(self.path, "wb") as fh:
+            np.savez(fh, header=header, pos=faiss.serialize_index(state.pos), neg=faiss.serialize_index(state.neg))
 
     def sync(self, conn: sqlite3.Connection) -> int:
         """Bring the index up to date with SQLite (call inside a read transaction); return rows added."""

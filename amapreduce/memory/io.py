@@ -13,14 +13,13 @@ question-level provenance; those questions are linked to every record asking the
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from amapreduce._atomic import atomic_open
 from amapreduce.errors import UserError
 from amapreduce.memory.records import DecisionSummary, Record, TraceSummary, new_id
 from amapreduce.memory.store import (
@@ -90,35 +89,28 @@ class ReferenceInsight(BaseModel):
 def export_jsonl(store: MemoryStore, path: Path) -> dict[str, int]:
     """Write the whole store to `path` atomically (temp file + rename); return counts."""
     counts = {"records": 0, "hints": 0}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh, store.read() as conn:
-            from amapreduce.memory.store import now
+    with atomic_open(path) as fh, store.read() as conn:
+        from amapreduce.memory.store import now
 
-            header = {"type": "header", "format": FORMAT, "version": FORMAT_VERSION, "encoder": store.encoder_spec,
-                      "exported_at": now()}
-            fh.write(json.dumps(header, ensure_ascii=False) + "\n")
-            for row in conn.execute("SELECT * FROM records ORDER BY rowid"):
-                rec = Record.from_row(dict(row))
-                line = {"type": "record", "id": rec.id, "query": rec.query, "label": rec.label,
-                        "decision": rec.decision.model_dump(mode="json"), "metrics": rec.metrics,
-                        "task_id": rec.task_id, "trace": rec.trace.model_dump(mode="json", exclude_none=True),
-                        "created_at": rec.created_at}
-                fh.write(json.dumps(line, ensure_ascii=False) + "\n")
-                counts["records"] += 1
-            hints = conn.execute("SELECT id, text, w FROM hints ORDER BY seq").fetchall()
-            for h in hints:
-                prov = [r[0] for r in conn.execute(
-                    "SELECT p.record_id FROM provenance p JOIN records r ON r.id = p.record_id "
-                    "WHERE p.hint_id = ? ORDER BY r.rowid", (h["id"],))]
-                line = {"type": "hint", "id": h["id"], "text": h["text"], "score": int(h["w"]), "provenance": prov}
-                fh.write(json.dumps(line, ensure_ascii=False) + "\n")
-                counts["hints"] += 1
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        header = {"type": "header", "format": FORMAT, "version": FORMAT_VERSION, "encoder": store.encoder_spec,
+                  "exported_at": now()}
+        fh.write(json.dumps(header, ensure_ascii=False) + "\n")
+        for row in conn.execute("SELECT * FROM records ORDER BY rowid"):
+            rec = Record.from_row(dict(row))
+            line = {"type": "record", "id": rec.id, "query": rec.query, "label": rec.label,
+                    "decision": rec.decision.model_dump(mode="json"), "metrics": rec.metrics,
+                    "task_id": rec.task_id, "trace": rec.trace.model_dump(mode="json", exclude_none=True),
+                    "created_at": rec.created_at}
+            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+            counts["records"] += 1
+        hints = conn.execute("SELECT id, text, w FROM hints ORDER BY seq").fetchall()
+        for h in hints:
+            prov = [r[0] for r in conn.execute(
+                "SELECT p.record_id FROM provenance p JOIN records r ON r.id = p.record_id "
+                "WHERE p.hint_id = ? ORDER BY r.rowid", (h["id"],))]
+            line = {"type": "hint", "id": h["id"], "text": h["text"], "score": int(h["w"]), "provenance": prov}
+            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+            counts["hints"] += 1
     return counts
 
 

@@ -9,15 +9,14 @@ temporary file, then `os.replace`), so a crash never leaves half a result behind
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import time
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from amapreduce._atomic import atomic_write
 from amapreduce.errors import UserError
 from amapreduce.mapreduce.trace import TraceWriter, redact
 
@@ -29,19 +28,6 @@ def slugify(text: str, *, max_len: int = 40) -> str:
     ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
     slug = re.sub(r"[^a-zA-Z0-9]+", "-", ascii_text).strip("-").lower()
     return slug[:max_len].rstrip("-") or "run"
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class RunDir:
@@ -95,7 +81,7 @@ def load_run(runs_dir: Path, name: str) -> dict[str, Any]:
 
 def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
     """One summary per run folder that has a `result.json`, newest first."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     if not runs_dir.is_dir():
         return rows
     for folder in sorted((p for p in runs_dir.iterdir() if p.is_dir()), reverse=True):

@@ -80,6 +80,29 @@ class RemoteBackend(SearchBackend):
         )
 
 
+class KeyedBackend(RemoteBackend):
+    """A remote API that needs a key: holds the key out of reprs and messages.
+
+    Args:
+        api_key: the provider key.
+        base_url: API root (tests point it at a local fake); defaults to `default_url`.
+        transport: httpx transport (tests).
+        **kwargs: `RemoteBackend` options (rate limit, retries, timeout).
+    """
+
+    default_url = ""
+
+    def __init__(self, api_key: str, *, base_url: str | None = None,
+                 transport: httpx.BaseTransport | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._api_key = api_key
+        self.base_url = (base_url or self.default_url).rstrip("/")
+        self._transport = transport
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.base_url!r}, api_key='***')"
+
+
 def http_json(
     backend: str,
     method: str,

@@ -2,40 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from amapreduce.web.backends.base import RemoteBackend, http_json
+from amapreduce.web.backends.base import KeyedBackend, http_json
 from amapreduce.web.models import SearchResult
 from amapreduce.web.ratelimit import BackendError
-
-if TYPE_CHECKING:
-    import httpx
 
 __all__ = ["SERPER_URL", "SerperBackend"]
 
 SERPER_URL = "https://google.serper.dev"
 
 
-class SerperBackend(RemoteBackend):
-    """POST `{base_url}/search` with `{"q", "num"}` and the `X-API-KEY` header.
-
-    Args:
-        api_key: the Serper key (kept out of reprs and messages).
-        base_url: API root (tests point it at a local fake).
-        transport: httpx transport (tests).
-    """
+class SerperBackend(KeyedBackend):
+    """POST `{base_url}/search` with `{"q", "num"}` and the `X-API-KEY` header."""
 
     name = "serper"
-
-    def __init__(self, api_key: str, *, base_url: str = SERPER_URL,
-                 transport: httpx.BaseTransport | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._api_key = api_key
-        self.base_url = base_url.rstrip("/")
-        self._transport = transport
-
-    def __repr__(self) -> str:
-        return f"SerperBackend(base_url={self.base_url!r}, api_key='***')"
+    default_url = SERPER_URL
 
     def _search_once(self, query: str, n: int) -> list[SearchResult]:
         data = http_json(self.name, "POST", f"{self.base_url}/search", timeout_s=self.timeout_s,
