@@ -11,11 +11,9 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from amapreduce._retry import RetryPolicy, Transient, retry_loop
 from amapreduce.errors import RunError
 
 __all__ = ["ModelCallError", "RetryPolicy", "Transient", "call_with_retries", "classify"]
@@ -25,32 +23,6 @@ T = TypeVar("T")
 
 class ModelCallError(RunError):
     """A model call failed for good (a permanent error, or retries exhausted)."""
-
-
-class RetryPolicy(BaseModel):
-    """How model calls are retried."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_retries: int = Field(default=5, ge=0)
-    """Retries after the first attempt."""
-    base_delay_s: float = Field(default=1.0, ge=0)
-    """First backoff; doubles each retry."""
-    max_delay_s: float = Field(default=60.0, ge=0)
-    """Cap on one backoff (a longer `Retry-After` is still honoured, up to `max_retry_after_s`)."""
-    max_retry_after_s: float = Field(default=300.0, ge=0)
-    jitter: float = Field(default=0.25, ge=0, le=1)
-    """Random ± fraction added to each backoff so parallel sub-agents do not retry in lockstep."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Transient:
-    """Why an error may go away on retry."""
-
-    kind: str
-    """`rate_limit`, `server`, `timeout` or `connection`."""
-    retry_after_s: float | None = None
-    """What the server asked us to wait, when it said."""
 
 
 def _retry_after(exc: BaseException) -> float | None:
@@ -104,31 +76,20 @@ def call_with_retries(
     rng: random.Random | None = None,
     on_retry: Callable[[int, Transient, float], Any] | None = None,
 ) -> T:
-    """Run `call`, retrying transient errors per `policy`.
+    """Run a model call, retrying transient errors per `policy`.
 
     Raises:
         ModelCallError: a permanent error (immediately) or the last transient one; the original
             exception is chained as `__cause__`.
     """
-    rng = rng or random.Random()
-    for attempt in range(policy.max_retries + 1):
-        try:
-            return call()
-        except Exception as exc:  # noqa: BLE001 - classified below; permanent errors re-raised
-            transient = classify(exc)
-            if transient is None:
-                raise ModelCallError(f"{what} failed: {type(exc).__name__}: {exc}", kind="permanent") from exc
-            if attempt == policy.max_retries:
-                raise ModelCallError(
-                    f"{what} failed after {attempt + 1} attempts ({transient.kind}): {type(exc).__name__}: {exc}. "
-                    "Check the provider's status and your rate limits, or lower --workers.",
-                    kind=transient.kind,
-                ) from exc
-            backoff = min(policy.max_delay_s, policy.base_delay_s * 2**attempt)
-            backoff *= 1 + rng.uniform(-policy.jitter, policy.jitter)
-            if transient.retry_after_s is not None:
-                backoff = max(backoff, min(transient.retry_after_s, policy.max_retry_after_s))
-            if on_retry is not None:
-                on_retry(attempt + 1, transient, backoff)
-            sleep(backoff)
-    raise ModelCallError(f"{what} failed: no attempt was made (max_retries={policy.max_retries})")
+
+    def give_up(exc: Exception, attempts: int, transient: Transient | None) -> ModelCallError:
+        if transient is None:
+            return ModelCallError(f"{what} failed: {type(exc).__name__}: {exc}", kind="permanent")
+        return ModelCallError(
+            f"{what} failed after {attempts} attempts ({transient.kind}): {type(exc).__name__}: {exc}. "
+            "Check the provider's status and your rate limits, or lower --workers.",
+            kind=transient.kind,
+        )
+
+    return retry_loop(call, policy=policy, classify=classify, give_up=give_up, sleep=sleep, rng=rng, on_retry=on_retry)

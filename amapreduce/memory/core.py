@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from amapreduce.mapreduce.prior import Prior, PriorRequest
-from amapreduce.memory import prompts
 from amapreduce.memory.config import MemoryConfig
 from amapreduce.memory.distill import DistillReport, distill
 from amapreduce.memory.embed import Encoder
 from amapreduce.memory.index import VectorIndex
 from amapreduce.memory.llm import ask
 from amapreduce.memory.parsing import parse_list
+from amapreduce.memory.prompts import memory_prompt
 from amapreduce.memory.records import DecisionSummary, TraceSummary
 from amapreduce.memory.retrieval import Retrieval, render_prior, retrieve
 from amapreduce.memory.schema import connect
@@ -73,8 +73,8 @@ class ExperientialMemory:
         raw = [h.text for h in retrieval.hints]
         if not raw or not self.config.project or self.model is None:
             return raw, None
-        system = prompts.PROJECT_SYSTEM.format(max_bullets=self.config.max_bullets)
-        user = prompts.PROJECT_USER.format(query=query, decision=_decision_text(decision) if decision else "(none yet)",
+        system = memory_prompt("project_system").format(max_bullets=self.config.max_bullets)
+        user = memory_prompt("project_user").format(query=query, decision=_decision_text(decision) if decision else "(none yet)",
                                            hints="\n".join(f"{k}. {t}" for k, t in enumerate(raw, 1)),
                                            max_bullets=self.config.max_bullets)
         try:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from amapreduce._retry import RetryPolicy, Transient, retry_loop
 from amapreduce.errors import RunError
 
 __all__ = ["BackendError", "RateLimiter", "limiter_for", "with_retries"]
@@ -74,15 +75,14 @@ def with_retries(
         BackendError: the last error, when it is not transient or attempts ran out; the message
             says how many attempts were made.
     """
-    for attempt in range(1, attempts + 1):
-        try:
-            return call()
-        except BackendError as exc:
-            if not getattr(exc, "transient", False) or attempt == attempts:
-                if attempt > 1:
-                    raise BackendError(
-                        f"{exc.message} (after {attempt} attempts of {what})", **exc.fields
-                    ) from exc
-                raise
-            sleep(base_delay_s * (2 ** (attempt - 1)))
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    def classify(exc: Exception) -> Transient | None:
+        return Transient(kind="backend") if isinstance(exc, BackendError) and getattr(exc, "transient", False) else None
+
+    def give_up(exc: Exception, tries: int, transient: Transient | None) -> BaseException:
+        if isinstance(exc, BackendError) and tries > 1:
+            return BackendError(f"{exc.message} (after {tries} attempts of {what})", **exc.fields)
+        return exc
+
+    policy = RetryPolicy(max_retries=attempts - 1, base_delay_s=base_delay_s, max_delay_s=float("inf"), jitter=0.0)
+    return retry_loop(call, policy=policy, classify=classify, give_up=give_up, sleep=sleep)

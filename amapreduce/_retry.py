@@ -1,0 +1,85 @@
+"""The one retry loop: exponential backoff with jitter, a server's `Retry-After` honoured.
+
+Model calls (`amapreduce.llm.retry`) and search backends (`amapreduce.web.ratelimit`) differ
+only in which errors are worth retrying and what to raise when giving up; both plug those into
+`retry_loop`, so backoff behaves the same everywhere.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["RetryPolicy", "Transient", "retry_loop"]
+
+T = TypeVar("T")
+
+
+class RetryPolicy(BaseModel):
+    """How a call is retried."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_retries: int = Field(default=5, ge=0)
+    """Retries after the first attempt."""
+    base_delay_s: float = Field(default=1.0, ge=0)
+    """First backoff; doubles each retry."""
+    max_delay_s: float = Field(default=60.0, ge=0)
+    """Cap on one backoff (a longer `Retry-After` is still honoured, up to `max_retry_after_s`)."""
+    max_retry_after_s: float = Field(default=300.0, ge=0)
+    jitter: float = Field(default=0.25, ge=0, le=1)
+    """Random ± fraction added to each backoff so parallel callers do not retry in lockstep."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transient:
+    """Why an error may go away on retry."""
+
+    kind: str
+    """e.g. `rate_limit`, `server`, `timeout`, `connection`, `backend`."""
+    retry_after_s: float | None = None
+    """What the server asked us to wait, when it said."""
+
+
+def retry_loop(
+    call: Callable[[], T],
+    *,
+    policy: RetryPolicy,
+    classify: Callable[[Exception], Transient | None],
+    give_up: Callable[[Exception, int, Transient | None], BaseException],
+    sleep: Callable[[float], None] = time.sleep,
+    rng: random.Random | None = None,
+    on_retry: Callable[[int, Transient, float], Any] | None = None,
+) -> T:
+    """Run `call`, retrying the errors `classify` calls transient.
+
+    Args:
+        call: the operation.
+        policy: backoff and attempt limits.
+        classify: None for a permanent error, else why it may pass.
+        give_up: the exception to raise for a permanent error (`transient` None) or after the
+            last attempt; it receives the error and the number of attempts made.
+        sleep, rng: injectable for tests.
+        on_retry: told (attempt, why, delay) before each backoff.
+    """
+    rng = rng or random.Random()
+    for attempt in range(policy.max_retries + 1):
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - classified; permanent errors go to give_up at once
+            transient = classify(exc)
+            if transient is None or attempt == policy.max_retries:
+                raise give_up(exc, attempt + 1, transient) from exc
+            backoff = min(policy.max_delay_s, policy.base_delay_s * 2**attempt)
+            backoff *= 1 + rng.uniform(-policy.jitter, policy.jitter)
+            if transient.retry_after_s is not None:
+                backoff = max(backoff, min(transient.retry_after_s, policy.max_retry_after_s))
+            if on_retry is not None:
+                on_retry(attempt + 1, transient, backoff)
+            sleep(backoff)
+    raise RuntimeError("unreachable: the loop returns or raises")  # pragma: no cover
