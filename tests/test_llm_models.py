@@ -61,6 +61,7 @@ def test_litellm_price_map_is_used_offline() -> None:
     price = PriceTable().price("openai/gpt-4o-mini")
     assert price is not None and price.input > 0
     assert PriceTable().price("made-up/model-x") is None
+    assert PriceTable(use_litellm=False).price("simulated/sandbox") == Price(input=0.0, output=0.0)
 
 
 def test_budget_stops_calls() -> None:

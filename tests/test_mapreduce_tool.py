@@ -109,3 +109,31 @@ def test_tool_and_engine_share_one_trace(tmp_path: Path) -> None:
     trace.close()
     events = [json.loads(x)["event"] for x in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert events[0] == "run_start" and events.count("attempt") == 4 and events[-1] == "tool_call"
+
+
+def test_top_k_per_group_through_optional_inputs() -> None:
+    """key_columns / matrix_columns / rows_per_task let the manager delegate a top-k per group."""
+    ranks = {"Asia": ["Tokyo", "Delhi"], "Europe": ["Moscow", "London"]}
+
+    class TopK:
+        def solve(self, request: Any) -> Any:
+            from amapreduce.mapreduce.solver import SolverReply
+
+            region = "Asia" if "Asia" in request.tasks[0] else "Europe"
+            return SolverReply(output=[{"rank": str(i + 1), "city": c} for i, c in enumerate(ranks[region])])
+
+    tool = MapReduceTool(MapReduceEngine(TopK()), plan_stage=False)
+    head = json.loads(
+        tool(
+            task_matrix=[["Asia"], ["Europe"]],
+            template="Two largest cities of __0__",
+            json_schema=["region", "rank", "city"],
+            key_columns=["region", "rank"],
+            rows_per_task=2,
+        ).splitlines()[0]
+    )
+    assert head["complete"] and head["rows"] == 4
+    assert tool.table is not None
+    assert [(r["region"], r["rank"], r["city"]) for r in tool.table.records()] == [
+        ("Asia", "1", "Tokyo"), ("Asia", "2", "Delhi"), ("Europe", "1", "Moscow"), ("Europe", "2", "London")
+    ]

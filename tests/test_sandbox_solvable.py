@@ -11,12 +11,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from amapreduce.demo.atlas import infobox, list_entries, plain_number
 from amapreduce.sandbox import sandbox_world
 from amapreduce.settings import Settings
 from amapreduce.web.service import WebService
-
-LINK = re.compile(r"\[([^\]]+)\]\((corpus://[^)]+)\)")
-ROW = re.compile(r"^\|\s*(.+?)\s*\|\s*(.+?)\s*\|\s*$")
 
 
 @pytest.fixture(scope="module")
@@ -40,26 +38,15 @@ def _find_list(service: WebService, query: str, title: str) -> str:
 
 def _links(service: WebService, url: str) -> list[tuple[str, str, list[str]]]:
     """(name, url, other cells) of every linked row in a list page's table."""
-    rows = []
-    for line in service.crawl(url, 100_000).text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        found = LINK.fullmatch(cells[0]) if cells else None
-        if found:
-            rows.append((found.group(1), found.group(2), cells[1:]))
-    return rows
+    return [(e.name, e.url, list(e.cells)) for e in list_entries(service.crawl(url, 100_000).text)]
 
 
 def _infobox(service: WebService, url: str) -> dict[str, str]:
-    facts = {}
-    for line in service.crawl(url, 100_000).text.splitlines():
-        found = ROW.match(line.strip())
-        if found:
-            facts[found.group(1)] = found.group(2)
-    return facts
+    return infobox(service.crawl(url, 100_000).text)
 
 
 def _num(text: str) -> str:
-    return text.replace(",", "")
+    return plain_number(text)
 
 
 def _gold(gold_dir: Path, instance_id: str) -> list[list[str]]:

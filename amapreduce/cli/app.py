@@ -31,6 +31,7 @@ _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
     ("amapreduce.cli.eval", "app", "eval", "Score answers like the official WideSearch/DeepWideSearch scorers."),
     ("amapreduce.cli.memory", "app", "memory", "Inspect, search, prune and distil the experiential memory."),
     ("amapreduce.cli.web", "register", None, "Search, crawl, cache and corpus commands."),
+    ("amapreduce.cli.demo", "register", None, "Run the whole pipeline offline with a simulated model."),
 )
 
 app = typer.Typer(

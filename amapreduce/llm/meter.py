@@ -64,7 +64,9 @@ class PriceTable:
         self.use_litellm = use_litellm
 
     def price(self, model_id: str) -> Price | None:
-        """The price of `model_id`, or None when unknown."""
+        """The price of `model_id`, or None when unknown (simulated models cost nothing)."""
+        if model_id.startswith("simulated/"):
+            return Price(input=0.0, output=0.0)
         bare = model_id.split("/", 1)[-1]
         for key in (model_id, bare):
             if key in self.overrides:

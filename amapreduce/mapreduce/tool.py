@@ -65,6 +65,18 @@ class MapReduceTool(Tool):
             "nullable": True,
         },
         "batch_size": {"type": "integer", "description": "Tasks per batch for per_atom (default 1).", "nullable": True},
+        "key_columns": {
+            "type": "array",
+            "description": "Columns identifying a row (default: the columns the matrix fills). Include a column the "
+            "matrix does not fill (e.g. rank) when one task yields several rows.",
+            "nullable": True,
+        },
+        "matrix_columns": {
+            "type": "array",
+            "description": "The output column each matrix cell fills, null for context-only cells (default: the first ones).",
+            "nullable": True,
+        },
+        "rows_per_task": {"type": "integer", "description": "Rows each task must yield (e.g. 10 for a top 10).", "nullable": True},
     }
     output_type = "string"
 
@@ -109,14 +121,19 @@ class MapReduceTool(Tool):
         json_schema: dict[str, Any],
         batch_strategy: dict[str, Any] | None = None,
         batch_size: int | None = None,
+        key_columns: list[str] | None = None,
+        matrix_columns: list[str | None] | None = None,
+        rows_per_task: int | None = None,
     ) -> str:
-        raw = {
+        raw: dict[str, Any] = {
             "task_matrix": task_matrix,
             "template": template,
             "json_schema": json_schema,
             "batch_strategy": batch_strategy,
             "batch_size": batch_size,
         }
+        optional = {"key_columns": key_columns, "matrix_columns": matrix_columns, "rows_per_task": rows_per_task}
+        raw.update({k: v for k, v in optional.items() if v is not None})
         try:
             decision = Decision.parse(raw)
             plan = plan_batches(decision, max_batches=self.max_batches)

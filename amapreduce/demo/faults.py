@@ -1,0 +1,96 @@
+"""Seeded fault injection for the simulated model: the failures a real provider and model produce.
+
+Kinds: `error` (the call fails for good, so the sub-agent attempt fails and the engine retries
+the batch), `rate_limit` (an HTTP 429 with `Retry-After`, retried by the model layer), `slow`
+(the call takes longer), `malformed` (the final answer is not clean JSON) and `drop` (the final
+answer leaves some cells empty, which delta-patch rounds fill).
+
+Why draws are keyed by the conversation and not by a global counter: which thread runs which
+batch first changes between runs, so a counter would move faults around; a draw keyed by (seed,
+conversation, step, try) puts the same faults on the same calls every time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from amapreduce.errors import RunError
+
+__all__ = ["FAULT_KINDS", "FaultPlan", "SimulatedFailure", "rate_limit_error"]
+
+FAULT_KINDS = ("error", "rate_limit", "slow", "malformed", "drop")
+
+
+class SimulatedFailure(RunError):
+    """A call the fault plan made fail (not transient: the model layer does not retry it)."""
+
+
+def rate_limit_error(retry_after_s: float) -> Exception:
+    """An `openai.RateLimitError` (HTTP 429) carrying a `Retry-After` header, as a provider sends."""
+    import httpx
+    import openai
+
+    response = httpx.Response(
+        429, headers={"retry-after": f"{retry_after_s:g}"}, request=httpx.Request("POST", "http://127.0.0.1/v1")
+    )
+    return openai.RateLimitError("rate limited (simulated fault)", response=response, body=None)
+
+
+@dataclass
+class FaultPlan:
+    """Which calls fail and how, decided by seeded draws.
+
+    Args:
+        rate: chance that a call gets a fault (0 disables injection).
+        seed: mixes into every draw.
+        retry_after_s: the `Retry-After` of simulated 429s.
+        slow_s: extra seconds of a slow call.
+    """
+
+    rate: float = 0.0
+    seed: int = 0
+    retry_after_s: float = 0.05
+    slow_s: float = 0.05
+    injected: Counter[str] = field(default_factory=Counter)
+    _tries: Counter[str] = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"fault rate must be between 0 and 1, got {self.rate}")
+
+    def draw(self, key: str, kinds: tuple[str, ...]) -> str | None:
+        """The fault of this call (None: none). Each retry of the same call draws anew."""
+        if self.rate <= 0 or not kinds:
+            return None
+        with self._lock:
+            self._tries[key] += 1
+            tries = self._tries[key]
+        digest = hashlib.sha256(f"{self.seed}|{key}|{tries}".encode()).digest()
+        rng = random.Random(int.from_bytes(digest[:8], "big"))
+        if rng.random() >= self.rate:
+            return None
+        kind = rng.choice(kinds)
+        with self._lock:
+            self.injected[kind] += 1
+        return kind
+
+    def apply(self, kind: str | None) -> None:
+        """Raise or wait for the call-level kinds (`error`, `rate_limit`, `slow`)."""
+        if kind == "error":
+            raise SimulatedFailure("simulated fault: the model call failed", kind="simulated")
+        if kind == "rate_limit":
+            raise rate_limit_error(self.retry_after_s)
+        if kind == "slow":
+            time.sleep(self.slow_s)
+
+    @staticmethod
+    def rng(*parts: object) -> random.Random:
+        """A deterministic generator for the details of a fault (which cells to drop)."""
+        digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+        return random.Random(int.from_bytes(digest[:8], "big"))

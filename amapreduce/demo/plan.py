@@ -1,0 +1,261 @@
+"""What the simulated model understands: sandbox questions, sub-questions, and how to answer them.
+
+This is the simulated model's "reasoning", written as code. It is not an LLM: it recognises the
+sandbox's kinds of question (every country of a continent, the members of the euro list, the
+top-k countries per continent, the top-k cities per country) and nothing else. It decides
+*what* to look up; the tools decide what is found, the engine and reducer build the table.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from amapreduce.decision.columns import normalize_key_name
+from amapreduce.demo.atlas import Observations, clean_cell, infobox, list_entries, plain_number
+from amapreduce.llm.scripted import ToolCall, tool_call
+
+__all__ = [
+    "Column",
+    "Intent",
+    "PageNeed",
+    "Question",
+    "column_specs",
+    "parse_intent",
+    "parse_question",
+    "read_column",
+    "resolve",
+]
+
+NO_SEPARATORS = "digits only, no thousands separators"
+_NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+_NUMERIC = re.compile(r"population|area|rank|count|number", re.IGNORECASE)
+_DESCRIPTIONS = {
+    "country": "the country or territory's name as the atlas writes it",
+    "city": "the city's name as the atlas writes it",
+    "continent": "continent name",
+    "currencycode": "ISO 4217 currency code, e.g. EUR",
+    "iso3code": "three-letter ISO code, e.g. FRA",
+    "callingcode": "international calling code as in the atlas, e.g. +33",
+    "timezone": "IANA time zone, e.g. Europe/Paris",
+    "capital": "capital city",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Column:
+    """An output column and its format note."""
+
+    name: str
+    description: str
+
+    @property
+    def numeric(self) -> bool:
+        """Whether values are plain integers (thousands separators removed)."""
+        return NO_SEPARATORS in self.description
+
+
+def column_specs(names: Sequence[str]) -> list[Column]:
+    """Columns with descriptions that tell sub-agents the expected format."""
+    out = []
+    for name in names:
+        if _NUMERIC.search(name):
+            out.append(Column(name=name, description=f"integer, {NO_SEPARATORS}"))
+        else:
+            out.append(Column(name=name, description=_DESCRIPTIONS.get(normalize_key_name(name), name)))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class PageNeed:
+    """A page an agent must read, found by the title of its search result."""
+
+    title: str
+    """The result title without the atlas suffix, e.g. `Countries of Africa` or `Tokyo, Japan`."""
+    queries: tuple[tuple[str, int], ...]
+    """Searches to try in order, (query, n); after the last one the page counts as not found."""
+
+
+def _need(title: str, query: str) -> PageNeed:
+    return PageNeed(title=title, queries=((query, 5), (f"{title} Sandbox Atlas", 10)))
+
+
+def resolve(obs: Observations, need: PageNeed) -> ToolCall | str | None:
+    """The next tool call for `need`, the page text once it was read, or None (not found)."""
+    url = obs.results.get(need.title)
+    if url is not None:
+        return obs.pages[url] if url in obs.pages else tool_call("crawl_page", url=url)
+    for query, n in need.queries:
+        if query not in obs.searched:
+            return tool_call("web_search", query=query, n=n)
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Question:
+    """One atomic look-up: an entity's facts, or the entity at a population rank."""
+
+    kind: Literal["country", "city", "ranked"]
+    name: str = ""
+    """The country (kind `country`) or city (kind `city`)."""
+    country: str = ""
+    """The city's country (kind `city`)."""
+    continent: str = ""
+    rank: int = 0
+
+    def page(self) -> PageNeed:
+        """The page that answers it (for `ranked`: the continent's list page)."""
+        if self.kind == "city":
+            return _need(f"{self.name}, {self.country}", f"{self.name} {self.country}")
+        if self.kind == "ranked":
+            return _need(f"Countries of {self.continent}", f"countries of {self.continent} list")
+        return _need(self.name, self.name)
+
+    def step(self, obs: Observations) -> list[ToolCall] | dict[str, str] | None:
+        """Tool calls still needed, the facts found (infobox plus `_url`, `_name`), or None (not found)."""
+        got = resolve(obs, self.page())
+        if got is None or isinstance(got, ToolCall):
+            return [got] if got is not None else None
+        if self.kind != "ranked":
+            url = obs.results[self.page().title]
+            return {**infobox(got), "_url": url, "_name": self.name}
+        members = list_entries(got)
+        todo = [tool_call("crawl_page", url=e.url) for e in members if e.url not in obs.pages]
+        if todo:
+            return todo
+        ranked = sorted(
+            ((int(plain_number(infobox(obs.pages[e.url]).get("Population", "0")) or 0), e) for e in members),
+            key=lambda pair: (-pair[0], pair[1].name),
+        )
+        if not 1 <= self.rank <= len(ranked):
+            return None
+        entry = ranked[self.rank - 1][1]
+        facts = infobox(obs.pages[entry.url])
+        return {**facts, "_url": entry.url, "_name": entry.name, "Rank": str(self.rank), "Continent": self.continent}
+
+
+def read_column(column: Column, facts: dict[str, str]) -> str:
+    """The value of `column` on an entity page's facts ("" when the page does not say)."""
+    key = normalize_key_name(column.name)
+    value = ""
+    if key in ("country", "name") and "Official name" in facts:
+        value = facts["Official name"]
+    elif key == "city":
+        value = facts.get("_name", "")
+    else:
+        for attr, raw in facts.items():
+            if normalize_key_name(attr) == key:
+                value = raw
+                break
+        else:
+            if key.endswith("code"):  # `Currency Code` ← the code in `Currency: Peso (ARS)`
+                for attr, raw in facts.items():
+                    code = re.search(r"\(([A-Z]{2,4})\)", raw)
+                    if normalize_key_name(attr) == key[:-4] and code:
+                        value = code.group(1)
+                        break
+    value = clean_cell(value)
+    return plain_number(value) if column.numeric else value
+
+
+_RANKED_Q = re.compile(r"which country or territory of (?P<continent>.+?) ranks (?P<rank>\d+) by population", re.I)
+_CITY_Q = re.compile(r'the city "(?P<name>[^"]+)" in (?P<country>[^.?\n]+)')
+_QUOTED = re.compile(r'"(?P<name>[^"]+)"')
+
+
+def parse_question(text: str) -> Question | None:
+    """Read a sub-question written by the simulated manager (templates below)."""
+    if found := _RANKED_Q.search(text):
+        return Question(kind="ranked", continent=found.group("continent").strip(), rank=int(found.group("rank")))
+    if found := _CITY_Q.search(text):
+        return Question(kind="city", name=found.group("name"), country=found.group("country").strip())
+    if found := _QUOTED.search(text):
+        return Question(kind="country", name=found.group("name"))
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Intent:
+    """A recognised sandbox question."""
+
+    kind: Literal["members", "ranked", "top_cities"]
+    columns: tuple[str, ...]
+    scopes: tuple[str, ...]
+    """Continents (`members`, `ranked`) or countries (`top_cities`)."""
+    k: int = 0
+    euro: bool = False
+    """`members` of the euro list, restricted to the continent in `scopes`."""
+
+    def list_needs(self) -> list[PageNeed]:
+        """The list pages that name the entities."""
+        if self.euro:
+            title = "Countries and territories using the euro"
+            return [_need(title, title.lower())]
+        if self.kind == "top_cities":
+            return [_need(f"Large cities of {c}", f"large cities of {c}") for c in self.scopes]
+        return [_need(f"Countries of {c}", f"countries of {c} list") for c in self.scopes]
+
+    def describe(self, names: Sequence[str]) -> str:
+        """`capital, population and area (km2)` for a template."""
+        low = [n.lower() for n in names]
+        return low[0] if len(low) == 1 else ", ".join(low[:-1]) + " and " + low[-1]
+
+    def decision(self, pages: Sequence[str], obs: Observations) -> dict[str, Any] | list[ToolCall]:
+        """The mapreduce arguments, or the crawls still needed to know the entities."""
+        cols = list(self.columns)
+        schema = {"type": "object", "properties": {c.name: {"type": "string", "description": c.description} for c in column_specs(cols)}}
+        if self.kind == "ranked":
+            matrix = [[c, str(r)] for c in self.scopes for r in range(1, self.k + 1)]
+            template = "In the Sandbox Atlas, which country or territory of __0__ ranks __1__ by population (1 = most populous)? Give its " + self.describe(cols[2:]) + "."
+            strategy = {"type": "by_attr", "attribute_index": 0, "rationale": "the ranks of one continent share its list page and one population ranking"}
+            return {"task_matrix": matrix, "template": template, "json_schema": schema, "batch_strategy": strategy}
+        entries = [e for page in pages for e in list_entries(page)]
+        if self.kind == "top_cities":
+            todo = [tool_call("crawl_page", url=e.url) for e in entries if e.url not in obs.pages]
+            if todo:
+                return todo
+            matrix = []
+            for country, page in zip(self.scopes, pages, strict=True):
+                sized = [(int(plain_number(infobox(obs.pages[e.url]).get("Population", "0"))), e.name) for e in list_entries(page)]
+                matrix += [[country, name] for _pop, name in sorted(sized, key=lambda p: (-p[0], p[1]))[: self.k]]
+            template = 'In the Sandbox Atlas, find the ' + self.describe(cols[2:]) + ' of the city "__1__" in __0__.'
+            strategy = {"type": "by_attr", "attribute_index": 0, "rationale": "cities of one country share its city list and conventions"}
+            return {"task_matrix": matrix, "template": template, "json_schema": schema, "batch_strategy": strategy}
+        if self.euro:
+            entries = [e for e in entries if e.cells and e.cells[0] == self.scopes[0]]
+        matrix = [[e.name] for e in entries]
+        size = max(1, -(-len(matrix) // 12))
+        template = 'In the Sandbox Atlas, find the ' + self.describe(cols[1:]) + ' of the country or territory "__0__".'
+        strategy = {"type": "per_atom", "rationale": f"independent look-ups, one atlas page per entity; {size} per batch keeps the plan small"}
+        return {"task_matrix": matrix, "template": template, "json_schema": schema, "batch_strategy": strategy, "batch_size": size}
+
+    def questions(self, decision: dict[str, Any]) -> list[Question]:
+        """The atomic look-ups of a decision, for an agent that does them itself (the baseline)."""
+        out = []
+        for row in decision["task_matrix"]:
+            q = parse_question(decision["template"].replace("__0__", row[0]).replace("__1__", row[-1]))
+            if q is not None:
+                out.append(q)
+        return out
+
+
+def parse_intent(query: str) -> Intent | None:
+    """Recognise a sandbox question (None: the simulated model cannot plan it)."""
+    cols_line = re.search(r"with the following columns:\s*\n(?P<cols>[^\n]+)", query)
+    if cols_line is None:
+        return None
+    columns = tuple(c.strip() for c in cols_line.group("cols").split(",") if c.strip())
+    if found := re.search(r"every country and territory of (?P<c>[A-Z][\w ]+?) in the Sandbox Atlas", query):
+        return Intent(kind="members", columns=columns, scopes=(found.group("c"),))
+    if found := re.search(r"in (?P<c>[A-Z][\w ]+?) use the euro", query):
+        return Intent(kind="members", columns=columns, scopes=(found.group("c"),), euro=True)
+    if found := re.search(r"For each continent \((?P<list>[^)]+)\), find the (?P<k>\w+) most populous", query):
+        scopes = tuple(s.strip() for s in found.group("list").split(","))
+        return Intent(kind="ranked", columns=columns, scopes=scopes, k=_NUMBERS.get(found.group("k").lower(), 0))
+    if found := re.search(r"For each of these countries: (?P<list>.+?), find the (?P<k>\w+) most populous cities", query):
+        scopes = tuple(s.strip() for s in found.group("list").split(","))
+        return Intent(kind="top_cities", columns=columns, scopes=scopes, k=_NUMBERS.get(found.group("k").lower(), 0))
+    return None
+
