@@ -40,6 +40,7 @@ from amapreduce.table.table import DEFAULT_MISSING_MARKERS, Table
 __all__ = ["EngineConfig", "MapReduceEngine", "ProgressEvent"]
 
 _POLL_S = 0.05
+_TASKS_MARK = "\x00TASKS\x00"
 
 
 class EngineConfig(BaseModel):
@@ -85,8 +86,10 @@ class _BatchState:
 class _Job:
     state: _BatchState
     request: BatchRequest | None
-    """None until submitted: prompts are rendered only when an attempt starts."""
+    """None until the attempt starts: a first prompt is rendered on the worker, not the engine loop."""
     started_at: float | None = None
+    future: Future[SolverReply] | None = None
+    holds_slot: bool = False
 
 
 class MapReduceEngine:
@@ -117,6 +120,11 @@ class MapReduceEngine:
         self._progress = progress
         self._clock = clock
         self._cancel = threading.Event()
+        self._prompt_lock = threading.Lock()
+        self._gate = threading.Lock()  # guards `_running` and slot hand-back
+        self._running: set[_Job] = set()
+        self._slots = threading.Semaphore(self.config.workers)
+        self._prompt_cache: dict[str, str] = {}
         self._stop_reason = "the MapReduce run was cancelled"
         # Finished futures arrive here through done-callbacks: O(1) per completion, however
         # many attempts are in flight. `None` is the wake-up sent by `cancel()`.
@@ -216,7 +224,6 @@ class MapReduceEngine:
                     "columns": w.columns,
                     "rows_per_task": decision.rows_per_task if many and phase == "map" else None,
                     "many_rows": many and not all(i.single_row for i in w.items),
-                    "tasks": [{"number": k, "text": item.text} for k, item in enumerate(w.items, 1)],
                 },
             )
             pending.append(_Job(state=state, request=None))
@@ -224,48 +231,85 @@ class MapReduceEngine:
         self._emit("phase", phase, 0, total)
         inflight: dict[Future[SolverReply], _Job] = {}
         try:
-            while pending or inflight:
+            self._submit(pending, inflight, executor)
+            while inflight:
                 if self._cancel.is_set():
                     raise RunCancelled("cancelled")
-                self._top_up(pending, inflight, executor)
                 finished: list[tuple[_Job, SolverReply | None, BaseException | None]] = []
                 for fut in self._finished(inflight):
+                    job = inflight.pop(fut)
+                    self._leave(job)
                     exc = fut.exception()
-                    finished.append((inflight.pop(fut), None if exc else fut.result(), exc))
+                    finished.append((job, None if exc else fut.result(), exc))
                 now = self._clock()
-                for fut, job in list(inflight.items()):
-                    if job.started_at is not None and now - job.started_at > cfg.batch_timeout_s:
-                        del inflight[fut]
-                        if job.request is not None:
-                            job.request.cancel.set()  # abandoned: its late result will be ignored
-                        finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
+                for job in self._overdue(now):
+                    if job.future is not None:
+                        inflight.pop(job.future, None)
+                    self._abandon(job)  # its slot goes to the next attempt; a late result is ignored
+                    finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
                 for job, reply, exc in finished:
                     if isinstance(exc, BudgetExceeded):
                         self._stop_reason = str(exc)
                         self.cancel()
                     follow = self._settle(job, phase, reply, exc, tables, records)
                     if follow is not None:
-                        pending.appendleft(follow)
+                        self._submit(deque([follow]), inflight, executor)
                     else:
                         done_batches += 1
                         self._emit("batch_done", phase, done_batches, total, batch_id=job.state.work.batch.batch_id)
-                    # Refill at once: a worker freed by this attempt must not wait for the others.
-                    self._top_up(pending, inflight, executor)
+            if self._cancel.is_set():
+                raise RunCancelled("cancelled")
         except (KeyboardInterrupt, RunCancelled):
-            for job in [*inflight.values(), *pending]:
+            for job in inflight.values():
                 if job.request is not None:
                     job.request.cancel.set()
             raise
 
-    def _top_up(self, pending: deque[_Job], inflight: dict[Future[SolverReply], _Job], executor: Executor) -> None:
-        """Submit pending attempts until `workers` are in flight."""
-        while pending and len(inflight) < self.config.workers and not self._cancel.is_set():
-            job = pending.popleft()
-            if job.request is None:
-                job.request = self._request(job.state, render_prompt("mapreduce", "batch", **job.state.prompt_vars))
+    def _submit(self, jobs: deque[_Job], inflight: dict[Future[SolverReply], _Job], executor: Executor) -> None:
+        """Hand attempts to the executor at once; each waits inside for one of the `workers`
+        slots, so a freed slot is taken by a waiting thread without a round trip through this loop."""
+        while jobs and not self._cancel.is_set():
+            job = jobs.popleft()
             future = executor.submit(functools.partial(self._execute, job))
+            job.future = future
             inflight[future] = job
             future.add_done_callback(self._done.put)
+
+    def _release(self, job: _Job) -> None:
+        """Give back the job's slot once (by the worker when done, or by the loop on abandon)."""
+        with self._gate:
+            held, job.holds_slot = job.holds_slot, False
+        if held:
+            self._slots.release()
+
+    def _leave(self, job: _Job) -> None:
+        with self._gate:
+            self._running.discard(job)
+
+    def _abandon(self, job: _Job) -> None:
+        self._leave(job)
+        self._release(job)
+        if job.request is not None:
+            job.request.cancel.set()
+
+    def _overdue(self, now: float) -> list[_Job]:
+        limit = self.config.batch_timeout_s
+        with self._gate:
+            return [j for j in self._running if j.started_at is not None and now - j.started_at > limit]
+
+    def _first_prompt(self, state: _BatchState) -> str:
+        """The batch prompt: the shared part is rendered once per distinct batch context (most
+        batches of a phase share it), then the numbered sub-questions are filled in."""
+        v = state.prompt_vars
+        key = repr((v["rationale"], sorted(v["shared_context"].items()), v["columns"], v["rows_per_task"], v["many_rows"]))
+        with self._prompt_lock:
+            header = self._prompt_cache.get(key)
+        if header is None:
+            header = render_prompt("mapreduce", "batch", **v, tasks_block=_TASKS_MARK)
+            with self._prompt_lock:
+                self._prompt_cache[key] = header
+        tasks = "\n".join(f"{k}. {item.text}" for k, item in enumerate(state.work.items, 1))
+        return header.replace(_TASKS_MARK, tasks)
 
     def _finished(self, inflight: dict[Future[SolverReply], _Job]) -> list[Future[SolverReply]]:
         """In-flight futures that finished, in completion order (waits until the first one,
@@ -283,21 +327,34 @@ class MapReduceEngine:
         return [f for f in got if f is not None and f in inflight]
 
     def _wait_s(self, inflight: dict[Future[SolverReply], _Job]) -> float:
+        """Sleep until the nearest deadline of a running attempt; poll while some have not started."""
         now = self._clock()
-        starts = [j.started_at for j in inflight.values()]
-        deadlines = [s + self.config.batch_timeout_s - now for s in starts if s is not None]
-        wait_s = min(deadlines, default=float("inf"))
-        if any(s is None for s in starts):
+        with self._gate:
+            starts = [j.started_at for j in self._running if j.started_at is not None]
+            waiting = len(inflight) > len(self._running)
+        wait_s = min((s + self.config.batch_timeout_s - now for s in starts), default=_POLL_S * 20)
+        if waiting:
             wait_s = min(wait_s, _POLL_S)
-        return max(0.0, wait_s) if wait_s != float("inf") else _POLL_S * 20
+        return max(0.0, wait_s)
 
     def _execute(self, job: _Job) -> SolverReply:
-        job.started_at = self._clock()
-        if job.request is None:
-            raise RuntimeError("a job was submitted before its request was built")  # engine bug, not user input
-        request = dataclasses.replace(job.request, deadline=time.monotonic() + self.config.batch_timeout_s)
-        job.request = request
-        return self.solver.solve(request)
+        while not self._slots.acquire(timeout=_POLL_S):
+            if self._cancel.is_set():
+                raise RunCancelled("cancelled before the attempt started")
+        job.holds_slot = True
+        try:
+            if self._cancel.is_set():
+                raise RunCancelled("cancelled before the attempt started")
+            if job.request is None:  # a first attempt renders its prompt here, off the engine's loop
+                job.request = self._request(job.state, self._first_prompt(job.state))
+            request = dataclasses.replace(job.request, deadline=time.monotonic() + self.config.batch_timeout_s)
+            job.request = request
+            with self._gate:
+                job.started_at = self._clock()
+                self._running.add(job)
+            return self.solver.solve(request)
+        finally:
+            self._release(job)
 
     def _request(self, state: _BatchState, prompt: str) -> BatchRequest:
         """The request of the batch's next attempt (the first prompt is kept for continuations)."""

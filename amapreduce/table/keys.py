@@ -7,6 +7,7 @@ narrower than the scorer's `norm_str`: it must never merge two genuinely differe
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -15,6 +16,7 @@ __all__ = ["normalize_key", "normalize_value"]
 _SPACES = re.compile(r"\s+")
 
 
+@functools.lru_cache(maxsize=65536)  # entity names and column values repeat across rows and rounds
 def normalize_value(value: str) -> str:
     """Fold one cell for comparison (NFKC, casefold, `*` removed, white space collapsed)."""
     text = unicodedata.normalize("NFKC", value).replace("*", "")
