@@ -97,6 +97,9 @@ class Settings(BaseModel):
     """Stop a run once it has spent this many dollars (`AMAPREDUCE_MAX_COST_USD`)."""
     max_tokens: int | None = Field(default=None, ge=1)
     """Stop a run once it has used this many tokens (`AMAPREDUCE_MAX_TOKENS`)."""
+    prices_file: Path | None = None
+    """JSON price overrides, `{"model_id": {"input": $/token, "output": $/token}}`, consulted
+    before LiteLLM's price map (`AMAPREDUCE_PRICES_FILE`)."""
     memory_encoder: str = "minilm"
     """Encoder of NEW memory stores: `minilm`, `st:MODEL` (e.g. a multilingual model) or
     `hashing[:DIM]`; an existing store keeps its own (`AMAPREDUCE_MEMORY_ENCODER`)."""

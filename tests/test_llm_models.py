@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
@@ -87,3 +90,19 @@ def test_managed_model_retries_rate_limits() -> None:
     m = ManagedModel(FunctionModel(reply), role="manager", meter=UsageMeter(prices=PRICES), retry=RetryPolicy(jitter=0), sleep=slept.append)
     assert m.generate([]).tool_calls[0].function.arguments == {"answer": "done"}
     assert slept == [3.0]
+
+
+def test_price_overrides_file_feeds_the_run_meter(tmp_path: Path) -> None:
+    from amapreduce.errors import ConfigError
+    from amapreduce.run.wiring import new_meter
+    from amapreduce.settings import load_settings
+
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"my-local-model": {"input": 1e-6, "output": 3e-6}}), encoding="utf-8")
+    meter = new_meter(load_settings({}, prices_file=prices, max_cost_usd=1.0))
+    assert meter.record("manager", "my-local-model", Usage(input_tokens=1000, output_tokens=100)).cost_usd == pytest.approx(1.3e-3)
+    prices.write_text(json.dumps({"m": {"input": -1, "output": 0}}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"price of 'm' .* input Input should be greater than or equal to 0"):
+        new_meter(load_settings({}, prices_file=prices))
+    with pytest.raises(ConfigError, match="does not exist"):
+        new_meter(load_settings({}, prices_file=tmp_path / "nope.json"))

@@ -11,17 +11,19 @@ price). When a budget (`max_cost_usd`, `max_tokens`) is spent, the next call rai
 from __future__ import annotations
 
 import functools
+import json
 import os
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from amapreduce.errors import BudgetExceeded
+from amapreduce.errors import BudgetExceeded, ConfigError
 from amapreduce.llm.usage import Usage
 
-__all__ = ["Budget", "BudgetExceeded", "Price", "PriceTable", "UsageMeter"]
+__all__ = ["Budget", "BudgetExceeded", "Price", "PriceTable", "UsageMeter", "load_price_overrides"]
 
 
 class Budget(BaseModel):
@@ -54,6 +56,33 @@ def _litellm_prices() -> Mapping[str, Any]:
     except ImportError:
         return {}
     return dict(litellm.model_cost)
+
+
+def load_price_overrides(path: Path) -> dict[str, Price]:
+    """Read a price override table: `{"model_id": {"input": $/token, "output": $/token, "cached_input": ...}}`.
+
+    Raises:
+        ConfigError: the file is missing, not JSON, or an entry is not a valid price.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"price table {str(path)!r} does not exist; fix AMAPREDUCE_PRICES_FILE.") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"price table {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno}.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"price table {str(path)!r} must map model ids to prices, got {type(data).__name__}.")
+    prices: dict[str, Price] = {}
+    for model_id, entry in data.items():
+        try:
+            prices[model_id] = Price.model_validate(entry)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            raise ConfigError(
+                f"price of {model_id!r} in {str(path)!r} is invalid: {'.'.join(map(str, problem['loc']))} "
+                f"{problem['msg']}. Give dollars per token, e.g. {{\"input\": 2.5e-07, \"output\": 2e-06}}."
+            ) from None
+    return prices
 
 
 class PriceTable:

@@ -35,8 +35,14 @@ InnerFactory = Callable[[str], "Model"]
 
 
 def new_meter(settings: Settings) -> UsageMeter:
-    """A usage meter with the settings' budget."""
-    return UsageMeter(budget=Budget(max_cost_usd=settings.max_cost_usd, max_tokens=settings.max_tokens))
+    """A usage meter with the settings' budget and price overrides."""
+    from amapreduce.llm.meter import PriceTable, load_price_overrides
+
+    overrides = load_price_overrides(settings.prices_file) if settings.prices_file else None
+    return UsageMeter(
+        budget=Budget(max_cost_usd=settings.max_cost_usd, max_tokens=settings.max_tokens),
+        prices=PriceTable(overrides),
+    )
 
 
 def require_model(settings: Settings) -> str:
