@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from amapreduce.errors import BudgetExceeded, ConfigError
 from amapreduce.llm.usage import Usage
 
-__all__ = ["Budget", "BudgetExceeded", "Price", "PriceTable", "UsageMeter", "load_price_overrides"]
+__all__ = ["Budget", "BudgetExceeded", "Price", "PriceTable", "UsageMeter", "litellm_offline", "load_price_overrides"]
 
 
 class Budget(BaseModel):
@@ -46,11 +46,15 @@ class Price(BaseModel):
     """Price of cached prompt tokens (default: the input price)."""
 
 
+def litellm_offline() -> None:
+    """Make LiteLLM use its bundled price map: at import it otherwise fetches one from the
+    network, which hangs or fails offline. Call before anything imports litellm."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
 @functools.cache
 def _litellm_prices() -> Mapping[str, Any]:
-    # LiteLLM fetches a price map from the network at import unless told to use its bundled
-    # copy; this process never needs the live one.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    litellm_offline()
     try:
         import litellm
     except ImportError:

@@ -23,7 +23,7 @@ from smolagents.models import ChatMessage, Model
 
 from amapreduce.errors import ConfigError
 from amapreduce.llm.limits import ProviderLimiter, limiter_for
-from amapreduce.llm.meter import UsageMeter
+from amapreduce.llm.meter import UsageMeter, litellm_offline
 from amapreduce.llm.retry import RetryPolicy, call_with_retries
 from amapreduce.llm.scripted import estimate_tokens, message_text
 from amapreduce.llm.usage import Usage
@@ -99,9 +99,7 @@ def _inner_model(spec: ModelSpec) -> Model:
             f"model {spec.model_id!r} needs a provider prefix (e.g. 'openai/{spec.model_id}') or --api-base "
             "pointing at an OpenAI-compatible server."
         )
-    import os
-
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
+    litellm_offline()
     try:
         from smolagents import LiteLLMModel
 
