@@ -36,6 +36,7 @@ __all__ = [
     "ToolCallRefused",
     "UserError",
 ]
+# `find_cause` (below) is a helper, not part of the exception tree that `__all__` lists.
 
 
 def _rebuild(cls: type[AmapreduceError], message: str, fields: dict[str, Any]) -> AmapreduceError:
@@ -104,3 +105,17 @@ class ToolCallRefused(AmapreduceError):
 
     The message must tell the model what to change so its next call succeeds.
     """
+
+
+def find_cause(exc: BaseException, *kinds: type[BaseException]) -> BaseException | None:
+    """The first exception of one of `kinds` in `exc`'s cause/context chain, or None.
+
+    Agent frameworks wrap the errors raised inside tools and models (smolagents raises
+    `AgentGenerationError` from a model's `BudgetExceeded`); this finds the one that matters.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kinds):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -14,6 +14,12 @@ from amapreduce.evaluation.loaders import gold_as_markdown, load_gold, load_task
 IDS = ["ws_en_013", "ws_en_018", "ws_en_022"]
 
 
+
+def score_argv(tasks_file: Path, gold_dir: Path) -> list[str]:
+    """The `eval score --tasks ... --gold-dir ...` prefix every CLI test shares."""
+    return ["eval", "score", "--tasks", str(tasks_file), "--gold-dir", str(gold_dir)]
+
+
 @pytest.fixture(autouse=True)
 def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The CLI caches dates and judge replies under the settings' cache dir: keep it in tmp."""
@@ -50,12 +56,7 @@ def test_two_trials_json_shape_and_summary(
     out = tmp_path / "results.json"
     code = main(
         [
-            "eval",
-            "score",
-            "--tasks",
-            str(tasks_file),
-            "--gold-dir",
-            str(gold_dir),
+            *score_argv(tasks_file, gold_dir),
             "--pred-dir",
             str(tmp_path / "t1"),
             "--pred-dir",
@@ -119,12 +120,7 @@ def test_pred_jsonl_and_ids(tmp_path: Path, ws_paths: tuple[Path, Path]) -> None
     assert (
         main(
             [
-                "eval",
-                "score",
-                "--tasks",
-                str(tasks_file),
-                "--gold-dir",
-                str(gold_dir),
+                *score_argv(tasks_file, gold_dir),
                 "--pred-jsonl",
                 str(pred),
                 "--ids",
@@ -162,12 +158,7 @@ def test_bad_arguments_exit_2(
     write_trial(tmp_path / "t", tasks_file, gold_dir, IDS[:1])
     code = main(
         [
-            "eval",
-            "score",
-            "--tasks",
-            str(tasks_file),
-            "--gold-dir",
-            str(gold_dir),
+            *score_argv(tasks_file, gold_dir),
             "--pred-dir",
             str(tmp_path / "t"),
             "--out",
@@ -201,12 +192,7 @@ def test_missing_gold_malformed_jsonl_and_no_predictions(
     assert (
         main(
             [
-                "eval",
-                "score",
-                "--tasks",
-                str(bad_tasks),
-                "--gold-dir",
-                str(gold_dir),
+                *score_argv(bad_tasks, gold_dir),
                 "--pred-dir",
                 str(tmp_path / "t"),
                 "--out",
@@ -228,12 +214,7 @@ def test_unreadable_answer_is_a_clear_error(
     (folder / "ws_en_013.md").write_bytes(b"\xff\xfe\x00broken")
     code = main(
         [
-            "eval",
-            "score",
-            "--tasks",
-            str(tasks_file),
-            "--gold-dir",
-            str(gold_dir),
+            *score_argv(tasks_file, gold_dir),
             "--pred-dir",
             str(folder),
             "--ids",
@@ -312,12 +293,7 @@ def test_model_judge_and_aligner_through_the_cli(
     tasks_file, gold_dir = ws_paths
     write_trial(tmp_path / "t", tasks_file, gold_dir, ["ws_en_093"])  # newline cells: exact judge fails them
     args = [
-        "eval",
-        "score",
-        "--tasks",
-        str(tasks_file),
-        "--gold-dir",
-        str(gold_dir),
+        *score_argv(tasks_file, gold_dir),
         "--pred-dir",
         str(tmp_path / "t"),
         "--judge",
@@ -346,12 +322,7 @@ def test_unwritable_out_is_a_run_error(
     blocker.write_text("not a folder", encoding="utf-8")
     code = main(
         [
-            "eval",
-            "score",
-            "--tasks",
-            str(tasks_file),
-            "--gold-dir",
-            str(gold_dir),
+            *score_argv(tasks_file, gold_dir),
             "--pred-dir",
             str(tmp_path / "t"),
             "--out",
@@ -370,12 +341,7 @@ def test_stray_answer_files_are_reported(
     write_trial(tmp_path / "t", tasks_file, gold_dir, IDS[:1])
     (tmp_path / "t" / "ws_en_9999.md").write_text("| a |", encoding="utf-8")
     args = [
-        "eval",
-        "score",
-        "--tasks",
-        str(tasks_file),
-        "--gold-dir",
-        str(gold_dir),
+        *score_argv(tasks_file, gold_dir),
         "--pred-dir",
         str(tmp_path / "t"),
     ]
@@ -441,12 +407,7 @@ def test_model_judge_over_http_sends_official_prompt_at_temperature_zero(
         monkeypatch.setenv("AMAPREDUCE_API_BASE", server.base_url)
         out = tmp_path / "o.json"
         args = [
-            "eval",
-            "score",
-            "--tasks",
-            str(tasks_file),
-            "--gold-dir",
-            str(gold_dir),
+            *score_argv(tasks_file, gold_dir),
             "--pred-dir",
             str(tmp_path / "t"),
         ]

@@ -62,9 +62,8 @@ def run(
 
     For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/.
     """
-    from amapreduce._atomic import atomic_write
     from amapreduce.decision.model import load_decision
-    from amapreduce.run.execute import run_decision, usage_json
+    from amapreduce.run.execute import run_decision, usage_json, write_outputs
     from amapreduce.run.wiring import require_model
     from amapreduce.settings import load_settings
 
@@ -73,10 +72,7 @@ def run(
     require_model(settings)
     outcome = run_decision(decision, settings, label=Path(decision_file).stem, show_progress=None if not as_json else False)
     result = outcome.result
-    if out is not None:
-        atomic_write(out, result.markdown() + "\n")
-    if csv_out is not None:
-        atomic_write(csv_out, result.csv())
+    write_outputs(result.table, result.markdown(), out=out, csv_out=csv_out)
     if as_json:
         typer.echo(
             json.dumps(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from amapreduce.decision.columns import Column
-from amapreduce.errors import BatchTimeout, BudgetExceeded, SolverError
+from amapreduce.errors import BatchTimeout, BudgetExceeded, SolverError, find_cause
 from amapreduce.llm.usage import Usage
 
 if TYPE_CHECKING:
@@ -63,16 +63,6 @@ class BatchSolver(Protocol):
     def solve(self, request: BatchRequest) -> SolverReply:
         """Run one attempt; raise `SolverError`/`BatchTimeout` (or any exception) on failure."""
         ...
-
-
-def _cause(exc: BaseException, kind: type[BudgetExceeded]) -> BudgetExceeded | None:
-    """The first `kind` in `exc`'s cause/context chain (smolagents wraps model errors)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, kind):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 class SmolagentsSolver:
@@ -133,7 +123,7 @@ class SmolagentsSolver:
         try:
             result = agent.run(request.prompt, return_full_result=True)
         except AgentError as exc:
-            budget = _cause(exc, BudgetExceeded)
+            budget = find_cause(exc, BudgetExceeded)
             if budget is not None:
                 raise budget from None
             if request.cancel.is_set() or time.monotonic() > request.deadline:

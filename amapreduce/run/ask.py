@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amapreduce.errors import BudgetExceeded, RunCancelled
+from amapreduce.errors import BudgetExceeded, RunCancelled, find_cause
 from amapreduce.run.execute import finish_run
 from amapreduce.run.progress import RunProgress
 from amapreduce.run.rundir import RunDir
@@ -44,15 +44,6 @@ class AskOutcome:
     meter: UsageMeter
     record: dict[str, Any]
     tool: MapReduceTool
-
-
-def _stop_reason(exc: BaseException) -> BaseException | None:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, BudgetExceeded | RunCancelled):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 def _completeness(tool: MapReduceTool, table: Table) -> dict[str, Any]:
@@ -129,7 +120,7 @@ def run_ask(
             try:
                 answer = manager.run(query)
             except AgentError as exc:
-                reason = _stop_reason(exc)
+                reason = find_cause(exc, BudgetExceeded, RunCancelled)
                 status = f"stopped: {reason}" if reason is not None else f"stopped: manager failed: {exc}"
             except KeyboardInterrupt as exc:
                 status, interrupted = "stopped: interrupted", exc

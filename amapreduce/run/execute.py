@@ -7,8 +7,10 @@ DocETL/LOTUS map operation, and the building block the manager's runs share.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from amapreduce._atomic import atomic_write
 from amapreduce.errors import RunCancelled
 from amapreduce.run.progress import RunProgress
 from amapreduce.run.rundir import RunDir
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.mapreduce.result import MapReduceResult
 
-__all__ = ["RunOutcome", "finish_run", "run_decision", "usage_json"]
+__all__ = ["RunOutcome", "finish_run", "run_decision", "usage_json", "write_outputs"]
 
 
 @dataclass(kw_only=True)
@@ -50,6 +52,14 @@ def usage_json(meter: UsageMeter) -> dict[str, Any]:
         "completion_tokens": total.output_tokens,
         "cost_usd": round(total.cost_usd, 6),
     }
+
+
+def write_outputs(table: Table, markdown: str, *, out: Path | None, csv_out: Path | None) -> None:
+    """Write the `--out` markdown and `--csv` copies a user asked for (atomically)."""
+    if out is not None:
+        atomic_write(out, markdown + "\n")
+    if csv_out is not None:
+        atomic_write(csv_out, to_csv(table))
 
 
 def finish_run(
