@@ -22,9 +22,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 block_model_requests()
 
 # Property tests explore new examples locally; in CI they replay a fixed, reproducible set.
-settings.register_profile("ci", derandomize=True, database=None)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+# Neither has a per-example deadline: tests never depend on wall-clock time (a loaded CI machine
+# must not turn a slow example into a failure).
+settings.register_profile("local", deadline=None)
+settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"

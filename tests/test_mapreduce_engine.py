@@ -118,7 +118,7 @@ def test_timed_out_attempt_is_abandoned_and_retried() -> None:
         return json.dumps([{"task": 1, "capital": "Bern"}])
 
     solver = FnSolver(answer)
-    result = run({"task_matrix": [["CH"]], "template": "__0__", "json_schema": ["country", "capital"]}, solver, batch_timeout_s=0.2)
+    result = run({"task_matrix": [["CH"]], "template": "__0__", "json_schema": ["country", "capital"]}, solver, batch_timeout_s=1.0)
     assert [a.outcome for a in result.attempts] == ["timeout", "ok"]
     assert solver.requests[0].cancel.is_set()
     assert "deadline" in solver.requests[1].prompt

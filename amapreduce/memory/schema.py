@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from amapreduce._sqlite import enable_wal
 from amapreduce.errors import RunError
 
 __all__ = [
@@ -160,8 +161,7 @@ def connect(folder: Path, *, create: bool = True, readonly: bool = False) -> sql
             )
         if readonly:
             return conn
-        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            conn.execute("PRAGMA journal_mode = WAL")
+        enable_wal(conn, timeout_s=BUSY_TIMEOUT_MS / 1000)
         conn.execute("PRAGMA synchronous = NORMAL")
         if version < SCHEMA_VERSION:
             _migrate(conn)

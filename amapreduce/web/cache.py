@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict
 
+from amapreduce._sqlite import enable_wal
 from amapreduce.errors import RunError
 
 __all__ = ["CACHE_FILE", "CacheStats", "WebCache", "normalize_url"]
@@ -110,7 +111,7 @@ class WebCache:
             # which for a cache just means a few re-fetches. It makes each write ~4x cheaper.
             conn.execute("PRAGMA synchronous=NORMAL")
             if not self._ready:
-                conn.execute("PRAGMA journal_mode=WAL")
+                enable_wal(conn)
                 conn.executescript(_SCHEMA)
                 self._ready = True
             yield conn
