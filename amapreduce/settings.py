@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from amapreduce.errors import ConfigError
 
@@ -69,6 +69,12 @@ class Settings(BaseModel):
     allow_private_urls: bool = False
     """Let `crawl_page` reach loopback/private addresses; cloud metadata stays refused
     (`AMAPREDUCE_ALLOW_PRIVATE_URLS`)."""
+    allowed_domains: tuple[str, ...] = ()
+    """When not empty, `crawl_page` may fetch only these domains and their subdomains (an IP-literal
+    URL only when its address is listed); comma-separated in `AMAPREDUCE_ALLOWED_DOMAINS`."""
+    denied_domains: tuple[str, ...] = ()
+    """Domains (and their subdomains) `crawl_page` never fetches; beats the allow list;
+    comma-separated in `AMAPREDUCE_DENIED_DOMAINS`."""
     crawl_max_chars: int = Field(default=20_000, ge=100)
     """Character budget of one crawled page's text (`AMAPREDUCE_CRAWL_MAX_CHARS`)."""
     search_min_interval_s: float = Field(default=1.0, ge=0)
@@ -107,6 +113,15 @@ class Settings(BaseModel):
     """Agent steps per sub-agent attempt (`AMAPREDUCE_SUBAGENT_MAX_STEPS`)."""
     manager_max_steps: int = Field(default=30, ge=1)
     """Agent steps of the manager (`AMAPREDUCE_MANAGER_MAX_STEPS`)."""
+
+    @field_validator("allowed_domains", "denied_domains", mode="before")
+    @classmethod
+    def _split_domains(cls, value: object) -> object:
+        # Environment values arrive as one comma-separated string; `UrlPolicy` does the rest of
+        # the normalisation (case, `*.` prefixes) so a policy built directly behaves the same.
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
 
 
 def load_settings(

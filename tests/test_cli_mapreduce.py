@@ -56,3 +56,64 @@ def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("amapreduce ")
     assert main(["mapreduce", "plan"]) == 2
     assert main(["no-such-command"]) == 2
+
+
+def test_plan_human_output_prints_user_text_verbatim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rationales, templates and column names are user text: rich markup and emoji codes in them are not applied."""
+    path = tmp_path / "d.json"
+    decision = {
+        "task_matrix": [["a"], ["b"]],
+        "template": "Find [bold]x[/bold] :smile: __0__",
+        "json_schema": ["col[/y]"],
+        "batch_strategy": {"type": "per_atom", "rationale": "see [/x]"},
+    }
+    path.write_text(json.dumps(decision), encoding="utf-8")
+    assert main(["mapreduce", "plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "columns: col[/y]; key: col[/y]" in out
+    assert "see [/x]" in out
+    assert "First sub-query: Find [bold]x[/bold] :smile: a" in out
+
+
+def test_error_with_a_newline_is_printed_on_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from amapreduce.errors import DecisionError
+
+    def broken(path: str) -> None:
+        raise DecisionError("invalid decision: foo\nbar: unknown field.")
+
+    monkeypatch.setattr("amapreduce.decision.model.load_decision", broken)
+    assert main(["mapreduce", "plan", str(tmp_path / "d.json")]) == 2
+    assert capsys.readouterr().err == "error: invalid decision: foo bar: unknown field.\n"
+
+
+def test_unknown_key_with_a_newline_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"task_matrix": [["a"]], "template": "__0__", "json_schema": ["a"], "foo\nbar": 1}))
+    assert main(["mapreduce", "plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "'foo\\nbar': unknown field" in err
+
+
+@pytest.mark.parametrize("kind", ["long name", "symlink loop", "deep nesting"])
+def test_unreadable_files_exit_2_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    path = tmp_path / "d.json"
+    if kind == "long name":
+        path = tmp_path / ("x" * 300 + ".json")
+    elif kind == "symlink loop":
+        (tmp_path / "a").symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(tmp_path / "a")
+        path = tmp_path / "a"
+    else:
+        path.write_text("[" * 200_000 + "]" * 200_000, encoding="utf-8")
+    assert main(["mapreduce", "plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_utf8_bom_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "d.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"task_matrix": [["a"]], "template": "__0__", "json_schema": ["a"]}).encode())
+    assert main(["mapreduce", "plan", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_rows"] == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,19 @@ def make(**over: Any) -> dict[str, Any]:
         ({"matrix_columns": ["country"]}, r"matrix_columns has 1 entries but task_matrix rows have 2 cells"),
         ({"matrix_columns": ["country", "country"]}, r"maps two matrix columns to the same output column"),
         ({"surprise": True}, r"surprise: unknown field; allowed decision fields are"),
+        # An unknown field inside the strategy lists that strategy's (or group's) fields, not the decision's.
+        ({"batch_strategy": {"type": "per_atom", "extra": 1}}, r"per_atom\.extra: unknown field; allowed per_atom batch_strategy fields are rationale, type\.$"),
+        ({"batch_strategy": {"type": "by_attr", "attribute_index": 0, "q": 1}}, r"allowed by_attr batch_strategy fields are attribute_index, .*max_group_size"),
+        ({"batch_strategy": {"type": "open", "groupz": []}}, r"open\.groupz: unknown field; allowed open batch_strategy fields are .*chunk_size, groups"),
+        ({"batch_strategy": {"type": "open", "groups": [{"indices": [0], "zz": 1}]}}, r"groups\.0\.zz: unknown field; allowed open group fields are attribute_index, .*indices, .*shared_context\.$"),
+        ({"batch_strategy": {"rationale": "x"}}, r"batch_strategy: batch strategy has no `type`; give one of 'per_atom'"),
+        # JSON booleans are not integers, even though Python's bool is one.
+        ({"batch_size": True}, r"batch_size: expected a whole number, got the boolean true"),
+        ({"rows_per_task": False}, r"rows_per_task: expected a whole number, got the boolean false"),
+        ({"batch_strategy": {"type": "by_attr", "attribute_index": True}}, r"by_attr\.attribute_index: expected a whole number"),
+        ({"batch_strategy": {"type": "by_attr", "attribute_index": 0, "max_group_size": True}}, r"max_group_size: expected a whole number"),
+        ({"batch_strategy": {"type": "open", "chunk_size": True}}, r"open\.chunk_size: expected a whole number"),
+        ({"batch_strategy": {"type": "open", "groups": [{"indices": [0, True]}]}}, r"groups\.0\.indices\.1: expected a whole number"),
     ],
 )
 def test_invalid_decisions_name_the_problem(override: dict[str, Any], pattern: str) -> None:
@@ -138,3 +152,66 @@ def test_example_decision_is_valid(repo_root: Path) -> None:
     d = load_decision(repo_root / "examples" / "decision.json")
     assert d.keys == ("country",)
     assert isinstance(d.batch_strategy, ByAttr)
+
+
+def test_integer_fields_still_accept_integral_text() -> None:
+    """Only booleans are refused: `"2"` from a model still means 2 (pydantic's lax int)."""
+    assert Decision.parse(make(batch_size="2", rows_per_task=3)).batch_size == 2
+
+
+def test_unknown_key_with_a_newline_stays_on_one_line() -> None:
+    with pytest.raises(DecisionError) as info:
+        Decision.parse(make(**{"foo\nbar": 1}))
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith("invalid decision: 'foo\\nbar': unknown field; allowed decision fields")
+
+
+def test_utf8_bom_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(make()).encode("utf-8"))
+    assert len(load_decision(path).task_matrix) == 3
+
+
+def _unreadable(tmp_path: Path, kind: str) -> Path:
+    if kind == "name too long":
+        return tmp_path / ("x" * 300 + ".json")
+    if kind == "symlink loop":
+        os.symlink(tmp_path / "b", tmp_path / "a")
+        os.symlink(tmp_path / "a", tmp_path / "b")
+        return tmp_path / "a"
+    if kind == "directory":
+        return tmp_path
+    path = tmp_path / "d.json"
+    if kind == "deep nesting":
+        path.write_text("[" * 200_000 + "]" * 200_000, encoding="utf-8")
+    elif kind == "huge integer":
+        path.write_text('{"batch_size": ' + "1" * 5000 + "}", encoding="utf-8")
+    else:  # not UTF-8
+        path.write_bytes(b"\xff\xfe{}")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "pattern"),
+    [
+        ("name too long", r"cannot read decision file .*File name too long"),
+        ("symlink loop", r"cannot read decision file .*symbolic links"),
+        ("directory", r"cannot read decision file .*Is a directory"),
+        ("deep nesting", r"cannot be read as a decision: it is nested too deeply"),
+        ("huge integer", r"cannot be read as a decision: Exceeds the limit"),
+        ("not utf-8", r"cannot read decision file .*can't decode byte 0xff"),
+    ],
+)
+def test_unreadable_files_raise_decision_error(tmp_path: Path, kind: str, pattern: str) -> None:
+    """Every way a file can fail to read is a `DecisionError` (exit 2 in the CLI), never a traceback."""
+    with pytest.raises(DecisionError, match=pattern) as info:
+        load_decision(_unreadable(tmp_path, kind))
+    assert "\n" not in str(info.value)
+
+
+def test_deeply_nested_data_is_a_decision_error() -> None:
+    nested: list[Any] = []
+    for _ in range(100_000):
+        nested = [nested]
+    with pytest.raises(DecisionError, match="nested too deeply"):
+        Decision.parse(make(json_schema={"properties": {"country": nested, "continent": {}}}))

@@ -14,7 +14,6 @@ from amapreduce.evaluation.loaders import gold_as_markdown, load_gold, load_task
 IDS = ["ws_en_013", "ws_en_018", "ws_en_022"]
 
 
-
 def score_argv(tasks_file: Path, gold_dir: Path) -> list[str]:
     """The `eval score --tasks ... --gold-dir ...` prefix every CLI test shares."""
     return ["eval", "score", "--tasks", str(tasks_file), "--gold-dir", str(gold_dir)]

@@ -134,3 +134,36 @@ def test_b6_unparseable_dates_no_longer_match_each_other() -> None:
         results.append(score_table(task, gold, answer, cfg))
     assert results[0].score == 1.0  # "not yet" vs "unknown": both unparseable -> 1 officially
     assert results[1].precision_by_row == 0.5
+
+
+def test_b11_table_without_fence_or_separator_is_still_found(ws: tuple[dict[str, TaskSpec], Path]) -> None:
+    """The official pipe fallback reads an unfenced table with no `|---|` line; so must --corrected."""
+    tasks, gold_dir = ws
+
+    def bare(gold: GoldTable, *, outer: bool = True) -> str:
+        lines = [
+            line
+            for line in gold_as_markdown(gold).split("\n")
+            if not line.startswith(FENCE) and not line.startswith("|---")
+        ]
+        if not outer:
+            lines = [line.strip().strip("|").strip() for line in lines]
+        return "Here is the table:\n" + "\n".join(lines) + "\n\nSources: a | b\n"
+
+    official, fixed = both(tasks["ws_en_018"], gold_dir, bare)
+    assert official.score == 1.0 and fixed.score == 1.0, fixed.msg
+    assert fixed.corrections["B11 table extraction changed"] == 0
+
+    # Without leading pipes the official fallback drops every row's first cell; corrected keeps it.
+    official, fixed = both(tasks["ws_en_018"], gold_dir, lambda gold: bare(gold, outer=False))
+    assert official.score == 0.0 and fixed.score == 1.0, fixed.msg
+    assert fixed.corrections["B11 table extraction changed"] == 1
+
+
+def test_b11_fallback_ignores_prose_pipes() -> None:
+    from amapreduce.evaluation.answer import extract_table_text
+
+    assert extract_table_text("a | b and c | d | e | f", corrected=True) is None  # one line: not a table
+    assert extract_table_text("x | y\n\nno pipes here", corrected=True) is None  # fewer than 4 pipes
+    text = "|---|---|\n| h1 | h2 |\n| 1 | 2 |"
+    assert extract_table_text(text, corrected=True) == "h1|h2\n1|2"

@@ -88,6 +88,16 @@ def test_predictions(tmp_path: Path) -> None:
     )
     with pytest.raises(UserError, match="duplicate prediction"):
         load_predictions_jsonl(jl)
-    jl.write_text('{"instance_id": "a", "trial": 1, "response": "x", "extra": 1}\n', encoding="utf-8")
-    with pytest.raises(UserError, match="p.jsonl:1"):
+    jl.write_text('{"instance_id": "a", "trial": 1, "respons": "x"}\n', encoding="utf-8")
+    with pytest.raises(UserError, match="p.jsonl:1: `response`"):  # a misspelt key is still an error
         load_predictions_jsonl(jl)
+
+
+def test_prediction_lines_may_carry_extra_keys(tmp_path: Path) -> None:
+    """Official / DeepWideSearch output records carry `messages`, `trial_idx`, ...: load them as they are."""
+    jl = tmp_path / "p.jsonl"
+    jl.write_text(
+        '{"instance_id": "a", "trial": 1, "response": "x", "messages": [], "trial_idx": 1, "prediction": "x"}\n',
+        encoding="utf-8",
+    )
+    assert load_predictions_jsonl(jl) == {"1": {"a": "x"}}

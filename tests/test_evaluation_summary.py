@@ -28,7 +28,17 @@ def test_macro_average_of_per_task_mean_max_min() -> None:
     assert table.row_count == 2
     rows = {"a": [{"score": 1.0, "f1_by_row": 1.0, "f1_by_item": 1.0}]}
     per_task = render_per_task(rows, ["trial-1"])
-    assert per_task.row_count == 1 and [c.header for c in per_task.columns] == ["instance_id", "trial-1"]
+    assert per_task.row_count == 1 and [str(c.header) for c in per_task.columns] == ["instance_id", "trial-1"]
+
+
+def test_per_task_table_prints_ids_and_labels_verbatim() -> None:
+    from rich.console import Console
+
+    rows = {"see [/x] :smile:": [{"score": 1.0, "f1_by_row": 1.0, "f1_by_item": 1.0}]}
+    console = Console(record=True, width=200)
+    console.print(render_per_task(rows, ["run[bold]"]))  # markup here used to raise MarkupError
+    text = console.export_text()
+    assert "see [/x] :smile:" in text and "run[bold]" in text
 
 
 def test_details_csv_orders_key_columns_first(tmp_path: Path) -> None:

@@ -72,6 +72,32 @@ def test_guards() -> None:
         tool(**{**ARGS, "task_matrix": [["E002"]]})
 
 
+def test_guard_refusals_are_traced(tmp_path: Path) -> None:
+    """Every call the manager makes shows in the trace, including those the guards turn away."""
+    trace = TraceWriter(tmp_path / "t.jsonl")
+    tool = make_tool(max_calls=2, trace=trace)
+    tool(**ARGS)
+    tool(**ARGS)
+    with pytest.raises(ToolCallRefused, match="at most 2 times"):
+        tool(**{**ARGS, "task_matrix": [["E002"]]})
+    trace.close()
+    calls = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    calls = [e for e in calls if e["event"] == "tool_call"]
+    assert [e["stage"] for e in calls] == ["plan", "execute", "refused"]
+    assert calls[-1]["reason"] == "max_calls" and "at most 2 times" in calls[-1]["error"]
+    assert calls[-1]["args"]["task_matrix"] == [["E002"]]
+
+    trace = TraceWriter(tmp_path / "t2.jsonl")
+    tool = make_tool(plan_stage=False, trace=trace)
+    tool(**ARGS)
+    with pytest.raises(ToolCallRefused, match="already executed"):
+        tool(**ARGS)
+    trace.close()
+    calls = [json.loads(x) for x in (tmp_path / "t2.jsonl").read_text().splitlines()]
+    refused = [e for e in calls if e["event"] == "tool_call" and e["stage"] == "refused"]
+    assert [e["reason"] for e in refused] == ["repeated_args"] and tool.calls == 1
+
+
 def test_invalid_decision_is_refused_without_using_a_call(tmp_path: Path) -> None:
     trace = TraceWriter(tmp_path / "t.jsonl")
     tool = make_tool(trace=trace)

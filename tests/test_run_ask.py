@@ -95,6 +95,15 @@ def test_mapreduce_run_cli_json(server: OpenAICompatibleServer, tmp_path: Path, 
     assert listed[0]["kind"] == "mapreduce_run" and listed[0]["rows"] == 3
 
 
+def test_runs_list_prints_queries_verbatim(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    run = tmp_path / "runs" / "20261121-000000-x"
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(json.dumps({"kind": "ask", "query": "see [/x] :smile:", "status": "complete"}))
+    assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs")]) == 0  # markup here used to raise MarkupError
+    assert "see [/x] :smile:" in capsys.readouterr().out
+
+
 def test_ask_without_model_exits_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AMAPREDUCE_MODEL", raising=False)
     assert main(["ask", "anything"]) == 2

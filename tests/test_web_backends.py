@@ -79,6 +79,21 @@ def test_ddgs_network_down_is_a_clear_error(fake_ddgs: type[FakeDDGS]) -> None:
         DdgsBackend(**NO_WAIT).search("q", 5)
 
 
+def test_ddgs_no_results_is_an_empty_list_not_an_outage(fake_ddgs: type[FakeDDGS]) -> None:
+    # ddgs 9.x raises exactly `DDGSException("No results found.")` when every engine returned nothing.
+    fake_ddgs.script = [ddgs.exceptions.DDGSException("No results found.")]
+    assert DdgsBackend(**NO_WAIT).search("zzqqxx nothing matches", 5) == []
+    assert len(fake_ddgs.calls) == 1  # not retried
+
+
+def test_ddgs_engine_error_is_still_an_error(fake_ddgs: type[FakeDDGS]) -> None:
+    # With an engine failure ddgs raises `DDGSException(err)` with the engine's exception as argument.
+    fake_ddgs.script = [ddgs.exceptions.DDGSException(OSError("[Errno -3] Temporary failure"))] * 3
+    with pytest.raises(BackendError, match=r"`ddgs` search failed.*Temporary failure.*after 3 attempts"):
+        DdgsBackend(**NO_WAIT).search("q", 5)
+    assert len(fake_ddgs.calls) == 3
+
+
 @pytest.fixture
 def api() -> Iterator[LocalServer]:
     with LocalServer({}) as srv:
@@ -105,6 +120,22 @@ def test_searxng_without_json_format_is_explained(api: LocalServer) -> None:
     api.routes["/search"] = send_json({"answers": []})
     with pytest.raises(BackendError, match="json"):
         SearxngBackend(api.url, **NO_WAIT).search("q", 5)
+
+
+def test_searxng_instances_have_their_own_cache_keys_and_limiters(tmp_path: Path) -> None:
+    from amapreduce.web.cache import WebCache
+    from amapreduce.web.service import WebService
+
+    cache = WebCache(tmp_path / "c.sqlite3", ttl_s=3600)
+    with LocalServer({"/search": send_json({"results": [{"url": "https://a.example/", "title": "A"}]})}) as a, \
+            LocalServer({"/search": send_json({"results": [{"url": "https://b.example/", "title": "B"}]})}) as b:
+        first, second = SearxngBackend(a.url, **NO_WAIT), SearxngBackend(b.url + "/", **NO_WAIT)
+        assert (first.name, second.name) == (f"searxng:{a.url}", f"searxng:{b.url}")
+        assert WebService(first, cache=cache).search("same query", 3)[0].url == "https://a.example/"
+        assert WebService(second, cache=cache).search("same query", 3)[0].url == "https://b.example/"
+        assert WebService(first, cache=cache).search("same query", 3)[0].url == "https://a.example/"
+    assert (len(a.requests), len(b.requests)) == (1, 1)
+    assert SearxngBackend("http://user:pw@s.example:8888/").name == "searxng:http://s.example:8888"
 
 
 def test_serper_request_and_parsing(api: LocalServer) -> None:

@@ -16,7 +16,8 @@ from amapreduce.sandbox import sandbox_world
 @pytest.fixture(autouse=True)
 def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for var in ("AMAPREDUCE_SEARCH_BACKEND", "AMAPREDUCE_ALLOW_PRIVATE_URLS", "SERPER_API_KEY",
-                "AMAPREDUCE_SERPER_API_KEY", "AMAPREDUCE_CACHE_TTL_S", "AMAPREDUCE_CRAWL_MAX_CHARS"):
+                "AMAPREDUCE_SERPER_API_KEY", "AMAPREDUCE_CACHE_TTL_S", "AMAPREDUCE_CRAWL_MAX_CHARS",
+                "AMAPREDUCE_ALLOWED_DOMAINS", "AMAPREDUCE_DENIED_DOMAINS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AMAPREDUCE_CACHE_DIR", str(tmp_path / "cache"))
 
@@ -65,6 +66,29 @@ def test_crawl_refused_url_exits_nonzero_with_one_line(capsys: pytest.CaptureFix
     assert srv.requests == []
     assert main(["crawl", "http://169.254.169.254/", "--allow-private-urls"]) != 0
     assert "metadata" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["http://[::1/", "http://example.com:99999/"])
+def test_crawl_malformed_url_is_one_line_not_a_traceback(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crawl", url]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refused URL" in err and "Traceback" not in err
+
+
+def test_crawl_domain_lists_from_flags_and_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with LocalServer({"/page": send(body=ARTICLE)}) as srv:
+        base = ["crawl", srv.url + "/page", "--allow-private-urls"]
+        assert main([*base, "--allow-domain", "example.com"]) == 1  # an IP-literal host is not on the list
+        assert "not on the allow list (example.com)" in capsys.readouterr().err
+        assert main([*base, "--allow-domain", "example.com", "--allow-domain", "127.0.0.1", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["title"] == "Local Test Page"
+        monkeypatch.setenv("AMAPREDUCE_DENIED_DOMAINS", "example.org, 127.0.0.1")
+        assert main(base) == 1
+        assert "deny list" in capsys.readouterr().err
+        assert main([*base, "--deny-domain", "example.org", "--json"]) == 0  # the flag replaces the variable
+    assert len(srv.requests) == 1  # the second success is a cache hit, re-checked by the current lists
 
 
 def test_crawl_corpus_url_and_text_output(world: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from amapreduce.errors import ConfigError
-from amapreduce.web.corpus import CorpusIndex, build_corpus_index, split_corpus_url
+from amapreduce.web.corpus import CorpusIndex, build_corpus_index, iter_corpus_files, split_corpus_url
 
 
 @pytest.fixture
@@ -38,6 +38,15 @@ def test_index_titles_urls_and_search(docs: Path, tmp_path: Path) -> None:
     assert doc is not None and doc.title == "No title tag"
     assert index.get("corpus://demo/image.png") is None
     assert index.get("corpus://demo/.hidden.txt") is None
+
+
+def test_hidden_folders_are_not_indexed(docs: Path, tmp_path: Path) -> None:
+    for hidden in (".venv/lib/pkg", ".git", "sub/.cache"):
+        (docs / hidden).mkdir(parents=True, exist_ok=True)
+        (docs / hidden / "LICENSE.txt").write_text("Permission is hereby granted, free of charge")
+    files = [rel for _, rel in iter_corpus_files([docs])]
+    assert files == ["berlin.txt", "page.htm", "paris.html", "sub/tokyo.md"]
+    assert build_corpus_index([docs], tmp_path / "idx", name="demo").documents == 4
 
 
 def test_queries_with_syntax_characters_do_not_fail(docs: Path, tmp_path: Path) -> None:

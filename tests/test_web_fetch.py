@@ -278,3 +278,26 @@ def test_pinned_addresses_are_tried_in_order(server: LocalServer) -> None:
     assert got.status == 200
     with pytest.raises(FetchFailed, match="could not fetch"):
         fetch(f"http://multi.invalid:{port}/page", PRIVATE, resolver=lambda host, p: ["::1"])
+
+
+def test_every_hop_is_recorded_with_its_checked_addresses(server: LocalServer) -> None:
+    server.routes["/r1"] = redirect("/page")
+    got = fetch(server.url + "/r1", PRIVATE)
+    assert [(h.url, h.addresses) for h in got.hops] == [
+        (server.url + "/r1", ("127.0.0.1",)), (server.url + "/page", ("127.0.0.1",))]
+
+
+def test_malformed_redirect_location_is_refused_not_raised_raw() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(302, headers={"Location": "http://a]b/"})  # httpx accepts it, urljoin raises
+
+    with pytest.raises(UrlRefused, match=r"refused redirect .*Invalid IPv6 URL"):
+        fetch("http://public.example/start", UrlPolicy(), resolver=lambda host, port: ["93.184.216.34"],
+              transport=httpx.MockTransport(handler))
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_url_that_httpx_rejects_is_refused_not_raised_raw(pinned: bool) -> None:
+    transport = None if pinned else httpx.MockTransport(lambda request: httpx.Response(200))
+    with pytest.raises(UrlRefused, match="Invalid IPv6 address"):  # urllib accepts `[v1.x]`, httpx does not
+        fetch("http://[v1.x]/", UrlPolicy(), resolver=lambda host, port: ["93.184.216.34"], transport=transport)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from amapreduce.errors import RunError
+from amapreduce.settings import load_settings
 from amapreduce.web.policy import UrlPolicy, UrlRefused, address_problem, parse_ip_literal
+from amapreduce.web.service import WebService
 
 PUBLIC = lambda host, port: ["93.184.216.34"]  # noqa: E731  (a fake resolver: every name is public)
 
@@ -60,7 +63,8 @@ def test_public_url_passes_with_its_addresses() -> None:
 
 
 @pytest.mark.parametrize("url", ["ftp://example.com/", "file:///etc/passwd", "javascript:alert(1)", "example.com",
-                                 "http:///nohost", "http://user:pw@example.com/"])
+                                 "http:///nohost", "http://user:pw@example.com/", "http://[::1/", "http://[::1]x/",
+                                 "http://example.com:99999/", "http://example.com/a\x01b"])
 def test_bad_schemes_hosts_and_credentials(url: str) -> None:
     with pytest.raises(UrlRefused):
         UrlPolicy().check(url, PUBLIC)
@@ -75,6 +79,45 @@ def test_domain_lists() -> None:
         policy.check("http://example.com/", PUBLIC)
     with pytest.raises(UrlRefused, match="allow list"):
         policy.check("http://notexample.org/", PUBLIC)  # suffix match is on label boundaries
+
+
+def test_malformed_url_is_refused_with_one_line_not_a_value_error() -> None:
+    with pytest.raises(UrlRefused, match=r"refused URL 'http://\[::1/': Invalid IPv6 URL\. Check the URL\."):
+        UrlPolicy().check("http://[::1/", PUBLIC)
+
+
+def test_domain_lists_apply_to_ip_literal_hosts() -> None:
+    allow = UrlPolicy(allowed_domains=("example.com",))
+    for url in ("http://93.184.216.34/", "http://0x5db8d822/", "http://[2606:2800:220:1::]/"):
+        with pytest.raises(UrlRefused, match="address .* is not on the allow list"):
+            allow.check(url, PUBLIC)
+    assert allow.check("http://www.example.com/", PUBLIC).host == "www.example.com"
+    listed = UrlPolicy(allowed_domains=("example.com", "93.184.216.34"))
+    assert listed.check("http://1572395042/", PUBLIC).addresses == ("93.184.216.34",)  # any spelling of it
+    with pytest.raises(UrlRefused, match="deny list"):
+        UrlPolicy(denied_domains=("93.184.216.34",)).check("http://93.184.216.34/", PUBLIC)
+    with pytest.raises(UrlRefused, match="deny list"):  # deny beats allow
+        UrlPolicy(allowed_domains=("93.184.216.34",), denied_domains=("93.184.216.34",)).check(
+            "http://93.184.216.34/", PUBLIC)
+
+
+def test_domain_lists_are_normalised() -> None:
+    policy = UrlPolicy(allowed_domains=" Example.ORG, *.wiki.test ,, .news.test. ", denied_domains=["BAD.example.org"])
+    assert policy.allowed_domains == ("example.org", "wiki.test", "news.test")
+    assert policy.denied_domains == ("bad.example.org",)
+    assert policy.check("http://en.wiki.test/", PUBLIC).host == "en.wiki.test"
+    with pytest.raises(UrlRefused, match="deny list"):
+        policy.check("http://bad.example.org/", PUBLIC)
+
+
+def test_domain_lists_come_from_settings_and_the_environment(tmp_path: Path) -> None:
+    settings = load_settings({"AMAPREDUCE_ALLOWED_DOMAINS": "example.org, wiki.test",
+                              "AMAPREDUCE_DENIED_DOMAINS": "bad.example.org",
+                              "AMAPREDUCE_CACHE_DIR": str(tmp_path)})
+    assert settings.allowed_domains == ("example.org", "wiki.test")
+    policy = WebService.from_settings(settings, backend="ddgs").policy
+    assert (policy.allowed_domains, policy.denied_domains) == (("example.org", "wiki.test"), ("bad.example.org",))
+    assert load_settings({}).allowed_domains == ()
 
 
 def test_unresolvable_host_is_a_run_error() -> None:

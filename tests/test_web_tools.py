@@ -112,6 +112,13 @@ def test_crawl_tool_errors_reach_the_model_as_one_line(world: Any) -> None:
             private(url=srv.url + "/missing")
 
 
+@pytest.mark.parametrize("url", ["http://[::1/", "http://[v1.x]/"])
+def test_crawl_tool_refuses_a_malformed_url_with_one_line(url: str) -> None:
+    tool = CrawlPageTool(WebService(CountingBackend(), resolver=lambda host, port: ["93.184.216.34"]))
+    with pytest.raises(ToolCallRefused, match="refused URL .*Check the URL"):
+        tool(url=url)
+
+
 def test_web_search_tool_output_and_empty_query(world: Any) -> None:
     tool = WebSearchTool(WebService.from_settings(Settings(cache_dir=world.index_dir.parent / "c"),
                                                   backend=f"corpus:{world.index_dir}"))

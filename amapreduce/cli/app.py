@@ -71,6 +71,15 @@ def _register() -> None:
 _register()
 
 
+def _one_line(exc: BaseException) -> str:
+    """The error message on one line.
+
+    Why: messages quote user and model text (field names, paths, cell values) that may hold
+    newlines, and the contract is one line on stderr, which scripts read with `head -1`.
+    """
+    return " ".join(str(exc).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI with `argv` (default: `sys.argv[1:]`) and return the exit code.
 
@@ -95,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             typer.echo(f"error: {exc}", err=True)
         return int(getattr(exc, "exit_code", EXIT_USAGE))
     except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {_one_line(exc)}", err=True)
         return EXIT_USAGE
     except (RunError, AmapreduceError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {_one_line(exc)}", err=True)
         return EXIT_RUN_ERROR
     return int(result) if isinstance(result, int) else EXIT_OK
 

@@ -96,10 +96,13 @@ def runs_list(
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table("run", "kind", "rows", "missing", "cost $", "status", "query")
     for r in rows:
-        table.add_row(*(str(r.get(k, "")) for k in ("run", "kind", "rows", "missing_cells", "cost_usd", "status")), str(r.get("query", ""))[:60])
+        # Text, not str: a query such as "see [/x]" is user text, never rich markup.
+        cells = [str(r.get(k, "")) for k in ("run", "kind", "rows", "missing_cells", "cost_usd", "status")]
+        table.add_row(*(Text(c) for c in [*cells, str(r.get("query", ""))[:60]]))
     Console().print(table)
 
 

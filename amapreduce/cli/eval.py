@@ -51,6 +51,28 @@ def _client(model: str, settings: Settings, api_base: str | None) -> Any:
     )
 
 
+def _check_deepwide_only(benchmark: str, protocol: str, entity_judge: str) -> None:
+    """Reject DeepWideSearch-only choices with WideSearch instead of ignoring or half-applying them.
+
+    Why an error: WideSearch has no entity check and one protocol, so `--protocol amapreduce`
+    or a model `--entity-judge` there would either do nothing or (for the judge scores) make
+    the run differ from the official WideSearch scorer without saying so. The defaults
+    (`aidc`, `substring`) stay accepted, so a command that spells them out keeps working.
+    """
+    if benchmark != "widesearch":
+        return
+    if protocol != "aidc":
+        raise UserError(
+            f"--protocol is a DeepWideSearch option, got --protocol {protocol} with --benchmark widesearch. "
+            "Drop --protocol, or use --benchmark deepwidesearch."
+        )
+    if entity_judge != "substring":
+        raise UserError(
+            f"--entity-judge is a DeepWideSearch option, got --entity-judge {entity_judge} with "
+            "--benchmark widesearch. Drop --entity-judge, or use --benchmark deepwidesearch."
+        )
+
+
 def _options(
     benchmark: str,
     judge: str,
@@ -78,12 +100,18 @@ def _options(
     for flag, value in (("--judge", judge), ("--align", align), ("--entity-judge", entity_judge)):
         if not value.strip():
             raise UserError(f"{flag} must not be empty. Use a stand-in name or a model id.")
+    _check_deepwide_only(benchmark, protocol, entity_judge)
+    # Only the AMapReduce DeepWideSearch copy rounds judge scores and parses replies leniently.
+    amapreduce_copy = benchmark == "deepwidesearch" and protocol == "amapreduce"
     settings = load_settings()
     column_judge: judges.ColumnJudge = (
         judges.ExactJudge()
         if judge == "exact"
         else judges.ModelJudge(
-            _client(judge, settings, api_base), chunk_size=chunk_size, normalize=protocol == "amapreduce"
+            _client(judge, settings, api_base),
+            chunk_size=chunk_size,
+            normalize=amapreduce_copy,
+            lenient=amapreduce_copy,
         )
     )
     aligner: judges.Aligner
@@ -92,7 +120,7 @@ def _options(
     elif align == "norm":
         aligner = judges.NormAligner()
     else:
-        aligner = judges.ModelAligner(_client(align, settings, api_base))
+        aligner = judges.ModelAligner(_client(align, settings, api_base), lenient=amapreduce_copy)
     entity: judges.EntityJudge = (
         judges.SubstringEntityJudge()
         if entity_judge == "substring"
@@ -120,8 +148,21 @@ def _trials(pred_dirs: list[Path], pred_jsonl: Path | None, candidate_ids: list[
     if not pred_dirs and pred_jsonl is None:
         raise UserError("no predictions given. Pass --pred-dir TRIAL_DIR (repeatable) or --pred-jsonl FILE.")
     if pred_jsonl is not None:
-        return [Trial(label, answers) for label, answers in load_predictions_jsonl(pred_jsonl).items()]
+        by_trial = load_predictions_jsonl(pred_jsonl)
+        return [Trial(label, by_trial[label]) for label in _trial_order(list(by_trial))]
     return [Trial(str(d), load_predictions_dir(d, candidate_ids)) for d in pred_dirs]
+
+
+def _trial_order(labels: list[str]) -> list[str]:
+    """`--pred-jsonl` trials sorted by id: numerically when every id is an integer, else as text.
+
+    Why: the per-task lists of the results JSON are "one per trial"; the file's line order (for
+    example a first task that lacks trial 1) must not decide which position a trial gets.
+    """
+    try:
+        return sorted(labels, key=int)
+    except ValueError:
+        return sorted(labels)
 
 
 def _task_ids(all_ids: list[str], ids: str | None, all_tasks: bool, trials: list[Trial]) -> list[str]:
@@ -156,7 +197,11 @@ def score(
         typer.Option("--pred-dir", help="One trial: a folder of <instance_id>.md answers. Repeatable."),
     ] = None,
     pred_jsonl: Annotated[
-        Path | None, typer.Option("--pred-jsonl", help='Lines {"instance_id", "trial", "response"}.')
+        Path | None,
+        typer.Option(
+            "--pred-jsonl",
+            help='Lines {"instance_id", "trial", "response"} (other keys ignored); trials sorted by id.',
+        ),
     ] = None,
     ids: Annotated[str | None, typer.Option("--ids", help="Comma-separated instance ids to score.")] = None,
     all_tasks: Annotated[
@@ -169,10 +214,10 @@ def score(
         str, typer.Option("--align", help="Header/key alignment: identity | norm | a model id.")
     ] = "identity",
     entity_judge: Annotated[
-        str, typer.Option("--entity-judge", help="DeepWideSearch entity check: substring | a model id.")
+        str, typer.Option("--entity-judge", help="DeepWideSearch only: entity check, substring | a model id.")
     ] = "substring",
     protocol: Annotated[
-        str, typer.Option("--protocol", help="DeepWideSearch protocol: aidc (entity gate) | amapreduce.")
+        str, typer.Option("--protocol", help="DeepWideSearch only: aidc (entity gate) | amapreduce.")
     ] = "aidc",
     judge_chunk_size: Annotated[
         int, typer.Option("--judge-chunk-size", help="Rows per LLM judge call.")
@@ -253,5 +298,5 @@ def score(
     )
     if options.corrected:
         changed = ", ".join(f"{k}: {v}" for k, v in sorted(report.corrections.items()) if v) or "nothing"
-        console.print(f"--corrected changed: {changed}", highlight=False)
-    console.print(f"results written to {out}", highlight=False)
+        console.print(f"--corrected changed: {changed}", highlight=False, markup=False)
+    console.print(f"results written to {out}", highlight=False, markup=False)

@@ -31,20 +31,24 @@ def plan(
         typer.echo(json.dumps(batch_plan.to_json(), ensure_ascii=False))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    # Everything below except our own styling is user or model text (rationales, templates, column
+    # names), so it is escaped: `[/x]` in a rationale must print as written, not crash rich's
+    # markup parser, and `:smile:` must not turn into an emoji.
+    console = Console(emoji=False)
     console.print(
         f"[bold]{batch_plan.num_rows}[/] atomic tasks → [bold]{len(batch_plan.batches)}[/] batches "
-        f"([cyan]{batch_plan.strategy}[/]); columns: {', '.join(decision.column_names)}; "
-        f"key: {', '.join(decision.keys)}"
+        f"([cyan]{escape(batch_plan.strategy)}[/]); columns: {escape(', '.join(decision.column_names))}; "
+        f"key: {escape(', '.join(decision.keys))}"
     )
     table = Table("batch", "rows", "size", "rationale")
     for b in batch_plan.batches:
         shown = ", ".join(str(i) for i in b.indices[:12]) + (" …" if b.size > 12 else "")
-        table.add_row(b.batch_id, shown, str(b.size), b.rationale)
+        table.add_row(escape(b.batch_id), shown, str(b.size), escape(b.rationale))
     console.print(table)
-    console.print(f"First sub-query: [italic]{decision.task_text(0)}[/]")
+    console.print(f"First sub-query: [italic]{escape(decision.task_text(0))}[/]")
 
 
 @app.command("run")

@@ -52,6 +52,14 @@ def crawl(
         "--allow-private-urls", help="Allow loopback/private addresses (never cloud metadata)."
     )] = False,
     max_chars: Annotated[int | None, typer.Option("--max-chars", help="Character budget of the text.")] = None,
+    allow_domain: Annotated[list[str] | None, typer.Option(
+        "--allow-domain", help="Fetch only this domain and its subdomains (repeatable; replaces "
+        "AMAPREDUCE_ALLOWED_DOMAINS)."
+    )] = None,
+    deny_domain: Annotated[list[str] | None, typer.Option(
+        "--deny-domain", help="Never fetch this domain or its subdomains (repeatable; replaces "
+        "AMAPREDUCE_DENIED_DOMAINS)."
+    )] = None,
     corpus: Annotated[list[Path] | None, typer.Option("--corpus", help="Corpus index for corpus:// URLs (repeatable).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the page as one JSON object.")] = False,
 ) -> None:
@@ -59,7 +67,12 @@ def crawl(
     from amapreduce.settings import load_settings
     from amapreduce.web.service import WebService
 
-    settings = load_settings(allow_private_urls=True if allow_private_urls else None, crawl_max_chars=max_chars)
+    settings = load_settings(
+        allow_private_urls=True if allow_private_urls else None,
+        crawl_max_chars=max_chars,
+        allowed_domains=",".join(allow_domain) if allow_domain else None,
+        denied_domains=",".join(deny_domain) if deny_domain else None,
+    )
     # The search backend is unused by a crawl, but a configured corpus backend makes its
     # corpus:// URLs readable without --corpus.
     backend = settings.search_backend if settings.search_backend.startswith("corpus:") else "ddgs"

@@ -32,7 +32,7 @@ from pydantic import (
 )
 
 from amapreduce.decision.columns import Column, columns_from_schema
-from amapreduce.decision.strategy import ByAttr, OpenStrategy, PerAtom, Strategy
+from amapreduce.decision.strategy import ByAttr, Int, OpenGroup, OpenStrategy, PerAtom, Strategy
 from amapreduce.decision.template import PLACEHOLDER, placeholders, render
 from amapreduce.errors import DecisionError
 from amapreduce.table.keys import normalize_value
@@ -62,13 +62,13 @@ class Decision(BaseModel):
     json_schema: dict[str, Any] | list[Any]
     """Output columns: a JSON schema (`properties` in order) or a list of column names."""
     batch_strategy: Strategy = Field(default_factory=PerAtom)
-    batch_size: int | None = Field(default=None, ge=1)
+    batch_size: Int | None = Field(default=None, ge=1)
     """Tasks per batch for `per_atom` (and the leftover chunk size for `open`)."""
     key_columns: list[str] | None = None
     """Columns that identify a table row (default: the matrix-mapped columns)."""
     matrix_columns: list[str | None] | None = None
     """Output column filled by each matrix column (null: context only). Default: the first K₀ columns."""
-    rows_per_task: int | None = Field(default=None, ge=1)
+    rows_per_task: Int | None = Field(default=None, ge=1)
     """Rows each task must yield when the key is finer than the matrix (e.g. top-10 per year)."""
 
     _columns: tuple[Column, ...] = PrivateAttr(default=())
@@ -290,18 +290,54 @@ class Decision(BaseModel):
             return cls.model_validate(dict(data))
         except ValidationError as exc:
             raise DecisionError(_describe(exc)) from None
+        except RecursionError:
+            raise DecisionError(
+                "invalid decision: it is nested too deeply to read; a decision needs only a few levels "
+                "(a matrix of rows, a schema of columns)."
+            ) from None
+
+
+_STRATEGY_MODELS: dict[str, tuple[str, type[BaseModel]]] = {
+    "per_atom": ("per_atom batch_strategy", PerAtom),
+    "by_attr": ("by_attr batch_strategy", ByAttr),
+    "open": ("open batch_strategy", OpenStrategy),
+}
+
+
+def _owner(loc: tuple[Any, ...]) -> tuple[str, type[BaseModel]]:
+    """The model an unknown field was found in, from the error's location.
+
+    Why: listing the Decision's own fields for a typo inside `batch_strategy` sends the reader
+    to the wrong place. Locations look like `(batch_strategy, open, groups, 0, field)`.
+    """
+    if len(loc) > 2 and loc[0] == "batch_strategy" and loc[1] in _STRATEGY_MODELS:
+        if loc[1] == "open" and len(loc) > 4 and loc[2] == "groups":
+            return "open group", OpenGroup
+        return _STRATEGY_MODELS[loc[1]]
+    return "decision", Decision
+
+
+def _loc_part(part: Any) -> str:
+    # Keys come from the user; quote anything that is not a plain name so a key holding a
+    # newline or a dot cannot break the one-line message or be misread as a path.
+    if isinstance(part, int) or (isinstance(part, str) and part.isidentifier()):
+        return str(part)
+    return repr(part)
 
 
 def _describe(exc: ValidationError) -> str:
     errors = exc.errors(include_url=False)
     first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"] if p not in ("function-after[_check(), Decision]",))
+    loc = ".".join(_loc_part(p) for p in first["loc"] if not str(p).startswith("function-"))
     msg = str(first["msg"]).removeprefix("Value error, ")
     if first["type"] == "union_tag_invalid":
         tag = (first.get("ctx") or {}).get("tag")
         msg = f"unknown batch strategy {tag!r}; use one of 'per_atom', 'by_attr', 'open'"
+    elif first["type"] == "union_tag_not_found":
+        msg = "batch strategy has no `type`; give one of 'per_atom', 'by_attr', 'open'"
     elif first["type"] == "extra_forbidden":
-        msg = "unknown field; allowed decision fields are " + ", ".join(sorted(Decision.model_fields))
+        what, model = _owner(tuple(first["loc"]))
+        msg = f"unknown field; allowed {what} fields are " + ", ".join(sorted(model.model_fields))
     text = f"invalid decision: {loc + ': ' if loc else ''}{msg}."
     if len(errors) > 1:
         text += f" ({len(errors) - 1} more problem(s) after this one.)"
@@ -316,15 +352,28 @@ def load_decision(path: str | Path) -> Decision:
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        # utf-8-sig: editors on Windows save JSON with a byte-order mark; it is not content.
+        text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise DecisionError(f"decision file {str(p)!r} does not exist; check the path.") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise DecisionError(f"cannot read decision file {str(p)!r}: {exc}.") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        # OSError covers a directory, no permission, a name too long, a symlink loop ...;
+        # ValueError a path with a NUL byte. strerror keeps the reason to one line.
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise DecisionError(
+            f"cannot read decision file {str(p)!r}: {reason}; check the path and that it is a readable UTF-8 file."
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DecisionError(
             f"decision file {str(p)!r} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}."
+        ) from None
+    except (RecursionError, ValueError) as exc:
+        # Nesting deeper than Python's recursion limit, or an integer longer than 4300 digits.
+        why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise DecisionError(
+            f"decision file {str(p)!r} cannot be read as a decision: {why}; a decision needs only a few levels "
+            "of nesting and ordinary numbers."
         ) from None
     return Decision.parse(data)

@@ -11,11 +11,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-__all__ = ["ByAttr", "OpenGroup", "OpenStrategy", "PerAtom", "Strategy", "StrategyName"]
+__all__ = ["ByAttr", "Int", "OpenGroup", "OpenStrategy", "PerAtom", "Strategy", "StrategyName"]
 
 StrategyName = Literal["per_atom", "by_attr", "open"]
+
+
+def _reject_bool(value: Any) -> Any:
+    # JSON `true` is a Python bool, which pydantic's lax mode would take as 1: a manager that wrote
+    # `"batch_size": true` almost certainly meant something else, so say so instead of guessing.
+    if isinstance(value, bool):
+        raise ValueError(
+            f"expected a whole number, got the boolean {str(value).lower()}; write a number such as 1"
+        )
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_reject_bool)]
+"""An integer field that refuses JSON booleans (but still accepts `2` written as "2" or 2.0)."""
 
 
 class _Strict(BaseModel):
@@ -34,11 +48,11 @@ class ByAttr(_Strict):
     """Group tasks by the value of one matrix column."""
 
     type: Literal["by_attr"] = "by_attr"
-    attribute_index: int | None = Field(default=None, ge=0)
+    attribute_index: Int | None = Field(default=None, ge=0)
     """0-based matrix column to group by."""
     attribute_name: str | None = None
     """Name of the output column the matrix column fills (see `Decision.matrix_columns`)."""
-    max_group_size: int | None = Field(default=None, ge=1)
+    max_group_size: Int | None = Field(default=None, ge=1)
     """Split a group larger than this into consecutive chunks."""
     group_rationales: dict[str, str] = Field(default_factory=dict)
     """Optional rationale per attribute value."""
@@ -54,9 +68,9 @@ class ByAttr(_Strict):
 class OpenGroup(_Strict):
     """One manager-defined group of tasks."""
 
-    indices: list[int] | None = None
+    indices: list[Int] | None = None
     """0-based task-matrix rows of this group."""
-    attribute_index: int | None = Field(default=None, ge=0)
+    attribute_index: Int | None = Field(default=None, ge=0)
     attribute_name: str | None = None
     attribute_value: str | None = None
     """Take every row (not already grouped) whose attribute column equals this value."""
@@ -78,9 +92,9 @@ class OpenStrategy(_Strict):
 
     type: Literal["open"] = "open"
     groups: list[OpenGroup] = Field(default_factory=list)
-    chunk_size: int | None = Field(default=None, ge=1)
+    chunk_size: Int | None = Field(default=None, ge=1)
     """Chunk size for rows in no group (falls back to the decision's `batch_size`, then 1)."""
-    attribute_index: int | None = Field(default=None, ge=0)
+    attribute_index: Int | None = Field(default=None, ge=0)
     """Default attribute column for groups given by `attribute_value`."""
     attribute_name: str | None = None
     rationale: str | None = None

@@ -69,7 +69,9 @@ def extract_table_text(
 
     With `corrected` (bug B11): the last block is used for both benchmarks, ```` ```md ```` and
     any-case fences count, a table without outer pipes is found by its separator line, and only
-    the separator line right under the header is dropped (a data row of `-` cells is kept).
+    the separator line right under the header is dropped (a data row of `-` cells is kept). An
+    unfenced table without a separator line is still found, as the official fallback finds it,
+    but as whole `|`-containing lines (the last such run of two or more lines).
 
     Returns:
         The text to parse, or None when the official code finds no table at all.
@@ -121,11 +123,36 @@ def _extract_corrected(text: str) -> str | None:
     elif blocks:
         table = [line for line in lines if "|" in line]
     else:
-        return None
+        table = _separatorless_table(text, lines)
     if not table:
         return None
     table[0] = table[0].replace(" ", "").lower()
     return "\n".join("|".join(cell.strip() for cell in _strip_outer_pipes(line).split("|")) for line in table)
+
+
+def _separatorless_table(text: str, lines: list[str]) -> list[str]:
+    """Unfenced table with no separator line: the last run of `|` lines with a header and a row.
+
+    Why: the official pipe fallback accepts such a table (with the same "at least 4 pipes"
+    gate), so the corrected mode must too, or `--corrected` would score 0 where the official
+    scorer scores 1. Unlike the official fallback (B11), a run is made of whole lines that
+    merely *contain* `|`, so rows without a leading pipe keep their first cell. A run of one
+    line (a stray pipe in prose) is not a table. No separator line can follow a `|` line here
+    (the caller found none), so only a separator-like first line is dropped.
+    """
+    if text.count("|") < 4:
+        return []
+    runs: list[list[str]] = [[]]
+    for line in lines:
+        if "|" in line:
+            runs[-1].append(line)
+        elif runs[-1]:
+            runs.append([])
+    candidates = [run for run in runs if len(run) >= 2]
+    if not candidates:
+        return []
+    run = candidates[-1]
+    return run[1:] if _GFM_SEPARATOR_RE.match(run[0]) else run
 
 
 def _strip_outer_pipes(line: str) -> str:

@@ -41,6 +41,7 @@ __all__ = [
     "entity_names",
     "loose_form",
     "parse_json_reply",
+    "parse_json_reply_lenient",
 ]
 
 _JSON_FENCE_RE = re.compile(r"```json\s*(\{.*?\})\s*```", re.DOTALL)
@@ -63,6 +64,34 @@ def parse_json_reply(text: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def parse_json_reply_lenient(text: str) -> dict[str, Any] | None:
+    """The AMapReduce DeepWideSearch `parse_markdown_json` (doc §9, protocol `amapreduce`).
+
+    Why a second parser: that copy accepts replies the official one rejects, and its published
+    numbers depend on it. It tries every ```` ```json ```` object from the last back, then the
+    raw `{...}` objects of the text from the last `{` back; the first that decodes to an object
+    wins. Use `parse_json_reply` for WideSearch and the `aidc` protocol.
+    """
+    for candidate in reversed(_JSON_FENCE_RE.findall(text)):
+        try:
+            value = json.loads(candidate)
+        except (ValueError, RecursionError):  # as the copy's `except Exception`
+            continue
+        if isinstance(value, dict):
+            return value
+    decoder = json.JSONDecoder()
+    start = text.rfind("{")
+    while start != -1:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            value = None
+        if isinstance(value, dict):
+            return value
+        start = text.rfind("{", 0, start)
+    return None
 
 
 class JudgeCache:
@@ -196,14 +225,19 @@ class ModelJudge:
     Args:
         normalize: map scores to 0/1 as the AMapReduce DeepWideSearch copy does; the official
             WideSearch code uses numeric replies as they are.
+        lenient: parse replies with `parse_json_reply_lenient` (the AMapReduce copy) instead of
+            the official last-fence-only `parse_json_reply`.
     """
 
-    def __init__(self, client: ModelClient, *, chunk_size: int = 100, normalize: bool = False) -> None:
+    def __init__(
+        self, client: ModelClient, *, chunk_size: int = 100, normalize: bool = False, lenient: bool = False
+    ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.client = client
         self.chunk_size = chunk_size
         self.normalize = normalize
+        self.parse = parse_json_reply_lenient if lenient else parse_json_reply
         self.name = client.model_id
 
     def _score(self, value: Any) -> float:
@@ -231,7 +265,7 @@ class ModelJudge:
                 for i, (r, t) in enumerate(zip(resp, tgt, strict=True))
             }
             reply = self.client.ask(COLUMN_JUDGE_PROMPT.format(criterion=criterion, response=pairs))
-            scores = parse_json_reply(reply)
+            scores = self.parse(reply)
             if scores is None:
                 out.extend((0.0, "llm judge failed due to parse error") for _ in resp)
                 continue
@@ -282,16 +316,21 @@ class NormAligner:
 
 
 class ModelAligner:
-    """`primary_key_preprocess` through a model: the official prompt with Python list reprs."""
+    """`primary_key_preprocess` through a model: the official prompt with Python list reprs.
 
-    def __init__(self, client: ModelClient) -> None:
+    Args:
+        lenient: parse replies as the AMapReduce copy does (`parse_json_reply_lenient`).
+    """
+
+    def __init__(self, client: ModelClient, *, lenient: bool = False) -> None:
         self.client = client
+        self.parse = parse_json_reply_lenient if lenient else parse_json_reply
         self.name = client.model_id
 
     def align(self, response: list[str], reference: list[str]) -> dict[str, str]:
         """The model's `{origin: transform}` map; an unparseable reply gives `{}` (official)."""
         reply = self.client.ask(KEY_ALIGN_PROMPT.format(response=response, reference=reference))
-        parsed = parse_json_reply(reply)
+        parsed = self.parse(reply)
         if parsed is None:
             return {}
         return {str(k): str(v) for k, v in parsed.items()}

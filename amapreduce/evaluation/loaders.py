@@ -69,9 +69,14 @@ class TaskSpec(BaseModel):
 
 
 class PredictionLine(BaseModel):
-    """One line of a `--pred-jsonl` file."""
+    """One line of a `--pred-jsonl` file.
 
-    model_config = ConfigDict(extra="forbid")
+    Other keys are ignored on purpose: the official WideSearch / DeepWideSearch output records
+    carry `messages`, `trial_idx`, `prediction`, ... next to the three fields scored here, and
+    must load as they are. A misspelt required key still fails (the key is then missing).
+    """
+
+    model_config = ConfigDict(extra="ignore")
 
     instance_id: str
     trial: int | str
@@ -235,7 +240,7 @@ def load_predictions_dir(pred_dir: Path, instance_ids: list[str]) -> dict[str, s
 def load_predictions_jsonl(path: Path) -> dict[str, dict[str, str | None]]:
     """Read `--pred-jsonl` lines `{"instance_id", "trial", "response"}` into `{trial: {id: text}}`.
 
-    Trials keep their first-seen order.
+    Trials keep their first-seen order here; the CLI sorts them by trial id.
 
     Raises:
         UserError: missing file, malformed line, or the same (trial, id) twice.

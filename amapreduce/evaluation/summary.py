@@ -72,13 +72,14 @@ def render_summary(
 def render_per_task(per_task: Mapping[str, Sequence[Mapping[str, Any]]], trial_labels: Sequence[str]) -> Any:
     """A rich table: one row per task, one `SR / row F1 / item F1` cell per trial."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="per task: SR / row F1 / item F1")
     table.add_column("instance_id")
-    for label in trial_labels:
-        table.add_column(label, justify="right")
+    for label in trial_labels:  # ids and labels come from file names: literal text, never markup
+        table.add_column(Text(label), justify="right")
     for iid, trials in per_task.items():
         table.add_row(
-            iid, *(f"{t['score']:.0f} / {t['f1_by_row']:.3f} / {t['f1_by_item']:.3f}" for t in trials)
+            Text(iid), *(f"{t['score']:.0f} / {t['f1_by_row']:.3f} / {t['f1_by_item']:.3f}" for t in trials)
         )
     return table

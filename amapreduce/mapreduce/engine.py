@@ -246,6 +246,7 @@ class MapReduceEngine:
                     if job.future is not None:
                         inflight.pop(job.future, None)
                     self._abandon(job)  # its slot goes to the next attempt; a late result is ignored
+                    executor.replace_stuck_thread()  # the hung thread must not starve queued attempts
                     finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
                 for job, reply, exc in finished:
                     if isinstance(exc, BudgetExceeded):
@@ -260,6 +261,7 @@ class MapReduceEngine:
             if self._cancel.is_set():
                 raise RunCancelled("cancelled")
         except (KeyboardInterrupt, RunCancelled):
+            self._cancel.set()  # queued attempts waiting for a slot must not start after Ctrl-C
             for job in inflight.values():
                 if job.request is not None:
                     job.request.cancel.set()

@@ -1,20 +1,32 @@
-"""Where batch attempts run. The engine only needs `submit` and `shutdown`.
+"""Where batch attempts run. The engine needs `submit`, `replace_stuck_thread` and `shutdown`.
 
 Threads suit the I/O-bound fan-out of sub-agents on a small machine (dependency-notes §8: a
 thread pool runs 100 trivial tasks in 2.3 ms, Ray needs 3–4 s just to start). A distributed
-executor (Ray, dask) later implements the same two methods and hands back
+executor (Ray, dask) later implements the same methods and hands back
 `concurrent.futures.Future`s, so the engine does not change.
+
+Why not `concurrent.futures.ThreadPoolExecutor`: an attempt that passes its deadline is
+abandoned, but a Python thread cannot be killed — a sub-agent blocked inside one model call
+keeps its thread until the call returns. With a fixed-size pool, enough hung attempts hold
+every thread and the queued attempts never start, so the run stalls instead of timing out.
+`ThreadExecutor` therefore starts a fresh thread for each abandoned one (`replace_stuck_thread`);
+its threads are daemons, so a hung call cannot keep the process alive after the run ends.
 """
 
 from __future__ import annotations
 
+import itertools
+import queue
+import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol, TypeVar
+from concurrent.futures import Future
+from typing import Any, Protocol, TypeVar
 
 __all__ = ["Executor", "ThreadExecutor"]
 
 T = TypeVar("T")
+_Item = tuple[Future[Any], Callable[[], Any]]
 
 
 class Executor(Protocol):
@@ -24,25 +36,107 @@ class Executor(Protocol):
         """Schedule `fn` and return its future."""
         ...
 
+    def replace_stuck_thread(self) -> None:
+        """An abandoned job still holds a worker: add one so queued jobs keep flowing.
+        Executors without a fixed set of workers do nothing."""
+        ...
+
     def shutdown(self, *, cancel: bool) -> None:
         """Release resources; with `cancel`, drop jobs not yet started and do not wait."""
         ...
 
 
 class ThreadExecutor:
-    """A thread pool. `threads` should exceed the engine's `workers` a little: an attempt that
-    timed out is abandoned (Python threads cannot be killed), and its thread stays busy until
-    the sub-agent notices its cancel token."""
+    """A pool of `threads` daemon threads that grows by one per abandoned job.
+
+    `threads` should exceed the engine's `workers` a little, so that a freed worker slot is
+    taken by a thread already waiting for it.
+    """
 
     def __init__(self, threads: int, *, name: str = "amapreduce-batch") -> None:
         if threads < 1:
             raise ValueError(f"`threads` must be >= 1, got {threads}")
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._name = name
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._ids = itertools.count()
+        self._closed = False
+        self._limit = threads
+        # Threads start lazily, as in ThreadPoolExecutor: a short run never pays for 40 threads.
+        self._idle = threading.Semaphore(0)
+
+    @property
+    def thread_count(self) -> int:
+        """Threads started so far (started on demand, up to `threads` plus one per replacement)."""
+        with self._lock:
+            return len(self._threads)
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
-        """Run `fn` on a pool thread."""
-        return self._pool.submit(fn)
+        """Queue `fn` for the next free thread."""
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot submit to a ThreadExecutor after shutdown")
+            self._queue.put((future, fn))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._limit:
+                self._spawn()
+        return future
+
+    def replace_stuck_thread(self) -> None:
+        """Start one more thread (the stuck one returns to the pool if it ever finishes)."""
+        with self._lock:
+            if not self._closed:
+                self._limit += 1
+                self._spawn()
 
     def shutdown(self, *, cancel: bool) -> None:
-        """Stop the pool (without waiting for abandoned threads when `cancel` is set)."""
-        self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
+        """Stop the threads: with `cancel`, queued jobs are cancelled and nothing is awaited;
+        without it, queued jobs run first and the threads are joined."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            threads = list(self._threads)
+        if cancel:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        for _ in threads:
+            self._queue.put(None)
+        if not cancel:
+            for thread in threads:
+                thread.join()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Wait (after `shutdown`) until every thread has exited; False if some still run at
+        the timeout — e.g. a sub-agent stuck in a model call that ignores its cancel token."""
+        with self._lock:
+            threads = list(self._threads)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
+
+    def _spawn(self) -> None:
+        thread = threading.Thread(target=self._work, name=f"{self._name}_{next(self._ids)}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn()
+            except BaseException as exc:  # handed to the future's owner, like ThreadPoolExecutor
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            del item, future, fn
+            self._idle.release()

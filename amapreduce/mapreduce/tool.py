@@ -138,26 +138,36 @@ class MapReduceTool(Tool):
             decision = Decision.parse(raw)
             plan = plan_batches(decision, max_batches=self.max_batches)
         except DecisionError as exc:
-            self.trace.write("tool_call", tool=self.name, stage="refused", error=str(exc), args=raw)
+            self.trace.write(
+                "tool_call", tool=self.name, stage="refused", reason="invalid_decision", error=str(exc), args=raw
+            )
             raise ToolCallRefused(f"{exc} Fix the arguments and call mapreduce again.") from None
         signature = json.dumps(decision.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+        refusal: tuple[str, str] | None = None
         with self._lock:
+            stage = "plan" if self.plan_stage and not self._planned else "execute"
             if self.calls >= self.max_calls:
-                raise ToolCallRefused(
+                refusal = "max_calls", (
                     f"mapreduce may be called at most {self.max_calls} times per run and was already called "
                     f"{self.calls} times. Finish with what the table has; missing cells stay empty."
                 )
-            stage = "plan" if self.plan_stage and not self._planned else "execute"
-            if stage == "execute" and signature in self._executed:
-                raise ToolCallRefused(
+            elif stage == "execute" and signature in self._executed:
+                refusal = "repeated_args", (
                     "these exact arguments were already executed. To fill gaps, call mapreduce with a matrix of "
                     "ONLY the rows still missing, or finish with the table as it is."
                 )
-            self.calls += 1
-            if stage == "plan":
-                self._planned = True
             else:
-                self._executed.add(signature)
+                self.calls += 1
+                if stage == "plan":
+                    self._planned = True
+                else:
+                    self._executed.add(signature)
+        if refusal is not None:
+            # Traced like the invalid-decision refusal: a run's trace must show every call the
+            # manager made, including the ones the guards turned away.
+            reason, message = refusal
+            self.trace.write("tool_call", tool=self.name, stage="refused", reason=reason, error=message, args=raw)
+            raise ToolCallRefused(message)
         if stage == "plan":
             return self._plan(raw, decision, plan.to_json())
         return self._execute(raw, decision)

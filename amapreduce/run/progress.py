@@ -36,7 +36,7 @@ class RunProgress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(
-                TextColumn("[bold]{task.fields[stage]}"),
+                TextColumn("{task.fields[stage]}", style="bold", markup=False),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("retries {task.fields[retries]} · {task.fields[tokens]} tokens · ${task.fields[cost]}"),

@@ -94,7 +94,12 @@ def split_corpus_url(url: str) -> tuple[str, str]:
 
 
 def iter_corpus_files(paths: Iterable[Path]) -> Iterator[tuple[Path, str]]:
-    """(file, path relative to its indexed folder) for every indexable file, in sorted order."""
+    """(file, path relative to its indexed folder) for every indexable file, in sorted order.
+
+    Hidden files and everything under hidden folders (`.git`, `.venv`, `.cache` ...) are skipped:
+    indexing a project folder should index its documents, not vendored licences and VCS data.
+    Hidden folders are pruned while walking, so a large `.venv` costs nothing.
+    """
     for root in paths:
         root = Path(root)
         if root.is_file():
@@ -102,8 +107,13 @@ def iter_corpus_files(paths: Iterable[Path]) -> Iterator[tuple[Path, str]]:
             continue
         if not root.is_dir():
             raise ConfigError(f"cannot index {str(root)!r}: no such file or folder. Give existing folders.")
-        for file in sorted(root.rglob("*")):
-            if file.is_file() and file.suffix.lower() in INDEXABLE_SUFFIXES and not file.name.startswith("."):
+        found: list[Path] = []
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            found.extend(Path(folder, f) for f in files
+                         if not f.startswith(".") and Path(f).suffix.lower() in INDEXABLE_SUFFIXES)
+        for file in sorted(found):
+            if file.is_file():
                 yield file, file.relative_to(root).as_posix()
 
 

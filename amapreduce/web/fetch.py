@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from amapreduce import __version__
 from amapreduce.errors import RunError
-from amapreduce.web.policy import Resolver, UrlPolicy
+from amapreduce.web.policy import CheckedUrl, Resolver, UrlPolicy, UrlRefused
 
 __all__ = ["TEXT_CONTENT_TYPES", "FetchFailed", "FetchLimits", "Fetched", "fetch", "shared_ssl_context"]
 
@@ -67,6 +67,9 @@ class Fetched(BaseModel):
     body: bytes
     encoding: str | None = None
     """The charset the Content-Type header declares; None lets extraction detect it (e.g. `<meta charset>`)."""
+    hops: tuple[CheckedUrl, ...] = ()
+    """Every URL requested, in order (the last is `final_url`), with the addresses the policy approved;
+    the cache keeps them so a later, stricter policy can re-check a cached page's redirect chain."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -100,6 +103,17 @@ def _pinned_transport(backend: _PinnedBackend) -> httpx.HTTPTransport:
     # httpx has no public hook for the network backend; its pool is replaced with one that has it.
     transport._pool = httpcore.ConnectionPool(ssl_context=shared_ssl_context(), network_backend=backend)
     return transport
+
+
+def _redirect_target(current: str, location: str) -> str:
+    """The absolute URL a `Location` header points to; a malformed one is refused, not raised raw."""
+    try:
+        return urljoin(current, location)
+    except ValueError as exc:
+        raise UrlRefused(
+            f"refused redirect from {current!r} to {location!r}: {exc}. The site sent a malformed Location; "
+            "try another source."
+        ) from None
 
 
 def _media_type(header: str) -> str:
@@ -138,6 +152,7 @@ def fetch(
     deadline = time.monotonic() + lim.total_timeout_s
     headers = {"User-Agent": f"amapreduce/{__version__} (wide-search research agent)", "Accept": "text/html,*/*;q=0.5"}
     current = url
+    hops: list[CheckedUrl] = []
     pinned: _PinnedBackend | None = None
     if transport is None:
         pinned = _PinnedBackend()
@@ -146,16 +161,20 @@ def fetch(
                       trust_env=False) as client:
         for _hop in range(lim.max_redirects + 1):
             checked = policy.check(current, resolver)
-            if pinned is not None:
-                target = httpx.URL(current)
-                port = target.port or (443 if target.scheme == "https" else 80)
-                pinned.pins[(target.raw_host.decode("ascii"), port)] = checked.addresses
+            hops.append(checked)
             try:
+                if pinned is not None:
+                    target = httpx.URL(current)
+                    port = target.port or (443 if target.scheme == "https" else 80)
+                    pinned.pins[(target.raw_host.decode("ascii"), port)] = checked.addresses
                 with client.stream("GET", current) as response:
                     if response.status_code in _REDIRECTS and "location" in response.headers:
-                        current = urljoin(current, response.headers["location"])
+                        current = _redirect_target(current, response.headers["location"])
                         continue
-                    return _read(url, current, response, lim, deadline)
+                    return _read(url, current, response, lim, deadline).model_copy(update={"hops": tuple(hops)})
+            except httpx.InvalidURL as exc:
+                # The policy parses with urllib; httpx is stricter (e.g. non-printable characters).
+                raise UrlRefused(f"refused URL {current!r}: {exc}. Check the URL.") from None
             except httpx.TimeoutException as exc:
                 raise FetchFailed(
                     f"timed out fetching {current!r} ({type(exc).__name__}). The site is slow or down; try another source.",

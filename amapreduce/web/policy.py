@@ -6,8 +6,8 @@ and every redirect hop, goes through `UrlPolicy.check`, which resolves the host 
 address it resolves to. Odd spellings (`0x7f000001`, `2130706433`, `127.1`, `[::1]`,
 `[::ffff:127.0.0.1]`) are normalised before the check, so they cannot slip through.
 
-Known limit: the check resolves the name, then httpx resolves it again to connect (a DNS
-rebinding window). Pinning the connection to the checked address is future work.
+The check returns the addresses it approved; `fetch` pins each connection to them, so a second
+DNS answer cannot steer the socket elsewhere (DNS rebinding).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from amapreduce.errors import RunError, ToolCallRefused
 
@@ -30,6 +30,7 @@ __all__ = [
     "UrlPolicy",
     "UrlRefused",
     "address_problem",
+    "normalize_domains",
     "parse_ip_literal",
     "system_resolver",
 ]
@@ -55,6 +56,7 @@ METADATA_HOSTS: frozenset[str] = frozenset(
 _SHARED = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _LEGACY_V4 = re.compile(r"^(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class UrlRefused(ToolCallRefused):
@@ -151,8 +153,31 @@ def address_problem(ip: IPAddress) -> tuple[str, bool] | None:
     return None
 
 
-def _domain_matches(host: str, domains: Sequence[str]) -> bool:
+def _domain_matches(host: str, literal: IPAddress | None, domains: Sequence[str]) -> bool:
+    """Whether a host is on a list: names match a domain or its subdomains; an IP-literal host
+    matches only an entry spelling the same address (so `example.com` never admits an IP)."""
+    if literal is not None:
+        return any(parse_ip_literal(d) == literal for d in domains)
     return any(host == d or host.endswith("." + d) for d in domains)
+
+
+def normalize_domains(value: object) -> tuple[str, ...]:
+    """A domain list from a comma-separated string or a sequence: trimmed, lower case, without a
+    leading `*.`/`.` or a trailing dot, empties dropped, order kept."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items: list[object] = list(value.split(","))
+    elif isinstance(value, Iterable):
+        items = list(value)
+    else:
+        raise ValueError(f"expected a comma-separated string or a list of domains, got {value!r}")
+    out: list[str] = []
+    for item in items:
+        text = str(item).strip().lower().removeprefix("*.").strip(".")
+        if text and text not in out:
+            out.append(text)
+    return tuple(out)
 
 
 class UrlPolicy(BaseModel):
@@ -171,6 +196,11 @@ class UrlPolicy(BaseModel):
     denied_domains: tuple[str, ...] = Field(default=())
     """These domains and their subdomains are never fetched."""
 
+    @field_validator("allowed_domains", "denied_domains", mode="before")
+    @classmethod
+    def _normalize_domains(cls, value: object) -> tuple[str, ...]:
+        return normalize_domains(value)
+
     def check(self, url: str, resolver: Resolver | None = None) -> CheckedUrl:
         """Check one URL (one redirect hop) and return it with its checked addresses.
 
@@ -178,18 +208,22 @@ class UrlPolicy(BaseModel):
             UrlRefused: the scheme, host, domain or any resolved address is not allowed.
             RunError: the host does not resolve.
         """
-        parts = urlsplit(url.strip())
-        scheme = parts.scheme.lower()
+        if _CONTROL.search(url.strip()):
+            raise UrlRefused(f"refused URL {url!r}: it contains a control character. "
+                             "Percent-encode it or copy the URL again.")
+        try:
+            # urlsplit itself raises ValueError on a malformed host such as `http://[::1/`.
+            parts = urlsplit(url.strip())
+            scheme = parts.scheme.lower()
+            raw_host = parts.hostname
+            port = parts.port or (443 if scheme == "https" else 80)
+        except ValueError as exc:
+            raise UrlRefused(f"refused URL {url!r}: {exc}. Check the URL.") from None
         if scheme not in ("http", "https"):
             raise UrlRefused(
                 f"refused URL {url!r}: scheme `{scheme or '(none)'}` is not allowed. "
                 "Use an http:// or https:// URL."
             )
-        try:
-            raw_host = parts.hostname
-            port = parts.port or (443 if scheme == "https" else 80)
-        except ValueError as exc:
-            raise UrlRefused(f"refused URL {url!r}: {exc}. Check the URL.") from None
         if not raw_host:
             raise UrlRefused(f"refused URL {url!r}: it has no host. Give a full http(s) URL.")
         if parts.username is not None or parts.password is not None:
@@ -202,6 +236,7 @@ class UrlPolicy(BaseModel):
             if not addresses:
                 raise RunError(f"cannot resolve host `{host}`: no addresses. Check the URL.", host=host)
         else:
+            self._check_lists(url, host, literal)
             addresses = [str(literal)]
         for text in addresses:
             ip = parse_ip_literal(text)
@@ -228,10 +263,14 @@ class UrlPolicy(BaseModel):
                 f"refused URL {url!r}: `{host}` is the local machine. "
                 "Only public hosts may be crawled (set allow_private_urls for local servers)."
             )
-        if _domain_matches(host, self.denied_domains):
+        self._check_lists(url, host, None)
+
+    def _check_lists(self, url: str, host: str, literal: IPAddress | None) -> None:
+        if _domain_matches(host, literal, self.denied_domains):
             raise UrlRefused(f"refused URL {url!r}: domain `{host}` is on the deny list. Use another source.")
-        if self.allowed_domains and not _domain_matches(host, self.allowed_domains):
+        if self.allowed_domains and not _domain_matches(host, literal, self.allowed_domains):
+            what = "address" if literal is not None else "domain"
             raise UrlRefused(
-                f"refused URL {url!r}: domain `{host}` is not on the allow list "
+                f"refused URL {url!r}: {what} `{host}` is not on the allow list "
                 f"({', '.join(self.allowed_domains)}). Use a URL from an allowed domain."
             )

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from amapreduce.errors import ConfigError
 from amapreduce.web.backends.base import SearchBackend, make_backend
@@ -21,7 +21,7 @@ from amapreduce.web.corpus import CORPUS_SCHEME, CorpusIndex, split_corpus_url
 from amapreduce.web.extract import extract_main_text, truncate
 from amapreduce.web.fetch import FetchLimits, fetch
 from amapreduce.web.models import Page, SearchResult
-from amapreduce.web.policy import Resolver, UrlPolicy, UrlRefused
+from amapreduce.web.policy import CheckedUrl, Resolver, UrlPolicy, UrlRefused
 
 if TYPE_CHECKING:
     import httpx
@@ -42,6 +42,29 @@ class WebUsage(BaseModel):
     crawls: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
+
+
+class _CachedPage(BaseModel):
+    """A cache entry for a crawl: the full page plus every URL fetched to get it.
+
+    Why the hops are kept: a page fetched under a permissive policy (say, redirected to a
+    loopback address with `allow_private_urls`) must not be served later to a run whose policy
+    would refuse that chain, so each hop is checked again on every cache hit.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    page: Page
+    hops: tuple[CheckedUrl, ...]
+
+
+def _fixed_resolver(addresses: tuple[str, ...]) -> Resolver:
+    """A resolver answering with the addresses a cached hop was actually fetched from."""
+
+    def resolve(host: str, port: int) -> list[str]:
+        return list(addresses)
+
+    return resolve
 
 
 class WebService:
@@ -90,7 +113,11 @@ class WebService:
         return cls(
             make_backend(backend or settings.search_backend, settings),
             cache=WebCache.in_dir(settings.cache_dir, settings.cache_ttl_s),
-            policy=UrlPolicy(allow_private_urls=settings.allow_private_urls),
+            policy=UrlPolicy(
+                allow_private_urls=settings.allow_private_urls,
+                allowed_domains=settings.allowed_domains,
+                denied_domains=settings.denied_domains,
+            ),
             corpora={name: CorpusIndex.open(path) for name, path in (corpora or {}).items()},
         )
 
@@ -145,17 +172,38 @@ class WebService:
             return self._crawl_corpus(url, max_chars)
         self.policy.check(url, self._resolver)
         key = normalize_url(url)
-        stored = self.cache.get("page", key) if self.cache is not None else None
-        if stored is not None:
-            full = Page.model_validate_json(stored)
-        else:
+        full = self._cached_page(key)
+        if full is None:
             raw = fetch(url, self.policy, self.limits, resolver=self._resolver, transport=self._transport)
             title, text = extract_main_text(raw.body, raw.content_type, url=raw.final_url, encoding=raw.encoding)
             full = Page(url=url, final_url=raw.final_url, title=title, text=text, content_type=raw.content_type)
             if self.cache is not None:
-                self.cache.put("page", key, full.model_dump_json())
+                self.cache.put("page", key, _CachedPage(page=full, hops=raw.hops).model_dump_json())
         text, cut = truncate(full.text, max_chars)
         return full.model_copy(update={"text": text, "truncated": cut})
+
+    def _cached_page(self, key: str) -> Page | None:
+        """The cached page for `key` after re-checking its redirect chain, or None to fetch again.
+
+        Each hop is checked by the current policy against the addresses it was fetched from, so
+        the page is refused exactly as a fresh fetch from those addresses would be (offline, too).
+        An entry without hops (older format or damaged) is fetched again rather than trusted.
+
+        Raises:
+            UrlRefused: the current policy refuses one of the cached page's hops.
+        """
+        stored = self.cache.get("page", key) if self.cache is not None else None
+        if stored is None:
+            return None
+        try:
+            entry = _CachedPage.model_validate_json(stored)
+        except ValidationError:
+            return None
+        if not entry.hops:
+            return None
+        for hop in entry.hops:
+            self.policy.check(hop.url, _fixed_resolver(hop.addresses))
+        return entry.page
 
     def _crawl_corpus(self, url: str, max_chars: int) -> Page:
         name, _ = split_corpus_url(url)

@@ -38,6 +38,8 @@ class DdgsBackend(RemoteBackend):
             raise BackendError(f"`ddgs` timed out: {exc}. Try again later.",
                                backend=self.name, transient=True) from exc
         except DDGSException as exc:
+            if _is_no_results(exc):
+                return []
             raise BackendError(
                 f"`ddgs` search failed: {exc}. Check the network, or use `--backend corpus:INDEX` offline.",
                 backend=self.name, transient=True,
@@ -54,3 +56,16 @@ class DdgsBackend(RemoteBackend):
             if len(results) >= n:
                 break
         return results
+
+
+def _is_no_results(exc: Exception) -> bool:
+    """Whether ddgs reports a plain empty result rather than a failure.
+
+    Why this is exact: ddgs 9.x ends a search with `raise DDGSException(err or "No results found.")`,
+    where `err` is the last engine's exception. Only when no engine failed is the argument that
+    literal string; with a failure (DNS, network) the argument is the exception itself, which is
+    a real error and stays transient. An empty result must not be retried or reported as an outage.
+    """
+    from ddgs.exceptions import DDGSException
+
+    return type(exc) is DDGSException and exc.args == ("No results found.",)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from amapreduce.web.backends.base import RemoteBackend, http_json
 from amapreduce.web.models import SearchResult
@@ -27,6 +28,10 @@ class SearxngBackend(RemoteBackend):
     def __init__(self, base_url: str, *, transport: httpx.BaseTransport | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.base_url = base_url.rstrip("/")
+        # Per instance, like `corpus:NAME`: two instances must not share cache keys or a limiter.
+        # Any `user:password@` is left out, since the name appears in messages and the cache.
+        parts = urlsplit(self.base_url)
+        self.name = "searxng:" + urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         self._transport = transport
 
     def _search_once(self, query: str, n: int) -> list[SearchResult]:

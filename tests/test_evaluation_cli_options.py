@@ -1,0 +1,111 @@
+"""`amapreduce eval score`: DeepWideSearch-only options, and `--pred-jsonl` keys and trial order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from amapreduce.cli import eval as eval_cli
+from amapreduce.cli.app import main
+from amapreduce.evaluation import judges
+from amapreduce.evaluation.loaders import gold_as_markdown, load_gold, load_tasks
+from amapreduce.evaluation.runner import EvalOptions
+from amapreduce.llm.scripted import ScriptedModel
+
+
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMAPREDUCE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def ws_paths(shared_data: Path) -> tuple[Path, Path]:
+    root = shared_data / "widesearch"
+    return root / "widesearch.jsonl", root / "widesearch_gold"
+
+
+@pytest.fixture
+def fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model ids build offline clients (the options are inspected, never asked)."""
+
+    def build(model_id: str, cache_dir: Path | None, **kwargs: object) -> judges.ModelClient:
+        return judges.ModelClient(ScriptedModel([]))
+
+    monkeypatch.setattr(judges.ModelClient, "build", staticmethod(build))
+
+
+def options(benchmark: str, protocol: str, entity_judge: str = "substring") -> EvalOptions:
+    return eval_cli._options(benchmark, "sim/j", "sim/j", entity_judge, protocol, 100, None, False, None)
+
+
+@pytest.mark.usefixtures("fake_models")
+@pytest.mark.parametrize(
+    ("benchmark", "protocol", "amapreduce_copy"),
+    [
+        ("deepwidesearch", "amapreduce", True),
+        ("deepwidesearch", "aidc", False),
+        ("widesearch", "aidc", False),
+    ],
+)
+def test_only_deepwide_amapreduce_rounds_and_parses_leniently(
+    benchmark: str, protocol: str, amapreduce_copy: bool
+) -> None:
+    opts = options(benchmark, protocol)
+    assert isinstance(opts.judge, judges.ModelJudge) and isinstance(opts.aligner, judges.ModelAligner)
+    assert opts.judge.normalize is amapreduce_copy
+    expected = judges.parse_json_reply_lenient if amapreduce_copy else judges.parse_json_reply
+    assert opts.judge.parse is expected and opts.aligner.parse is expected
+
+
+@pytest.mark.usefixtures("fake_models")
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--protocol", "amapreduce"], "--protocol is a DeepWideSearch option"),
+        (["--entity-judge", "sim/j"], "--entity-judge is a DeepWideSearch option"),
+    ],
+)
+def test_deepwide_only_options_rejected_with_widesearch(
+    tmp_path: Path,
+    ws_paths: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    tasks_file, gold_dir = ws_paths
+    (tmp_path / "t").mkdir()
+    argv = ["eval", "score", "--tasks", str(tasks_file), "--gold-dir", str(gold_dir)]
+    argv += ["--pred-dir", str(tmp_path / "t"), "--out", str(tmp_path / "o.json"), "--judge", "sim/j"]
+    assert main([*argv, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    # Spelling out the defaults stays valid (documented commands keep working).
+    assert options("widesearch", "aidc", "substring").protocol == "aidc"
+
+
+def test_pred_jsonl_extra_keys_and_trial_order(tmp_path: Path, ws_paths: tuple[Path, Path]) -> None:
+    tasks_file, gold_dir = ws_paths
+    tasks = load_tasks(tasks_file, "widesearch")
+    good = gold_as_markdown(load_gold(gold_dir, tasks["ws_en_018"]))
+    # The first task only has trials 10 and 2; trial 1 appears later. Official records carry extra keys.
+    lines = [
+        {"instance_id": "ws_en_013", "trial": 10, "response": "no table", "messages": []},
+        {"instance_id": "ws_en_013", "trial": 2, "response": "no table", "trial_idx": 2},
+        {"instance_id": "ws_en_018", "trial": 1, "response": good, "prediction": good},
+        {"instance_id": "ws_en_018", "trial": 2, "response": "no table"},
+        {"instance_id": "ws_en_018", "trial": 10, "response": "no table"},
+    ]
+    pred = tmp_path / "pred.jsonl"
+    pred.write_text("\n".join(json.dumps(x) for x in lines), encoding="utf-8")
+    out = tmp_path / "r.json"
+    argv = ["eval", "score", "--tasks", str(tasks_file), "--gold-dir", str(gold_dir)]
+    assert main([*argv, "--pred-jsonl", str(pred), "--ids", "ws_en_018", "--out", str(out)]) == 0
+    scores = [t["score"] for t in json.loads(out.read_text())["per_task"]["ws_en_018"]]
+    assert scores == [1.0, 0.0, 0.0]  # trials 1, 2, 10: by id, not by first appearance
+
+
+def test_trial_order_falls_back_to_text() -> None:
+    assert eval_cli._trial_order(["10", "2", "1"]) == ["1", "2", "10"]
+    assert eval_cli._trial_order(["b", "a", "2"]) == ["2", "a", "b"]
