@@ -20,6 +20,13 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
     return json.loads(out)  # exactly one JSON document
 
 
+@pytest.fixture(autouse=True)
+def no_model_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The developer's own model settings must not leak into these tests."""
+    for name in ("AMAPREDUCE_MODEL", "AMAPREDUCE_MEMORY_MODEL", "AMAPREDUCE_API_BASE", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture()
 def store(tmp_path: Path) -> str:
     ranked_store(tmp_path / "store")[0].close()
@@ -43,7 +50,7 @@ def test_search_json_shape_and_order(store: str, capsys: pytest.CaptureFixture[s
 def test_search_text_mode(store: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["memory", "search", QUERY, "--store", store]) == 0
     out = capsys.readouterr().out
-    assert "s=7 w=6 v=1  hB  hint hB." in out and "Prior:" in out
+    assert "s=7 w=6 v=1  hB  hint hB." in out and "Prior (raw hints, not projected):" in out
 
 
 def test_list_filters_and_sorts(store: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -114,7 +121,7 @@ def test_distill_dry_run_and_with_a_model(store: str, capsys: pytest.CaptureFixt
     assert main(["memory", "distill", "--store", store]) == 2  # no model given
     model = FunctionModel(lambda m, i: "ADD: Split matrices larger than fifty rows.\n1. merged rule")
     seen = []
-    monkeypatch.setattr(memory_cli, "_build_model", lambda mid, base: seen.append((mid, base)) or model)
+    monkeypatch.setattr(memory_cli, "_build_model", lambda mid, settings: seen.append((mid, settings.api_base)) or model)
     report = run_json(capsys, "distill", "--model", "m", "--api-base", "http://127.0.0.1:9", "--no-merge",
                       "--store", store)
     assert seen == [("m", "http://127.0.0.1:9")] and report["dry_run"] is False and model.calls == len(report["calls"])

@@ -181,3 +181,70 @@ def test_two_distillations_never_run_at_once(tmp_path: Path) -> None:
     mem.distill()
     with mem.store.read() as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'distilling_since'").fetchone() is None
+
+
+def test_refinement_survives_a_hint_removed_while_the_model_answers(tmp_path: Path) -> None:
+    """Another writer removes (and edits) listed hints during the model call: those operations are
+    rejected one by one, and the rest of the reply still applies (nothing raises, no ADD is lost)."""
+    from amapreduce.memory.store import delete_hint, update_hint
+
+    mem: ExperientialMemory
+
+    def reply(messages, info):  # type: ignore[no-untyped-def]
+        with mem.store.write() as conn:  # the concurrent writer, between listing and applying
+            delete_hint(conn, "hX", kind="removed_by_hand")
+            update_hint(conn, "hY", kind="edited_by_hand", text="Batch by source page.")
+        return "AGREE 1: Fetch each entity separately.\nEDIT 2: Batch by region.\nADD: Compare totals across sources."
+
+    config = MemoryConfig(finch_level=0, pairs_per_cluster=1)
+    mem = _store(tmp_path, config, FunctionModel(reply))
+    with mem.store.write() as conn:
+        conn.execute("DELETE FROM records WHERE id LIKE 'b%' OR id LIKE 'c%'")  # one cluster, one call
+        insert_hint(conn, "Fetch each entity separately.", 3, origin="t", provenance=["a0"], hint_id="hX")
+        insert_hint(conn, "Batch everything together.", 2, origin="t", provenance=["a4"], hint_id="hY")
+    report = mem.distill(merge=False)
+    assert len(report.calls) == 1
+    assert report.rejected == [
+        {"line": "AGREE 1: Fetch each entity separately.", "reason": "hint no longer exists"},
+        {"line": "EDIT 2: Batch by region.",
+         "reason": "hint was changed by another writer after it was shown to the model"}]
+    assert [(a["op"], a["text"]) for a in report.applied] == [("ADD", "Compare totals across sources.")]
+    with mem.store.read() as conn:
+        hy = get_hint(conn, "hY")
+        assert hy is not None and (hy["text"], hy["w"]) == ("Batch by source page.", 2)  # the human edit stands
+        texts = [r[0] for r in conn.execute("SELECT text FROM hints ORDER BY seq")]
+    assert texts == ["Batch by source page.", "Compare totals across sources."]
+
+
+def test_merge_uses_current_scores_and_skips_a_batch_changed_meanwhile(tmp_path: Path) -> None:
+    """Credit given while the model merges is kept (w is re-read); a batch one of whose hints was
+    removed meanwhile is left unmerged rather than failing or bringing the removed text back."""
+    from amapreduce.memory.store import delete_hint, update_hint
+
+    mem: ExperientialMemory
+    calls: list[int] = []
+
+    def reply(messages, info):  # type: ignore[no-untyped-def]
+        calls.append(info.call_index)
+        with mem.store.write() as conn:
+            if info.call_index == 0:  # cluster A: m1 is credited from 5 to 9 by a concurrent update
+                update_hint(conn, "m1", kind="credited", delta=4)
+            else:  # cluster B: n2 is removed by hand
+                delete_hint(conn, "n2", kind="removed_by_hand")
+        return "1. Merged rule."
+
+    mem = _store(tmp_path, MemoryConfig(finch_level=0), FunctionModel(reply))
+    with mem.store.write() as conn:
+        insert_hint(conn, "Fetch entities one per batch.", 5, origin="t", provenance=["a0"], hint_id="m1")
+        insert_hint(conn, "Verify totals.", 2, origin="t", provenance=["a1"], hint_id="m2")
+        insert_hint(conn, "B rule one.", 3, origin="t", provenance=["b0"], hint_id="n1")
+        insert_hint(conn, "B rule two.", 3, origin="t", provenance=["b1"], hint_id="n2")
+    report = mem.distill(refine=False)
+    assert calls == [0, 1]
+    assert [(m["cluster"], sorted(m["from"]), m["w"]) for m in report.merged] == [(0, ["m1", "m2"], 9)]
+    assert report.rejected == [{"line": "merge of cluster 1", "reason": "hints n2 were removed or changed by "
+                                "another writer during the merge; batch left unmerged"}]
+    with mem.store.read() as conn:
+        rows = [(r[0], r[1], r[2]) for r in conn.execute("SELECT id, text, w FROM hints ORDER BY seq")]
+    assert [(i, t, w) for i, t, w in rows if i == "n1"] == [("n1", "B rule one.", 3)]
+    assert [(t, w) for i, t, w in rows if i != "n1"] == [("Merged rule.", 9)]

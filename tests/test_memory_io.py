@@ -10,7 +10,7 @@ from test_memory_fixtures import PASS, QUERY, ranked_store
 
 from amapreduce.errors import UserError
 from amapreduce.memory import ExperientialMemory, MemoryStore
-from amapreduce.memory.inspection import list_items
+from amapreduce.memory.inspection import list_items, show_item
 from amapreduce.memory.io import FORMAT_VERSION, export_jsonl, import_file
 from amapreduce.memory.store import hint_provenance
 
@@ -89,3 +89,46 @@ def test_import_into_a_store_with_another_encoder_re_embeds(tmp_path: Path) -> N
     import_file(other.store, out)
     assert other.store.counts()["records"] == 8
     assert other.retrieve("question P3").positives[0].id == "P3"
+
+
+def test_question_level_provenance_survives_export_and_import(tmp_path: Path) -> None:
+    """A reference hint keeps its questions through a JSONL round trip, so in the new store it
+    still gains the records that later ask them (otherwise it could never be retrieved)."""
+    mem, enc = ranked_store(tmp_path / "a")
+    ref = tmp_path / "insights.json"
+    ref.write_text(json.dumps([{"rule": "Use per_atom.", "score": 5, "correlation_tasks": ["question P2", "Later Q"]}]))
+    import_file(mem.store, ref)
+    out = tmp_path / "export.jsonl"
+    export_jsonl(mem.store, out)
+    line = next(json.loads(raw) for raw in out.read_text().splitlines() if "per_atom" in raw)
+    assert line["provenance"] == ["P2"] and line["provenance_questions"] == ["later q", "question p2"]
+    copy = ExperientialMemory(tmp_path / "b", encoder=enc)
+    import_file(copy.store, out)
+    assert show_item(copy.store, line["id"])["provenance_questions"] == ["later q", "question p2"]
+    enc.vectors["later  q"] = enc.at(0.2)
+    result = copy.update(None, query="later  q", decision={}, metrics=PASS)
+    with copy.store.read() as conn:
+        assert hint_provenance(conn, line["id"]) == ["P2", result.record_id]
+    again = tmp_path / "again.jsonl"
+    export_jsonl(copy.store, again)
+    assert [raw for raw in again.read_text().splitlines() if "per_atom" in raw] == [
+        json.dumps({**line, "provenance": ["P2", result.record_id]}, ensure_ascii=False)]
+
+
+def test_every_question_level_link_is_an_event(tmp_path: Path) -> None:
+    """Provenance added through a question (at import, and when a later record asks it) is logged."""
+    mem, enc = ranked_store(tmp_path)
+    ref = tmp_path / "insights.json"
+    ref.write_text(json.dumps([{"rule": "Use per_atom.", "score": 5, "correlation_tasks": ["question P2", "later q"]}]))
+    import_file(mem.store, ref)
+    hint_id = next(i["id"] for i in list_items(mem.store, records=False) if i["text"] == "Use per_atom.")
+    enc.vectors["Later Q"] = enc.at(0.2)
+    rid = mem.update(None, query="Later Q", decision={}, metrics=PASS).record_id
+    hint = show_item(mem.store, hint_id)
+    assert hint["provenance"] == ["P2", rid]
+    events = [(e["kind"], e.get("record_id")) for e in hint["events"]]
+    assert events == [("hint_added", None), ("hint_linked", "P2"), ("hint_linked", rid)]
+    assert hint["events"][0]["provenance_questions"] == ["question P2", "later q"]
+    record = show_item(mem.store, rid or "")
+    assert record["events"][0]["kind"] == "record_added" and record["events"][0]["linked_hints"] == [hint_id]
+    assert [(e["kind"], e.get("hint_id")) for e in record["events"]] == [("record_added", None), ("hint_linked", hint_id)]

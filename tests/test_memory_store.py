@@ -104,6 +104,27 @@ def test_vector_cache_is_persisted_and_rebuilt_from_sqlite(tmp_path: Path) -> No
     assert PERSIST_AFTER >= 100
 
 
+def test_read_only_memory_loads_the_vector_cache_but_never_writes_it(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `ask` path opens the store read-only: it must start from vectors.npz (not decode every
+    blob again), catch up on newer rows from SQLite, and leave the file untouched."""
+    import amapreduce.memory.index as index_module
+
+    mem, enc = ranked_store(tmp_path)
+    assert mem.rebuild_index() == 8
+    cached = (tmp_path / INDEX_FILE).read_bytes()
+    enc.vectors["newer"] = enc.at(0.95)
+    mem.update(None, query="newer", decision={}, metrics=PASS, record_id="NEW")
+    mem.close()
+    monkeypatch.setattr(index_module, "PERSIST_AFTER", 1)  # a writer would rewrite the file now
+    reader = ExperientialMemory(tmp_path, readonly=True)
+    with reader.store.read() as conn:
+        assert reader.index.sync(conn) == 1  # only the row newer than the cache was decoded
+    assert [n.id for n in reader.retrieve(QUERY).positives] == ["NEW", "P1", "P2", "P3"]
+    assert reader.rebuild_index() == 9
+    assert (tmp_path / INDEX_FILE).read_bytes() == cached
+
+
 def test_deleting_records_bumps_the_generation_and_rebuilds(tmp_path: Path) -> None:
     from amapreduce.memory.store import bump_generation
 
@@ -136,7 +157,7 @@ def test_float16_prefilter_stays_exact_against_brute_force(tmp_path: Path, monke
     x = rng.standard_normal((3000, 32)).astype(np.float32)
     x[500:540] = x[3]  # a block of identical vectors forces the float32 fallback near them
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    index = VectorIndex(tmp_path, persist=False)
+    index = VectorIndex(tmp_path, load_cache=False, write_cache=False)
     state = index_module._State(dim=32, generation=0, last_rowid=3000, pos=index_module._new_index(32),
                                 neg=index_module._new_index(32))
     state.pos.add_with_ids(x, np.arange(1, 3001, dtype=np.int64))

@@ -11,6 +11,7 @@ from amapreduce.llm.scripted import FunctionModel
 from amapreduce.mapreduce.prior import PriorRequest
 from amapreduce.memory import MemoryConfig
 from amapreduce.memory.labels import REFERENCE_AVERAGES, infrastructure_failure_reason, label
+from amapreduce.memory.records import DecisionSummary
 from amapreduce.memory.store import get_hint, hint_provenance
 
 DECISION = {"task_matrix": [["a", "b"], ["c", "d"]], "template": "find __0__ in __1__",
@@ -158,3 +159,20 @@ def test_update_takes_query_and_task_from_the_prior_and_records_the_trace(tmp_pa
     assert "(2 batches)" in record.decision.pattern
     with pytest.raises(Exception, match="needs the run's query"):
         mem.update(None, decision=DECISION, metrics=PASS)
+
+
+@pytest.mark.parametrize("decision", [
+    {"template": "Find __0__", "batch_size": 5},  # a raw decision made only of names a summary also has
+    DecisionSummary(template="Find __0__", batch_size=5),
+])
+def test_every_stored_decision_gets_a_pattern_summary(tmp_path: Path, decision: object) -> None:
+    """Δ_q and the distillation prompts show `pattern`; it is never left empty."""
+    summary = DecisionSummary.from_decision(decision)  # type: ignore[arg-type]
+    assert summary.pattern == "0x0 task matrix; template: 'Find __0__'" and summary.batch_size == 5
+    mem, enc = ranked_store(tmp_path)
+    enc.vectors["tenth"] = enc.at(0.3)
+    result = mem.update(None, query="tenth", decision=decision, metrics=PASS)  # type: ignore[arg-type]
+    record = mem.store.record(result.record_id or "")
+    assert record is not None and record.decision.pattern == summary.pattern
+    for stored in (DecisionSummary(rows=3, pattern="three rows, one batch each"), DecisionSummary()):
+        assert DecisionSummary.from_decision(stored.model_dump()) == stored  # an export is re-imported as it was

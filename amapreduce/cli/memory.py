@@ -15,6 +15,7 @@ import typer
 
 if TYPE_CHECKING:
     from amapreduce.memory import ExperientialMemory, MemoryStore
+    from amapreduce.settings import Settings
 
 __all__ = ["app"]
 
@@ -65,23 +66,29 @@ def _emit(as_json: bool, payload: Any, text: str) -> None:
         typer.echo(text)
 
 
-def _build_model(model_id: str, api_base: str | None) -> Any:
-    """The memory model for `distill`, from the project's model layer (retries, rate limits,
-    usage). `model_id` is a LiteLLM id or, with `api_base`, the server's model name; tests
-    replace this function with a simulated model."""
-    from amapreduce.llm.meter import UsageMeter
-    from amapreduce.llm.models import ModelSpec, build_model
+ModelOpt = typer.Option(None, "--model", help="Memory model: LiteLLM id or the server's model name "
+                        "(default: AMAPREDUCE_MEMORY_MODEL, else AMAPREDUCE_MODEL; `none` disables).")
+ApiBaseOpt = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint of the model (default: AMAPREDUCE_API_BASE).")
+
+
+def _build_model(model_id: str, settings: Settings) -> Any:
+    """The managed memory model (retries, rate limits, budget), built as `ask` builds its role
+    models; tests replace this function with a simulated model."""
+    from amapreduce.run.wiring import build_role_model, new_meter
+
+    return build_role_model(settings, "memory", model_id, meter=new_meter(settings))
+
+
+def _memory_model(model: str | None, api_base: str | None) -> Any | None:
+    """The memory model Φ and F_ψ use, chosen exactly as `ask` chooses it (so `search` shows the
+    prior the plan stage gets): `--model`, else the `memory_model` setting, else the default
+    `model`; None when none is configured or it is `none`."""
+    from amapreduce.run.wiring import model_for_role
     from amapreduce.settings import load_settings
 
-    settings = load_settings()
-    spec = ModelSpec(
-        model_id=model_id,
-        api_base=api_base or settings.api_base,
-        api_key=settings.api_key,
-        rpm=settings.model_rpm,
-        tpm=settings.model_tpm,
-    )
-    return build_model(spec, role="memory", meter=UsageMeter())
+    settings = load_settings(memory_model=model, api_base=api_base)
+    model_id = model_for_role(settings, "memory")
+    return None if model_id is None else _build_model(model_id, settings)
 
 
 @app.command("import")
@@ -115,17 +122,37 @@ def search(query: str = typer.Argument(..., metavar="QUERY"), store: Path | None
            k_neg: int | None = typer.Option(None, "--k-neg", help="Negative neighbours (default 2)."),
            k_hints: int | None = typer.Option(None, "--k-hints", help="Hints kept (default 3)."),
            min_similarity: float | None = typer.Option(None, "--min-similarity", help="Cosine floor (default none)."),
+           model: str | None = ModelOpt, api_base: str | None = ApiBaseOpt,
+           no_project: bool = typer.Option(False, "--no-project", help="Show the raw hints as the prior (no model call)."),
            as_json: bool = JsonOpt) -> None:
-    """Show what the plan stage would retrieve for QUERY: neighbours, ranked hints and the prior."""
-    with _memory(store, k_pos=k_pos, k_neg=k_neg, k_hints=k_hints, min_similarity=min_similarity) as mem:
-        retrieval, prior = mem.search(query, task_id=task_id)
+    """Show what the plan stage would retrieve for QUERY: neighbours, ranked hints and the prior.
+
+    The prior is projected by the memory model, as in `ask`, when one is configured; without one
+    (or with --no-project) it lists the raw hints.
+    """
+    import logging
+
+    llm = None if no_project else _memory_model(model, api_base)
+    core_log = logging.getLogger("amapreduce.memory.core")
+    level = core_log.level
+    core_log.setLevel(logging.ERROR)  # a failed projection is reported once, below, not also as a log line
+    try:
+        with _memory(store, model=llm, k_pos=k_pos, k_neg=k_neg, k_hints=k_hints,
+                     min_similarity=min_similarity) as mem:
+            retrieval, prior = mem.search(query, task_id=task_id)
+    finally:
+        core_log.setLevel(level)
+    error = prior.details.get("projection_error")
+    if error is not None:
+        typer.echo(f"warning: the memory model's projection failed ({error}); the prior lists the raw hints.",
+                   err=True)
     payload = {"positives": [n.to_json() for n in retrieval.positives],
                "negatives": [n.to_json() for n in retrieval.negatives],
                "hints": [h.to_json() for h in retrieval.hints], "prior": prior.text}
     lines = ["Positives:"] + [f"  {n.similarity:.3f}  {n.id}  {n.query}" for n in retrieval.positives]
     lines += ["Negatives:"] + [f"  {n.similarity:.3f}  {n.id}  {n.query}" for n in retrieval.negatives]
     lines += ["Hints (s = w + v):"] + [f"  s={h.s} w={h.w} v={h.v}  {h.id}  {h.text}" for h in retrieval.hints]
-    lines += ["", "Prior:", prior.text]
+    lines += ["", "Prior:" if prior.details.get("projected") else "Prior (raw hints, not projected):", prior.text]
     _emit(as_json, payload, "\n".join(lines))
 
 
@@ -245,17 +272,17 @@ def distill(store: Path | None = StoreOpt,
             dry_run: bool = typer.Option(False, "--dry-run", help="Cluster and list the model calls; change nothing."),
             refine: bool = typer.Option(True, "--refine/--no-refine", help="Contrastive ADD/EDIT/REMOVE/AGREE step."),
             merge: bool = typer.Option(True, "--merge/--no-merge", help="Merge redundant hints per cluster."),
-            model: str | None = typer.Option(None, "--model", help="Memory model id (OpenAI-compatible endpoint)."),
-            api_base: str | None = typer.Option(None, "--api-base", help="Endpoint URL of --model."),
+            model: str | None = ModelOpt, api_base: str | None = ApiBaseOpt,
             finch_level: int | None = typer.Option(None, "--finch-level", help="FINCH partition (0 = finest; default 1)."),
             seed: int | None = typer.Option(None, "--seed", help="Seed for clustering and sampling (default 0)."),
             as_json: bool = JsonOpt) -> None:
     """Run the distillation F_ψ now: FINCH clusters, contrastive refinement, merge."""
     from amapreduce.errors import ConfigError
 
-    if model is None and not dry_run:
-        raise ConfigError("distill needs a memory model: pass --model MODEL_ID (and --api-base URL), or use --dry-run.")
-    llm = _build_model(model, api_base) if model is not None and not dry_run else None
+    llm = None if dry_run else _memory_model(model, api_base)
+    if llm is None and not dry_run:
+        raise ConfigError("distill needs a memory model and none is configured: pass --model MODEL_ID (and "
+                          "--api-base URL), or set AMAPREDUCE_MEMORY_MODEL or AMAPREDUCE_MODEL; or use --dry-run.")
     with _memory(store, model=llm, finch_level=finch_level, seed=seed) as mem:
         report = mem.distill(refine=refine, merge=merge, dry_run=dry_run)
     data = report.to_json()

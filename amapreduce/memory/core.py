@@ -56,7 +56,7 @@ class ExperientialMemory:
         self.store = store if isinstance(store, MemoryStore) else MemoryStore(store, encoder=encoder, readonly=readonly)
         self.config = config or MemoryConfig()
         self.model = model
-        self.index = VectorIndex(self.store.folder, persist=not self.store.readonly)
+        self.index = VectorIndex(self.store.folder, write_cache=not self.store.readonly)
         self._warned_no_model = False
 
     # -- read side -------------------------------------------------------------------------

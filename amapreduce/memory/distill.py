@@ -30,6 +30,7 @@ from amapreduce.memory.store import (
     MemoryStore,
     add_provenance,
     delete_hint,
+    get_hint,
     get_meta,
     insert_hint,
     log_event,
@@ -129,12 +130,32 @@ def _cluster_hints(store: MemoryStore, record_ids: list[str], limit: int | None 
     return hints[:limit] if limit is not None else hints
 
 
-def _apply(store: MemoryStore, config: MemoryConfig, ops: list[Operation], relevant: list[str], pool: int,
-           report: DistillReport, cluster: int) -> None:
+def _line(op: Operation) -> str:
+    return f"{op.op} {op.number}: {op.text}" if op.number is not None else f"{op.op}: {op.text}"
+
+
+def _apply(store: MemoryStore, config: MemoryConfig, ops: list[Operation], relevant: list[str],
+           listed: dict[str, str], report: DistillReport, cluster: int) -> None:
+    """Apply one reply's operations in one write transaction.
+
+    The hints were listed (and shown to the model) in an earlier transaction, and other writers
+    may have pruned, merged, removed or edited them while the model was answering; an operation
+    on such a hint is rejected on its own, so the rest of the reply (and the run) still applies.
+    """
     order = {"REMOVE": 0, "AGREE": 1, "EDIT": 2, "ADD": 3}
+    pool = len(listed)
     with store.write() as conn:
         existing = [normalise_query(r[0]) for r in conn.execute("SELECT text FROM hints")]
         for op in sorted(ops, key=lambda o: order[o.op]):
+            if op.hint_id:
+                current = get_hint(conn, op.hint_id)
+                if current is None:
+                    report.rejected.append({"line": _line(op), "reason": "hint no longer exists"})
+                    continue
+                if op.op == "EDIT" and current["text"] != listed.get(op.hint_id, current["text"]):
+                    report.rejected.append({"line": _line(op), "reason": "hint was changed by another writer "
+                                            "after it was shown to the model"})
+                    continue
             if op.op == "REMOVE" and op.hint_id:
                 update_hint(conn, op.hint_id, kind="downvoted", delta=-3 if pool >= config.max_listed_hints else -1,
                             cluster=cluster, records=relevant)
@@ -196,7 +217,7 @@ def _refine(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Re
             ops, rejected = parse_operations(ask(model, system, user))
             ops, more = map_operations(ops, [(h[0], h[1]) for h in listed], max_ops=config.max_ops)
             report.rejected += [{"line": r.line, "reason": r.reason} for r in (*rejected, *more)]
-            _apply(store, config, ops, relevant, len(listed), report, cluster)
+            _apply(store, config, ops, relevant, {h[0]: h[1] for h in listed}, report, cluster)
 
 
 def _merge(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec], report: DistillReport) -> None:
@@ -234,8 +255,20 @@ def _merge(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec
             if not merged:
                 report.rejected.append({"line": f"merge of cluster {cluster}", "reason": "reply had no numbered list"})
                 continue
-            score = max(int(h["w"]) for h in batch)
             with store.write() as conn:
+                # Re-read the batch: other writers may have credited, edited or removed its hints
+                # while the model was answering. A merge of text that has since gone or changed
+                # would bring it back, so such a batch is left alone (a later merge retries it);
+                # otherwise the score is the best *current* w, so no credit given meanwhile is lost.
+                current = [get_hint(conn, h["id"]) for h in batch]
+                stale = [h["id"] for h, now_ in zip(batch, current, strict=True)
+                         if now_ is None or now_["text"] != h["text"]]
+                if stale:
+                    report.rejected.append({"line": f"merge of cluster {cluster}",
+                                            "reason": f"hints {', '.join(stale)} were removed or changed by another "
+                                                      "writer during the merge; batch left unmerged"})
+                    continue
+                score = max(int(h["w"]) for h in current if h is not None)
                 new_ids = [insert_hint(conn, text, score, origin="merge", provenance=members[cluster], cluster=cluster,
                                        sources=[h["id"] for h in batch]) for text in merged]
                 for h in batch:

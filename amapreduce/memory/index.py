@@ -72,9 +72,13 @@ def _new_index(dim: int) -> Any:
 class VectorIndex:
     """Exact top-k cosine search over one store's records, split by label."""
 
-    def __init__(self, folder: Path, *, persist: bool = True) -> None:
+    def __init__(self, folder: Path, *, load_cache: bool = True, write_cache: bool = True) -> None:
+        """`load_cache`: start from `vectors.npz` when it matches the database (read-only stores
+        too: that is what saves a new `ask` process from decoding every blob). `write_cache`:
+        rewrite the file as the index grows (off for read-only stores, which must not write)."""
         self.folder = folder
-        self.persist = persist
+        self.load_cache = load_cache
+        self.write_cache = write_cache
         self._state: _State | None = None
         self._lock = threading.Lock()
 
@@ -115,6 +119,9 @@ class VectorIndex:
 
     def sync(self, conn: sqlite3.Connection) -> int:
         """Bring the index up to date with SQLite (call inside a read transaction); return rows added."""
+        return self._sync(conn, use_file=self.load_cache)
+
+    def _sync(self, conn: sqlite3.Connection, *, use_file: bool) -> int:
         import numpy as np
 
         dim_raw = get_meta(conn, "dim")
@@ -125,7 +132,7 @@ class VectorIndex:
         with self._lock:
             state = self._state
             if state is None or state.dim != dim or state.generation != generation:
-                state = self._load_file(dim, generation) if self.persist else None
+                state = self._load_file(dim, generation) if use_file else None
                 if state is not None:
                     newest = conn.execute("SELECT coalesce(max(rowid), 0) FROM records").fetchone()[0]
                     if state.last_rowid > int(newest):  # cache from a newer copy of the database
@@ -147,7 +154,7 @@ class VectorIndex:
                             coarse.add_with_ids(np.ascontiguousarray(vectors[mask]), ids[mask])
                 state.last_rowid = int(ids[-1])
             self._state = state
-            if self.persist and len(rows) >= PERSIST_AFTER:
+            if self.write_cache and len(rows) >= PERSIST_AFTER:
                 try:
                     self._save(state)
                 except OSError as exc:  # the cache only saves time; retrieval stays correct without it
@@ -157,16 +164,20 @@ class VectorIndex:
             return len(rows)
 
     def rebuild(self, conn: sqlite3.Connection) -> int:
-        """Drop the cache and rebuild it from SQLite; return the number of vectors indexed."""
+        """Drop the cache and rebuild it from SQLite; return the number of vectors indexed.
+
+        Without `write_cache` only the in-memory index is rebuilt (the file is left alone), and
+        the rebuild does not start from the file either."""
         with self._lock:
             self._state = None
-            self.path.unlink(missing_ok=True)
-        self.sync(conn)
+            if self.write_cache:
+                self.path.unlink(missing_ok=True)
+        self._sync(conn, use_file=False)
         with self._lock:
             state = self._state
             if state is None:
                 return 0
-            if self.persist:
+            if self.write_cache:
                 self._save(state)
             return int(state.pos.ntotal + state.neg.ntotal)
 
@@ -227,7 +238,7 @@ class VectorIndex:
         Call it inside the same read transaction that copies the database, right after `sync`,
         so the copy covers exactly the snapshot's records without re-decoding every vector.
         """
-        copy = VectorIndex(folder, persist=False)
+        copy = VectorIndex(folder, load_cache=False, write_cache=False)
         with self._lock:
             state = self._state
             if state is not None:

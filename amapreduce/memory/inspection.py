@@ -13,7 +13,7 @@ from amapreduce.errors import UserError
 from amapreduce.memory.labels import confidence
 from amapreduce.memory.records import Record
 from amapreduce.memory.schema import SCHEMA_VERSION
-from amapreduce.memory.store import MemoryStore, get_meta, hint_provenance, list_hints
+from amapreduce.memory.store import MemoryStore, get_meta, hint_provenance, list_hints, pending_provenance
 
 __all__ = ["list_items", "show_item", "stats"]
 
@@ -75,16 +75,17 @@ def show_item(store: MemoryStore, item_id: str) -> dict[str, Any]:
             rec = Record.from_row(dict(row))
             cited = [r[0] for r in conn.execute("SELECT hint_id FROM provenance WHERE record_id = ? ORDER BY hint_id",
                                                 (item_id,))]
-            events = conn.execute("SELECT at, kind, detail FROM events WHERE record_id = ? ORDER BY seq",
+            events = conn.execute("SELECT at, kind, hint_id, detail FROM events WHERE record_id = ? ORDER BY seq",
                                   (item_id,)).fetchall()
             return {"type": "record", **rec.model_dump(mode="json"), "hints": cited,
-                    "events": [{"at": e[0], "kind": e[1], **json.loads(e[2])} for e in events]}
+                    "events": [{"at": e[0], "kind": e[1], **({"hint_id": e[2]} if e[2] else {}), **json.loads(e[3])}
+                               for e in events]}
         hint = conn.execute("SELECT * FROM hints WHERE id = ?", (item_id,)).fetchone()
         if hint is None:
             raise UserError(f"no record or hint with id {item_id!r}. Find ids with `amapreduce memory list`.")
         events = conn.execute("SELECT at, kind, record_id, detail FROM events WHERE hint_id = ? ORDER BY seq",
                               (item_id,)).fetchall()
-        pending = [r[0] for r in conn.execute("SELECT query_key FROM pending_provenance WHERE hint_id = ?", (item_id,))]
+        pending = pending_provenance(conn, item_id)
         return {"type": "hint", "id": hint["id"], "text": hint["text"], "w": int(hint["w"]), "origin": hint["origin"],
                 "created_at": hint["created_at"], "updated_at": hint["updated_at"],
                 "provenance": hint_provenance(conn, item_id), "provenance_questions": pending,

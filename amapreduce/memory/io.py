@@ -3,7 +3,9 @@
 JSONL, one object per line. The first line is a header
 `{"type": "header", "format": "amapreduce-memory", "version": 1, "encoder": ...}`; then records
 `{"type": "record", "id", "query", "label", "decision", "metrics", "task_id", "trace"}` and hints
-`{"type": "hint", "id", "text", "score", "provenance": [record ids]}`. Vectors are not exported:
+`{"type": "hint", "id", "text", "score", "provenance": [record ids]}`, plus
+`"provenance_questions": [questions]` for a hint with question-level provenance (one imported
+from `insights.json`), so it keeps gaining the records that ask them. Vectors are not exported:
 they are recomputed with the importing store's encoder, so a store can move to another encoder.
 
 The reference's `insights.json` (`[{"rule", "score", "correlation_tasks": [questions]}]`) has
@@ -29,6 +31,7 @@ from amapreduce.memory.store import (
     insert_hint,
     insert_record,
     log_event,
+    pending_provenance,
 )
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "export_jsonl", "import_file"]
@@ -75,6 +78,8 @@ class HintLine(_Strict):
     text: str = Field(min_length=1)
     score: int
     provenance: list[str] = Field(default_factory=list)
+    provenance_questions: list[str] = Field(default_factory=list)
+    """Questions whose present and future records join the provenance (reference hints)."""
 
 
 class ReferenceInsight(BaseModel):
@@ -109,6 +114,9 @@ def export_jsonl(store: MemoryStore, path: Path) -> dict[str, int]:
                 "SELECT p.record_id FROM provenance p JOIN records r ON r.id = p.record_id "
                 "WHERE p.hint_id = ? ORDER BY r.rowid", (h["id"],))]
             line = {"type": "hint", "id": h["id"], "text": h["text"], "score": int(h["w"]), "provenance": prov}
+            questions = pending_provenance(conn, h["id"])
+            if questions:
+                line["provenance_questions"] = questions
             fh.write(json.dumps(line, ensure_ascii=False) + "\n")
             counts["hints"] += 1
     return counts
@@ -198,7 +206,9 @@ def import_file(store: MemoryStore, path: Path) -> dict[str, int]:
                 raise UserError(f"{where}: provenance names records not in the file or store: {unknown[:3]}. "
                                 "Export records together with their hints.")
             insert_hint(conn, hint.text, hint.score, origin="import", hint_id=hint.id, provenance=hint.provenance,
-                        source=str(path))
+                        source=str(path), **({"provenance_questions": hint.provenance_questions}
+                                             if hint.provenance_questions else {}))
+            add_pending_provenance(conn, hint.id, hint.provenance_questions)
             counts["hints"] += 1
         log_event(conn, "imported", file=str(path), counts=counts)
     return counts
@@ -220,7 +230,8 @@ def _import_reference(store: MemoryStore, path: Path) -> dict[str, int]:
             if text in existing:
                 counts["skipped"] += 1
                 continue
-            hid = insert_hint(conn, text, insight.score, origin="reference", hint_id=new_id("h"), source=str(path))
+            hid = insert_hint(conn, text, insight.score, origin="reference", hint_id=new_id("h"), source=str(path),
+                              provenance_questions=insight.correlation_tasks)
             counts["linked"] += add_pending_provenance(conn, hid, insight.correlation_tasks)
             existing.add(text)
             counts["hints"] += 1

@@ -62,10 +62,30 @@ class DecisionSummary(BaseModel):
     """A one-line natural-language summary, shown in Δ_q and to the distillation model."""
 
     @classmethod
-    def from_decision(cls, decision: Mapping[str, Any], *, batches: int | None = None) -> DecisionSummary:
-        """Summarise a raw decision as the plan stage receives it (`task_matrix`, `template`, ...)."""
-        if decision and set(decision) <= set(cls.model_fields):
-            return cls.model_validate(dict(decision))
+    def from_decision(cls, decision: Mapping[str, Any] | DecisionSummary, *,
+                      batches: int | None = None) -> DecisionSummary:
+        """Summarise a raw decision as the plan stage receives it (`task_matrix`, `template`, ...).
+
+        A stored or exported summary (summary fields only, with `pattern` or `rows`) is kept
+        exactly as it is, so an export/import round trip is lossless. Anything else is a decision
+        being recorded now, and gets a `pattern` sentence when it has none, since Δ_q and the
+        distillation prompts show it: that includes a raw decision made only of names a summary
+        also has (`{"template": ..., "batch_size": 5}`), read as a summary to keep every field.
+        """
+        if isinstance(decision, DecisionSummary):
+            summary = decision
+        elif decision and set(decision) <= set(cls.model_fields):
+            summary = cls.model_validate(dict(decision))
+            if "pattern" in decision or "rows" in decision:
+                return summary
+            if summary.batches is None and batches is not None:
+                summary = summary.model_copy(update={"batches": batches})
+        else:
+            summary = cls._from_raw(decision, batches=batches)
+        return summary if summary.pattern else summary.model_copy(update={"pattern": summary.describe()})
+
+    @classmethod
+    def _from_raw(cls, decision: Mapping[str, Any], *, batches: int | None) -> DecisionSummary:
         matrix = decision.get("task_matrix") or []
         rows = len(matrix) if isinstance(matrix, list) else 0
         cols = max((len(r) for r in matrix if isinstance(r, list)), default=0) if rows else 0
@@ -77,11 +97,10 @@ class DecisionSummary(BaseModel):
         if size is None and isinstance(strategy_raw, Mapping):
             size = strategy_raw.get("max_group_size") or strategy_raw.get("batch_size")
         batch_size = int(size) if isinstance(size, int | float) and not isinstance(size, bool) else None
-        summary = cls(
+        return cls(
             rows=rows, cols=cols, template=template[:500], columns=columns, strategy=strategy,
             batch_size=batch_size, batches=batches,
         )
-        return summary.model_copy(update={"pattern": summary.describe()})
 
     def describe(self) -> str:
         """Render the summary as one sentence (used when `pattern` is empty)."""

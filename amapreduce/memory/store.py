@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Hint",
     "MemoryStore",
+    "add_pending_provenance",
     "add_provenance",
     "bump_generation",
     "delete_hint",
@@ -40,6 +41,7 @@ __all__ = [
     "list_hints",
     "log_event",
     "now",
+    "pending_provenance",
     "prune_hints",
     "record_count",
     "set_meta",
@@ -107,9 +109,11 @@ def insert_record(conn: sqlite3.Connection, record: Record, vector: np.ndarray) 
             ":metrics, :embedding, :cluster, :created_at)", row)
     except sqlite3.IntegrityError as exc:
         raise UserError(f"record id {record.id!r} already exists in the store. Use another id.") from exc
-    conn.execute("INSERT OR IGNORE INTO provenance(hint_id, record_id) "
-                 "SELECT hint_id, ? FROM pending_provenance WHERE query_key = ?", (record.id, row["query_key"]))
-    log_event(conn, "record_added", record_id=record.id, label=record.label, task_id=record.task_id)
+    linked = [r[0] for r in conn.execute("SELECT hint_id FROM pending_provenance WHERE query_key = ? ORDER BY hint_id",
+                                         (row["query_key"],))]
+    extra: dict[str, Any] = {"linked_hints": linked} if linked else {}
+    log_event(conn, "record_added", record_id=record.id, label=record.label, task_id=record.task_id, **extra)
+    _link(conn, [(hint_id, record.id) for hint_id in linked], query_key=row["query_key"])
     set_meta(conn, "record_count", str(before + 1))
     return int(cur.lastrowid or 0)
 
@@ -151,15 +155,36 @@ def add_provenance(conn: sqlite3.Connection, hint_id: str, record_ids: Iterable[
     return ids
 
 
+def _link(conn: sqlite3.Connection, pairs: Iterable[tuple[str, str]], *, query_key: str) -> int:
+    """Add (hint, record) provenance rows found through a question, logging each new one as a
+    `hint_linked` event: provenance decides retrieval, so every row of it must be traceable."""
+    added = 0
+    for hint_id, record_id in pairs:
+        if conn.execute("INSERT OR IGNORE INTO provenance(hint_id, record_id) VALUES (?, ?)",
+                        (hint_id, record_id)).rowcount:
+            log_event(conn, "hint_linked", hint_id=hint_id, record_id=record_id, via="question", query_key=query_key)
+            added += 1
+    return added
+
+
 def add_pending_provenance(conn: sqlite3.Connection, hint_id: str, queries: Iterable[str]) -> int:
-    """Question-level provenance: link every present and future record asking `queries`."""
+    """Question-level provenance: link every present and future record asking `queries`.
+
+    Returns the number of present records linked now (each logged as `hint_linked`).
+    """
     linked = 0
     for query in queries:
         key = normalise_query(query)
         conn.execute("INSERT OR IGNORE INTO pending_provenance(hint_id, query_key) VALUES (?, ?)", (hint_id, key))
-        linked += conn.execute("INSERT OR IGNORE INTO provenance(hint_id, record_id) "
-                               "SELECT ?, id FROM records WHERE query_key = ?", (hint_id, key)).rowcount
+        records = [r[0] for r in conn.execute("SELECT id FROM records WHERE query_key = ? ORDER BY rowid", (key,))]
+        linked += _link(conn, [(hint_id, rid) for rid in records], query_key=key)
     return linked
+
+
+def pending_provenance(conn: sqlite3.Connection, hint_id: str) -> list[str]:
+    """The normalised questions a hint is linked to (its question-level provenance)."""
+    return [r[0] for r in conn.execute("SELECT query_key FROM pending_provenance WHERE hint_id = ? ORDER BY query_key",
+                                       (hint_id,))]
 
 
 def get_hint(conn: sqlite3.Connection, hint_id: str) -> Hint | None:

@@ -91,8 +91,7 @@ def record_outcome(
             log_event(conn, "record_skipped", reason=reason, task_id=task_id, query=query[:200])
         return UpdateResult(skipped=reason)
     trace_summary = trace if isinstance(trace, TraceSummary) else TraceSummary.model_validate(dict(trace or {}))
-    summary = decision if isinstance(decision, DecisionSummary) else DecisionSummary.from_decision(
-        decision, batches=trace_summary.batches)
+    summary = DecisionSummary.from_decision(decision, batches=trace_summary.batches)
     passed = label(metrics, config.label_rule)
     record = Record(id=record_id or new_id("r"), query=query, label=passed, decision=summary, trace=trace_summary,
                     metrics=dict(metrics), task_id=task_id)

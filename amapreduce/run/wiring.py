@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from amapreduce.mapreduce.engine import MapReduceEngine, ProgressEvent
     from amapreduce.mapreduce.trace import Trace
 
-__all__ = ["NO_MODEL_HELP", "RunParts", "build_parts", "model_for_role", "new_meter", "require_model"]
+__all__ = ["NO_MODEL_HELP", "RunParts", "build_parts", "build_role_model", "model_for_role", "new_meter", "require_model"]
 
 NO_MODEL_HELP = (
     "no model is configured. Pass --model, e.g. `--model openai/gpt-5-mini` (with OPENAI_API_KEY set), "
@@ -75,6 +75,24 @@ class RunParts:
     web_usage: Callable[[], dict[str, Any]] = field(default=lambda: {})
 
 
+def build_role_model(
+    settings: Settings, role: str, model_id: str, *, meter: UsageMeter, inner: Any = None
+) -> ManagedModel:
+    """One role's managed model (retries, the provider's rate limits, the run's meter), built
+    the same way for a run's roles and for the memory CLI, so both talk to a provider alike."""
+    from amapreduce.llm.models import ModelSpec, build_model
+    from amapreduce.llm.retry import RetryPolicy
+
+    spec = ModelSpec(
+        model_id=model_id,
+        api_base=settings.api_base,
+        api_key=settings.api_key,
+        rpm=settings.model_rpm,
+        tpm=settings.model_tpm,
+    )
+    return build_model(spec, role=role, meter=meter, retry=RetryPolicy(), inner=inner)
+
+
 def build_parts(
     settings: Settings,
     *,
@@ -96,8 +114,6 @@ def build_parts(
         web_tools: replaces the web tools (e.g. a corpus-only set).
         roles: roles that need a model.
     """
-    from amapreduce.llm.models import ModelSpec, build_model
-    from amapreduce.llm.retry import RetryPolicy
     from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
     from amapreduce.mapreduce.solver import SmolagentsSolver
 
@@ -109,16 +125,7 @@ def build_parts(
             if role in ("manager", "subagent"):
                 raise ConfigError(NO_MODEL_HELP)
             continue
-        spec = ModelSpec(
-            model_id=model_id,
-            api_base=settings.api_base,
-            api_key=settings.api_key,
-            rpm=settings.model_rpm,
-            tpm=settings.model_tpm,
-        )
-        models[role] = build_model(
-            spec, role=role, meter=meter, retry=RetryPolicy(), inner=inner(role) if inner is not None else None
-        )
+        models[role] = build_role_model(settings, role, model_id, meter=meter, inner=inner(role) if inner is not None else None)
     service = None
     if web_tools is None:
         from amapreduce.web.service import WebService
