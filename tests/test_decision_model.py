@@ -122,6 +122,18 @@ def test_context_only_matrix_column_and_multi_row_key() -> None:
     assert not d.one_row_per_task
 
 
+def test_empty_key_cells_are_refused_naming_the_row() -> None:
+    """Key columns the matrix fills are copied into the table, never asked of a sub-agent:
+    an empty one is a row nobody can identify (the precondition was only in the prompt)."""
+    with pytest.raises(DecisionError, match=r"task_matrix row 1 .* empty cell for key column 'country' \(task_matrix\[1\]\[0\]\)"):
+        Decision.parse(make(task_matrix=[["France", "Europe"], ["", "Asia"]]))
+    with pytest.raises(DecisionError, match=r"row 2 .*key column 'continent'"):
+        Decision.parse(make(task_matrix=[["France", "Europe"], ["Japan", "Asia"], ["Kenya", "  "]]))
+    # Cells outside the key may be empty: a non-key mapped column, or a context-only column.
+    Decision.parse(make(task_matrix=[["France", "Europe"], ["Japan", ""]], key_columns=["country"]))
+    Decision.parse(make(task_matrix=[["France", "Europe"], ["Japan", ""]], matrix_columns=["country", None]))
+
+
 def test_schema_shapes() -> None:
     props = columns_from_schema({"properties": {"a": {"type": ["string", "null"], "description": "A"}}})
     assert props[0].name == "a" and props[0].type == "string|null" and props[0].description == "A"

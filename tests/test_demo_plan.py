@@ -37,6 +37,14 @@ def test_sub_questions_and_columns() -> None:
     assert read_column(Column(name="Population", description="as written"), facts) == "44,494,502"
 
 
+def test_numeric_columns_are_whole_words_so_country_is_a_name() -> None:
+    """`Country` contains `count`: it once got the "integer, digits only" note in every decision."""
+    specs = {c.name: c for c in column_specs(["Country", "Discount", "Population", "Area (km2)", "Rank", "population_2020"])}
+    assert not specs["Country"].numeric and "integer" not in specs["Country"].description
+    assert not specs["Discount"].numeric
+    assert all(specs[n].numeric for n in ("Population", "Area (km2)", "Rank", "population_2020"))
+
+
 @pytest.mark.parametrize("tools", [["web_search", "crawl_page", "mapreduce"], ["web_search", "crawl_page"]])
 def test_an_unknown_question_gets_an_honest_answer_not_a_table(tools: list[str]) -> None:
     from smolagents import Tool

@@ -42,6 +42,11 @@ def test_every_sandbox_task_equals_the_gold(task_id: str, cache: Path, tmp_path:
     strategy = decision["batch_strategy"]["type"]
     assert strategy == ("by_attr" if task_id in ("sbx_en_002", "sbx_en_004") else "per_atom")
     assert decision["batch_strategy"]["rationale"]
+    assert "integer" not in decision["json_schema"]["properties"]["Country"]["description"]
+    saved = json.loads((out.ask.run_dir.path / "result.json").read_text())
+    timings = saved["timings"]  # the same shape as `mapreduce run`: whole run, then each execution
+    assert set(timings) == {"wall_s", "executions"} and timings["wall_s"] >= 0
+    assert len(timings["executions"]) == 1 and set(timings["executions"][0]) == {"map_s", "patch_s", "wall_s"}
     usage = out.ask.meter.by_role()
     assert usage["manager"].requests >= 3 and usage["subagent"].requests > usage["manager"].requests
     attempts = [json.loads(x) for x in (out.ask.run_dir.path / "trace.jsonl").read_text().splitlines()]

@@ -24,6 +24,7 @@ def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The CLI caches dates and judge replies under the settings' cache dir: keep it in tmp."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("AMAPREDUCE_CACHE_DIR", str(cache))
+    monkeypatch.delenv("AMAPREDUCE_JUDGE_MODEL", raising=False)  # offline exact judge unless a test asks
     return cache
 
 

@@ -18,6 +18,7 @@ from amapreduce.llm.scripted import ScriptedModel
 @pytest.fixture(autouse=True)
 def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AMAPREDUCE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("AMAPREDUCE_JUDGE_MODEL", raising=False)  # the default judge reads it
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +110,37 @@ def test_pred_jsonl_extra_keys_and_trial_order(tmp_path: Path, ws_paths: tuple[P
 def test_trial_order_falls_back_to_text() -> None:
     assert eval_cli._trial_order(["10", "2", "1"]) == ["1", "2", "10"]
     assert eval_cli._trial_order(["b", "a", "2"]) == ["2", "a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("configured", "flag", "expected"),
+    [
+        (None, None, "exact"),
+        ("sim/env-judge", None, "sim/env-judge"),
+        ("sim/env-judge", "exact", "exact"),
+        ("sim/env-judge", "sim/flag-judge", "sim/flag-judge"),
+        ("none", None, "exact"),
+    ],
+)
+def test_judge_defaults_to_the_judge_model_setting(
+    configured: str | None, flag: str | None, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`AMAPREDUCE_JUDGE_MODEL` was documented but never read: `--judge` always defaulted to exact."""
+    built: list[str] = []
+
+    def build(model_id: str, cache_dir: Path | None, **kwargs: object) -> judges.ModelClient:
+        built.append(model_id)
+        return judges.ModelClient(ScriptedModel([], model_id=model_id))
+
+    monkeypatch.setattr(judges.ModelClient, "build", staticmethod(build))
+    if configured is not None:
+        monkeypatch.setenv("AMAPREDUCE_JUDGE_MODEL", configured)
+    opts = eval_cli._options("widesearch", flag, "identity", "substring", "aidc", 100, None, False, None)
+    assert opts.judge.name == expected
+    assert built == ([] if expected == "exact" else [expected])
+
+
+def test_judge_default_is_in_the_help(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["eval", "score", "--help"]) == 0
+    assert "Default: AMAPREDUCE_JUDGE_MODEL when set, else exact." in capsys.readouterr().out

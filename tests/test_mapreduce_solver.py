@@ -67,3 +67,25 @@ def test_sub_agent_is_stopped_at_its_deadline() -> None:
 def test_max_steps_must_be_positive() -> None:
     with pytest.raises(ValueError, match="`max_steps` must be >= 1, got 0"):
         SmolagentsSolver(model=FunctionModel(lambda m, i: "x"), max_steps=0)
+
+
+def test_attempt_usage_is_what_the_meter_charged_failed_attempts_included() -> None:
+    from amapreduce.llm.meter import Price, PriceTable, UsageMeter
+    from amapreduce.llm.models import ManagedModel
+
+    def flaky(messages: list, info: ModelInfo) -> object:
+        if info.call_index == 1:  # the first attempt's second call fails for good, after one billed call
+            raise ValueError("malformed request")
+        return sub_agent(messages, info)
+
+    meter = UsageMeter(prices=PriceTable({"sim-model": Price(input=1e-6, output=2e-6)}, use_litellm=False))
+    model = ManagedModel(FunctionModel(flaky, model_id="sim-model"), role="subagent", meter=meter)
+    solver = SmolagentsSolver(model=model, tools=[lookup_capital], max_steps=4)
+    d = Decision.parse({"task_matrix": [["France"], ["Japan"]], "template": "Capital of __0__", "json_schema": ["country", "capital"], "batch_size": 2})
+    result = MapReduceEngine(solver, config=EngineConfig(workers=1)).run(d)
+    assert [a.outcome for a in result.attempts] == ["error", "ok"]
+    assert result.attempts[0].usage.requests == 1 and result.attempts[0].usage.cost_usd > 0
+    charged = meter.by_role()["subagent"]
+    assert result.summary.usage.requests == charged.requests == 3
+    assert result.summary.usage.cost_usd == pytest.approx(charged.cost_usd)
+    assert result.summary.usage.input_tokens == charged.input_tokens

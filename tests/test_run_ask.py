@@ -90,6 +90,9 @@ def test_mapreduce_run_cli_json(server: OpenAICompatibleServer, tmp_path: Path, 
     assert set(out["usage"]) == {"requests", "prompt_tokens", "completion_tokens", "cost_usd"} and out["usage"]["requests"] == 3
     assert out["timings"]["wall_s"] > 0 and Path(out["run_dir"]).is_dir()
     assert (tmp_path / "t.csv").read_text().splitlines()[1] == "France,Paris"
+    saved = json.loads((Path(out["run_dir"]) / "result.json").read_text())
+    assert set(saved["timings"]) == {"wall_s", "executions"} and saved["timings"]["wall_s"] >= 0
+    assert set(saved["timings"]["executions"][0]) == {"map_s", "patch_s", "wall_s"}
     assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs"), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed[0]["kind"] == "mapreduce_run" and listed[0]["rows"] == 3
@@ -102,6 +105,25 @@ def test_runs_list_prints_queries_verbatim(tmp_path: Path, capsys: pytest.Captur
     (run / "result.json").write_text(json.dumps({"kind": "ask", "query": "see [/x] :smile:", "status": "complete"}))
     assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs")]) == 0  # markup here used to raise MarkupError
     assert "see [/x] :smile:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("columns", ["80", "250"])
+def test_runs_list_shows_whole_run_names_that_runs_show_accepts(
+    columns: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 80 columns (a pipe) the run column used to be cut to `20261121-1853…`."""
+    monkeypatch.setenv("COLUMNS", columns)
+    name = "20261121-185312-list-every-country-and-territory-of-south-2"
+    (tmp_path / "runs" / name).mkdir(parents=True)
+    record = {"kind": "ask", "query": "List every country and territory of South America", "status": "complete",
+              "completeness": {"rows": 13, "missing_cells": 0}, "usage": {"total": {"cost_usd": 0.0123}}}
+    (tmp_path / "runs" / name / "result.json").write_text(json.dumps(record))
+    assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert name in out and "complete" in out and "13" in out
+    listed = next(w for line in out.splitlines() for w in line.split() if w.startswith("2026"))
+    assert main(["runs", "show", listed, "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert "status: complete" in capsys.readouterr().out
 
 
 def test_ask_without_model_exits_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,6 +8,7 @@ table is the reducer's table rendered in code, never retyped by the model.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 __all__ = ["MAX_OBSERVATION_CHARS", "build_manager", "truncate"]
 
 MAX_OBSERVATION_CHARS = 12_000
-"""Longest tool output the manager sees; the rest is cut with a note (full text stays in the trace)."""
+"""Longest tool output the manager sees; the rest is cut with a note. Only the manager's copies of
+the tools are cut: the sub-agents' tools return the full text."""
 
 
 def truncate(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
@@ -33,14 +35,22 @@ def truncate(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
 
 
 def _truncating(tool: Tool, limit: int) -> Tool:
-    original = tool.forward
+    """A copy of `tool` whose output is cut to `limit` characters; `tool` itself is unchanged.
+
+    Why a copy: the web tools given to the manager are the very objects the sub-agents' solver
+    uses, and a sub-agent reading a page needs all of it (up to `crawl_max_chars`), not the
+    manager's context-sized cut. The copy calls the original tool, so the original's setup and
+    state (the `mapreduce` tool's table and decisions) are the ones that are used and updated.
+    """
+    wrapped = copy.copy(tool)
+    wrapped.is_initialized = True  # the original sets itself up on its first call, below
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        out = original(*args, **kwargs)
+        out = tool(*args, **kwargs)
         return truncate(out, limit) if isinstance(out, str) else out
 
-    tool.forward = forward
-    return tool
+    wrapped.forward = forward
+    return wrapped
 
 
 def build_manager(

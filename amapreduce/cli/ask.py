@@ -33,7 +33,9 @@ def ask(
     no_memory: bool = typer.Option(False, "--no-memory", help="Run without experiential memory."),
     out: Path | None = typer.Option(None, "--out", help="Also write the markdown table here."),
     csv_out: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV here."),
-    max_cost: float | None = typer.Option(None, "--max-cost", help="Stop after spending this many dollars."),
+    max_cost: float | None = typer.Option(None, "--max-cost", help=(
+        "Stop after spending this many dollars. Models with no known price (a local vLLM or llama.cpp model) count "
+        "as $0: price them in the JSON file named by AMAPREDUCE_PRICES_FILE, or use --max-tokens.")),
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="Stop after this many tokens."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
@@ -95,15 +97,41 @@ def runs_list(
         typer.echo(json.dumps(rows, ensure_ascii=False))
         return
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
     from rich.text import Text
 
-    table = Table("run", "kind", "rows", "missing", "cost $", "status", "query")
+    def cell(r: dict[str, object], key: str) -> str:
+        value = r.get(key)
+        return "" if value is None else str(value)
+
+    table = Table()
+    # The run name is what `runs show RUN` takes: it is never cut or wrapped.
+    table.add_column("run", no_wrap=True)
+    for header in ("kind", "rows", "missing", "cost $", "status", "query"):
+        table.add_column(header, overflow="fold")
     for r in rows:
         # Text, not str: a query such as "see [/x]" is user text, never rich markup.
-        cells = [str(r.get(k, "")) for k in ("run", "kind", "rows", "missing_cells", "cost_usd", "status")]
-        table.add_row(*(Text(c) for c in [*cells, str(r.get("query", ""))[:60]]))
-    Console().print(table)
+        cells = [cell(r, k) for k in ("run", "kind", "rows", "missing_cells", "cost_usd", "status")]
+        table.add_row(*(Text(c) for c in [*cells, cell(r, "query")[:60]]))
+    console = Console()
+    if Measurement.get(console, console.options.update_width(10**6), table).minimum <= console.width:
+        console.print(table)
+        return
+    # Too narrow for a table whose run names stay whole (80 columns, a pipe): one block per run,
+    # its name alone on the first line so it can be copied into `runs show`.
+    for r in rows:
+        facts = [
+            cell(r, "kind"),
+            f"{cell(r, 'rows')} rows" if cell(r, "rows") else "",
+            f"{cell(r, 'missing_cells')} missing" if cell(r, "missing_cells") else "",
+            f"${cell(r, 'cost_usd')}" if cell(r, "cost_usd") else "",
+            cell(r, "status"),
+        ]
+        typer.echo(cell(r, "run"))
+        typer.echo("    " + ", ".join(f for f in facts if f))
+        if cell(r, "query"):
+            typer.echo("    " + cell(r, "query")[:60])
 
 
 @runs_app.command("show")
@@ -122,6 +150,8 @@ def runs_show(
         return
     folder = Path(data["run_dir"])
     typer.echo(f"{data.get('kind')}: {data.get('query')}\nstatus: {data.get('status')}")
+    if data.get("error"):
+        typer.echo(f"error: {data['error']}")
     typer.echo(f"completeness: {json.dumps(data.get('completeness'))}")
     typer.echo(f"usage: {json.dumps((data.get('usage') or {}).get('total'))}")
     table = folder / "table.md"

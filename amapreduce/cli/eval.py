@@ -73,9 +73,22 @@ def _check_deepwide_only(benchmark: str, protocol: str, entity_judge: str) -> No
         )
 
 
+def _judge_id(judge: str | None, settings: Settings) -> str:
+    """The `--judge` in force: the flag, else `AMAPREDUCE_JUDGE_MODEL`, else the offline `exact`.
+
+    Why: the judge is one of the model roles the settings configure; a `judge_model` set in the
+    environment must not be silently ignored. `--judge exact` still forces the offline judge, and
+    `none` (the settings' "role off" value) means the same.
+    """
+    if judge is not None:
+        return judge
+    configured = (settings.judge_model or "").strip()
+    return "exact" if not configured or configured.lower() == "none" else configured
+
+
 def _options(
     benchmark: str,
-    judge: str,
+    judge: str | None,
     align: str,
     entity_judge: str,
     protocol: str,
@@ -97,13 +110,14 @@ def _options(
         raise UserError(
             f"--judge-chunk-size must be >= 1, got {chunk_size}. Use a positive number of rows per call."
         )
+    settings = load_settings()
+    judge = _judge_id(judge, settings)
     for flag, value in (("--judge", judge), ("--align", align), ("--entity-judge", entity_judge)):
         if not value.strip():
             raise UserError(f"{flag} must not be empty. Use a stand-in name or a model id.")
     _check_deepwide_only(benchmark, protocol, entity_judge)
     # Only the AMapReduce DeepWideSearch copy rounds judge scores and parses replies leniently.
     amapreduce_copy = benchmark == "deepwidesearch" and protocol == "amapreduce"
-    settings = load_settings()
     column_judge: judges.ColumnJudge = (
         judges.ExactJudge()
         if judge == "exact"
@@ -208,8 +222,13 @@ def score(
         bool, typer.Option("--all-tasks", help="Score every task (missing answers score 0).")
     ] = False,
     judge: Annotated[
-        str, typer.Option("--judge", help="llm_judge columns: exact (offline stand-in) or a model id.")
-    ] = "exact",
+        str | None,
+        typer.Option(
+            "--judge",
+            help="llm_judge columns: exact (offline stand-in) or a model id. "
+            "Default: AMAPREDUCE_JUDGE_MODEL when set, else exact.",
+        ),
+    ] = None,
     align: Annotated[
         str, typer.Option("--align", help="Header/key alignment: identity | norm | a model id.")
     ] = "identity",

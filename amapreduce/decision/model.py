@@ -105,6 +105,7 @@ class Decision(BaseModel):
         self._columns = columns_from_schema(self.json_schema)
         self._mapped = self._resolve_matrix_columns()
         self._keys = self._resolve_keys()
+        self._check_key_cells()
         self._check_strategy()
         return self
 
@@ -191,6 +192,19 @@ class Decision(BaseModel):
         if len(set(self.key_columns)) != len(self.key_columns):
             raise ValueError(f"key_columns repeats a column: {self.key_columns}")
         return tuple(self.key_columns)
+
+    def _check_key_cells(self) -> None:
+        # The engine copies matrix-filled key cells into the table and never asks a sub-agent
+        # for them, so an empty one would make a row nobody can identify or fill. Other matrix
+        # cells (context, non-key columns) may legitimately be empty.
+        keyed = [(j, col) for j, col in enumerate(self._mapped) if col is not None and col in self._keys]
+        for i, row in enumerate(self.task_matrix):
+            for j, col in keyed:
+                if not row[j].strip():
+                    raise ValueError(
+                        f"task_matrix row {i} ({row!r}) has an empty cell for key column {col!r} "
+                        f"(task_matrix[{i}][{j}]); every row must name its entity, so fill the cell or drop the row"
+                    )
 
     def _attribute(self, index: int | None, name: str | None, where: str) -> int:
         width = len(self.task_matrix[0])

@@ -31,7 +31,9 @@ __all__ = [
 
 NO_SEPARATORS = "digits only, no thousands separators"
 _NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
-_NUMERIC = re.compile(r"population|area|rank|count|number", re.IGNORECASE)
+_NUMERIC = re.compile(r"(?<![a-z])(?:population|area|rank|count|number)(?![a-z])", re.IGNORECASE)
+"""Numeric column names, matched as whole words (`Area (km2)`, `population_2020`): `Country`
+holds the letters of `count` but is a name, and a numeric note would mislead the sub-agents."""
 _DESCRIPTIONS = {
     "country": "the country or territory's name as the atlas writes it",
     "city": "the city's name as the atlas writes it",

@@ -6,12 +6,17 @@ LiteLLM's bundled price map (loaded offline); a model with no known price costs 
 as unknown rather than as a made-up number (the reference charged every model one hard-coded
 price). When a budget (`max_cost_usd`, `max_tokens`) is spent, the next call raises
 `BudgetExceeded`, which stops the run cleanly and keeps the partial table.
+
+A cost budget cannot see what an unpriced model spends (it counts as $0), so the first call of
+such a model under `max_cost_usd` logs one warning naming `AMAPREDUCE_PRICES_FILE` — otherwise
+`--max-cost` with a vLLM or llama.cpp model would silently never stop anything.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -21,9 +26,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from amapreduce.errors import BudgetExceeded, ConfigError
+from amapreduce.llm.scope import active_scopes
 from amapreduce.llm.usage import Usage
 
 __all__ = ["Budget", "BudgetExceeded", "Price", "PriceTable", "UsageMeter", "litellm_offline", "load_price_overrides"]
+
+log = logging.getLogger(__name__)
 
 
 class Budget(BaseModel):
@@ -155,7 +163,10 @@ class UsageMeter:
             )
 
     def record(self, role: str, model_id: str, usage: Usage) -> Usage:
-        """Add one call's usage (its cost filled in from the price table); return it priced."""
+        """Add one call's usage (its cost filled in from the price table); return it priced.
+
+        The priced usage is also added to every `usage_scope` open in the caller's context.
+        """
         cost = self.prices.cost(model_id, usage)
         priced = Usage(
             requests=usage.requests,
@@ -166,8 +177,18 @@ class UsageMeter:
         )
         with self._lock:
             self._by_role[role] = self._by_role.get(role, Usage()) + priced
+            first_unpriced = cost is None and model_id not in self.unpriced_models
             if cost is None:
                 self.unpriced_models.add(model_id)
+        for scope in active_scopes():
+            scope.add(role, priced)
+        if first_unpriced and self.budget.max_cost_usd is not None:
+            log.warning(
+                "model %r has no known price, so its calls count as $0 and the cost budget of $%g cannot stop "
+                "them; give its price in the JSON file named by AMAPREDUCE_PRICES_FILE "
+                '(e.g. {"%s": {"input": 2.5e-07, "output": 2e-06}}) or use --max-tokens.',
+                model_id, self.budget.max_cost_usd, model_id,
+            )
         return priced
 
     def by_role(self) -> dict[str, Usage]:

@@ -6,8 +6,9 @@
 * any OpenAI-compatible endpoint (vLLM, llama.cpp server, Ollama) when `api_base` is set.
 
 It is wrapped in `ManagedModel`, which every call goes through: the budget check, the
-provider's process-wide rate limiter, retries with backoff that honour `Retry-After`, and usage
-and cost accounting by role. Reasoning models get no `temperature`/`max_tokens` (their APIs
+provider's process-wide rate limiter (one ticket per HTTP attempt, retries included), retries
+with backoff that honour `Retry-After`, usage and cost accounting by role (cached prompt tokens
+included), and a `model_call` trace event per call. Reasoning models get no `temperature`/`max_tokens` (their APIs
 reject them). The provider clients' own retries (openai's `max_retries`, LiteLLM's
 `num_retries`, smolagents' `retryer`) are switched off so exactly one policy applies.
 """
@@ -15,7 +16,10 @@ reject them). The provider clients' own retries (openai's `max_retries`, LiteLLM
 from __future__ import annotations
 
 import re
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -24,11 +28,15 @@ from smolagents.models import ChatMessage, Model
 from amapreduce.errors import ConfigError
 from amapreduce.llm.limits import ProviderLimiter, limiter_for
 from amapreduce.llm.meter import UsageMeter, litellm_offline
-from amapreduce.llm.retry import RetryPolicy, call_with_retries
+from amapreduce.llm.retry import ModelCallError, RetryPolicy, Transient, call_with_retries
+from amapreduce.llm.scope import scope_labels
 from amapreduce.llm.scripted import estimate_tokens, message_text
 from amapreduce.llm.usage import Usage
 
-__all__ = ["ROLES", "ManagedModel", "ModelSpec", "build_model", "is_reasoning_model", "provider_of"]
+if TYPE_CHECKING:
+    from amapreduce.mapreduce.trace import Trace
+
+__all__ = ["ROLES", "ManagedModel", "ModelSpec", "build_model", "cached_tokens", "is_reasoning_model", "provider_of"]
 
 ROLES = ("manager", "subagent", "extraction", "memory", "judge")
 """The roles a run assigns models to; each may use its own model."""
@@ -113,8 +121,43 @@ def _inner_model(spec: ModelSpec) -> Model:
         ) from exc
 
 
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def cached_tokens(raw: Any) -> int:
+    """Prompt tokens served from the provider's cache, read from a raw reply (0 when not reported).
+
+    smolagents' `TokenUsage` has no cached count, so it comes from the provider's own usage
+    object: OpenAI and LiteLLM report `usage.prompt_tokens_details.cached_tokens`, Anthropic
+    `usage.cache_read_input_tokens`. Both count them inside the prompt tokens (LiteLLM adds
+    Anthropic's cache reads to `prompt_tokens`), which is how `PriceTable.cost` prices them.
+    """
+    usage = _field(raw, "usage")
+    if usage is None:
+        return 0
+    for value in (_field(_field(usage, "prompt_tokens_details"), "cached_tokens"), _field(usage, "cache_read_input_tokens")):
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+@dataclass
+class _Call:
+    """What happened during one `generate`, across its HTTP attempts."""
+
+    attempts: int = 0
+    error: BaseException | None = None
+    ticket: list[float] | None = None
+
+
 class ManagedModel(Model):
-    """A model whose every call is budgeted, rate-limited, retried and metered.
+    """A model whose every call is budgeted, rate-limited, retried, metered and traced.
+
+    Each HTTP attempt — the first and every retry — takes its own ticket from the provider's
+    limiter, since each one is a request the provider counts. Each call writes one `model_call`
+    trace event (role, model id, tokens, latency, retries, error) and each retry one
+    `model_retry` event, tagged with the batch and attempt of the open `usage_scope`.
 
     Args:
         inner: the model that talks to the provider (or a simulated model).
@@ -122,6 +165,9 @@ class ManagedModel(Model):
         meter: the run's usage meter (and budget).
         limiter: the provider's shared limiter (None: unlimited).
         retry: the retry policy.
+        sleep: replaces `time.sleep` between retries (tests).
+        trace: where call and retry events go (None: not traced).
+        on_retry: told the fields of each `model_retry` event (e.g. to count retries in progress).
     """
 
     def __init__(
@@ -133,6 +179,8 @@ class ManagedModel(Model):
         limiter: ProviderLimiter | None = None,
         retry: RetryPolicy | None = None,
         sleep: Any = None,
+        trace: Trace | None = None,
+        on_retry: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         super().__init__(model_id=inner.model_id)
         self.inner = inner
@@ -141,6 +189,24 @@ class ManagedModel(Model):
         self.limiter = limiter
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
+        self.trace = trace
+        self.on_retry = on_retry
+
+    def _describe(self, exc: BaseException | None) -> str | None:
+        """An error for the trace: capped at 1,000 characters, and never the API key (servers may echo it)."""
+        if exc is None:
+            return None
+        text = f"{type(exc).__name__}: {exc}"
+        client_kwargs = getattr(self.inner, "client_kwargs", None)
+        keys = (getattr(self.inner, "api_key", None), client_kwargs.get("api_key") if isinstance(client_kwargs, dict) else None)
+        for key in keys:
+            if isinstance(key, str) and len(key) >= 8:
+                text = text.replace(key, "[REDACTED]")
+        return text[:1000]
+
+    def _write(self, event: str, **data: Any) -> None:
+        if self.trace is not None and self.trace.enabled:
+            self.trace.write(event, **{"role": self.role, "model_id": self.model_id, **scope_labels(), **data})
 
     def generate(
         self,
@@ -152,28 +218,55 @@ class ManagedModel(Model):
     ) -> ChatMessage:
         self.meter.check()
         estimate = sum(estimate_tokens(message_text(m)) for m in messages)
-        ticket = self.limiter.acquire(estimate) if self.limiter is not None else None
+        state = _Call()
 
         def call() -> ChatMessage:
-            return self.inner.generate(
-                messages,
-                stop_sequences=stop_sequences,
-                response_format=response_format,
-                tools_to_call_from=tools_to_call_from,
-                **kwargs,
-            )
+            state.ticket = self.limiter.acquire(estimate) if self.limiter is not None else None
+            state.attempts += 1
+            try:
+                return self.inner.generate(
+                    messages,
+                    stop_sequences=stop_sequences,
+                    response_format=response_format,
+                    tools_to_call_from=tools_to_call_from,
+                    **kwargs,
+                )
+            except Exception as exc:
+                state.error = exc  # a failed request keeps its ticket: the provider counted it
+                raise
+
+        def retried(attempt: int, transient: Transient, delay_s: float) -> None:
+            fields = {"retry": attempt, "kind": transient.kind, "delay_s": round(delay_s, 3), "error": self._describe(state.error)}
+            self._write("model_retry", **fields)
+            if self.on_retry is not None:
+                self.on_retry({"role": self.role, "model_id": self.model_id, **fields})
 
         extra = {"sleep": self._sleep} if self._sleep is not None else {}
-        reply = call_with_retries(call, what=f"{self.role} model {self.model_id!r}", policy=self.retry, **extra)
+        started = time.monotonic()
+        try:
+            reply = call_with_retries(
+                call, what=f"{self.role} model {self.model_id!r}", policy=self.retry, on_retry=retried, **extra
+            )
+        except ModelCallError as exc:
+            self._write(
+                "model_call", latency_s=round(time.monotonic() - started, 6), retries=max(0, state.attempts - 1),
+                usage=None, error=self._describe(exc),
+            )
+            raise
         used = reply.token_usage
         usage = Usage(
             requests=1,
             input_tokens=used.input_tokens if used else estimate,
             output_tokens=used.output_tokens if used else estimate_tokens(message_text(reply)),
+            cached_tokens=cached_tokens(reply.raw),
         )
-        if ticket is not None and self.limiter is not None:
-            self.limiter.settle(ticket, usage.total_tokens)
-        self.meter.record(self.role, self.model_id or "unknown", usage)
+        if state.ticket is not None and self.limiter is not None:
+            self.limiter.settle(state.ticket, usage.total_tokens)
+        priced = self.meter.record(self.role, self.model_id or "unknown", usage)
+        self._write(
+            "model_call", latency_s=round(time.monotonic() - started, 6), retries=state.attempts - 1,
+            usage=priced.to_json(), error=None,
+        )
         return reply
 
 
@@ -184,9 +277,14 @@ def build_model(
     meter: UsageMeter,
     retry: RetryPolicy | None = None,
     inner: Model | None = None,
+    trace: Trace | None = None,
+    on_retry: Callable[[dict[str, Any]], Any] | None = None,
 ) -> ManagedModel:
-    """The managed model for `role` (`inner` replaces the provider client, e.g. a simulated model)."""
+    """The managed model for `role` (`inner` replaces the provider client, e.g. a simulated model;
+    `trace` and `on_retry` as in `ManagedModel`)."""
     if role not in ROLES:
         raise ConfigError(f"unknown model role {role!r}; roles are {', '.join(ROLES)}.")
     limiter = limiter_for(provider_of(spec), rpm=spec.rpm, tpm=spec.tpm) if (spec.rpm or spec.tpm) else None
-    return ManagedModel(inner or _inner_model(spec), role=role, meter=meter, limiter=limiter, retry=retry)
+    return ManagedModel(
+        inner or _inner_model(spec), role=role, meter=meter, limiter=limiter, retry=retry, trace=trace, on_retry=on_retry
+    )

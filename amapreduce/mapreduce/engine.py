@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from amapreduce.decision.model import Decision
 from amapreduce.errors import BatchTimeout, BudgetExceeded, RunCancelled
+from amapreduce.llm.scope import UsageScope, usage_scope
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import plan_batches
 from amapreduce.mapreduce.executor import Executor, ThreadExecutor
@@ -67,7 +68,7 @@ class ProgressEvent:
     """A progress notification (for rich progress bars or logs)."""
 
     kind: str
-    """`phase`, `attempt` or `batch_done`."""
+    """`phase`, `attempt`, `batch_done`, or `model_retry` (a provider retry, sent by the run's models)."""
     phase: str
     batches_done: int
     batches_total: int
@@ -90,6 +91,8 @@ class _Job:
     started_at: float | None = None
     future: Future[SolverReply] | None = None
     holds_slot: bool = False
+    scope: UsageScope | None = None
+    """The metered model calls of the running attempt (billed even when the attempt fails)."""
 
 
 class MapReduceEngine:
@@ -351,10 +354,12 @@ class MapReduceEngine:
                 job.request = self._request(job.state, self._first_prompt(job.state))
             request = dataclasses.replace(job.request, deadline=time.monotonic() + self.config.batch_timeout_s)
             job.request = request
+            job.scope = UsageScope({"batch_id": request.batch_id, "attempt": request.attempt})
             with self._gate:
                 job.started_at = self._clock()
                 self._running.add(job)
-            return self.solver.solve(request)
+            with usage_scope(job.scope):
+                return self.solver.solve(request)
         finally:
             self._release(job)
 
@@ -405,7 +410,10 @@ class MapReduceEngine:
             outcome = "ok" if parsed.error is None else "parse_error"
             if parsed.error is not None:
                 problem = f"the reply was not a JSON array of rows ({parsed.error})"
-        usage = reply.usage if reply is not None else Usage()
+        # What the meter charged the sub-agent model for this attempt, failed ones included; a
+        # solver whose model is not metered (scripted tests) reports its own usage.
+        metered = job.scope.usage("subagent") if job.scope is not None else Usage()
+        usage = metered if metered.requests else reply.usage if reply is not None else Usage()
         record = AttemptRecord(
             batch_id=state.work.batch.batch_id, phase=phase, attempt=state.attempt, outcome=outcome,
             elapsed_s=round(elapsed, 6), rows=rows, dropped_rows=dropped, error=problem, usage=usage,

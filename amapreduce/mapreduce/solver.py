@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from amapreduce.decision.columns import Column
 from amapreduce.errors import BatchTimeout, BudgetExceeded, SolverError, find_cause
+from amapreduce.llm.scope import usage_scope
 from amapreduce.llm.usage import Usage
 
 if TYPE_CHECKING:
@@ -107,9 +108,10 @@ class SmolagentsSolver:
         from smolagents.utils import AgentError
 
         tools = list(self._tools() if callable(self._tools) else self._tools)
+        model = self._resolve_model()
         agent = ToolCallingAgent(
             tools=tools,
-            model=self._resolve_model(),
+            model=model,
             max_steps=self.max_steps,
             instructions=self.instructions,
             verbosity_level=-1,
@@ -121,7 +123,8 @@ class SmolagentsSolver:
 
         agent.step_callbacks.register(ActionStep, check_deadline)
         try:
-            result = agent.run(request.prompt, return_full_result=True)
+            with usage_scope() as scope:
+                result = agent.run(request.prompt, return_full_result=True)
         except AgentError as exc:
             budget = find_cause(exc, BudgetExceeded)
             if budget is not None:
@@ -138,12 +141,17 @@ class SmolagentsSolver:
                 attempt=request.attempt,
             ) from None
         steps = [s for s in result.steps or [] if isinstance(s, dict) and s.get("step_number") is not None]
-        tokens = result.token_usage
-        usage = Usage(
-            requests=len(steps) or 1,
-            input_tokens=tokens.input_tokens if tokens else 0,
-            output_tokens=tokens.output_tokens if tokens else 0,
-        )
+        # A metered model's usage is what the meter charged (priced, cached tokens included);
+        # otherwise smolagents' own token count.
+        role = getattr(model, "role", None)
+        usage = scope.usage(role) if isinstance(role, str) else Usage()
+        if not usage.requests:
+            tokens = result.token_usage
+            usage = Usage(
+                requests=len(steps) or 1,
+                input_tokens=tokens.input_tokens if tokens else 0,
+                output_tokens=tokens.output_tokens if tokens else 0,
+            )
         tool_calls = [
             {"name": call.get("function", {}).get("name"), "arguments": call.get("function", {}).get("arguments")}
             for s in steps

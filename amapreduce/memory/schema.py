@@ -124,7 +124,7 @@ def _translate(path: Path) -> Iterator[None]:
         if any(marker in text for marker in _CORRUPT):
             raise StoreCorrupted(
                 f"memory store {path} is corrupted or not an amapreduce store ({exc}). "
-                "Restore it from an `amapreduce memory export` file, or point --store at another folder."
+                "Restore it from an `amapreduce memory export` file, or point --store (`ask --memory`) at another folder."
             ) from exc
         raise
 
@@ -141,7 +141,7 @@ def connect(folder: Path, *, create: bool = True, readonly: bool = False) -> sql
     if not db.exists() and (readonly or not create):
         raise StoreError(
             f"no memory store at {folder} (missing {DB_NAME}). Create one by importing or recording runs, "
-            "or check --store."
+            "or check --store (`ask --memory`)."
         )
     if not readonly:
         folder.mkdir(parents=True, exist_ok=True)

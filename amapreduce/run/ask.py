@@ -2,18 +2,19 @@
 
 The manager agent discovers the entities and writes the decision; the `mapreduce` tool runs it
 (plan stage first, with the experiential prior when a memory is given); the final table is the
-reducer's table rendered in code. Whatever happens — a budget stop, Ctrl-C, a model failure —
-the run directory is written with what was found.
+reducer's table rendered in code. Whatever happens — a budget stop, Ctrl-C, a model failure,
+a setup error — the run directory gets a `result.json` with what was found (or why it failed).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amapreduce.errors import BudgetExceeded, RunCancelled, find_cause
-from amapreduce.run.execute import finish_run
+from amapreduce.errors import BudgetExceeded, RunCancelled, UserError, find_cause
+from amapreduce.run.execute import finish_run, recording_failures
 from amapreduce.run.progress import RunProgress
 from amapreduce.run.rundir import RunDir
 from amapreduce.run.wiring import InnerFactory, build_parts, new_meter
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from amapreduce.mapreduce.prior import PriorProvider
     from amapreduce.mapreduce.tool import MapReduceTool
 
-__all__ = ["AskOutcome", "run_ask"]
+__all__ = ["AskOutcome", "check_memory_store", "run_ask"]
 
 
 @dataclass(kw_only=True)
@@ -60,6 +61,22 @@ def _completeness(tool: MapReduceTool, table: Table) -> dict[str, Any]:
     }
 
 
+def check_memory_store(store: Path) -> None:
+    """Refuse a `--memory` folder that holds no store, before a run directory is made.
+
+    Why here and as a `UserError`: a mistyped path is a usage mistake (exit 2), not a run
+    failure, and the memory layer's own message speaks of its `--store` flag, which `ask` has not.
+    """
+    from amapreduce.memory.schema import DB_NAME
+
+    if not (store / DB_NAME).is_file():
+        raise UserError(
+            f"--memory {str(store)!r} holds no experiential-memory store (no {DB_NAME} there). "
+            "Point --memory at a store folder (one made by `amapreduce memory import` or `memory add`), "
+            "or use --no-memory."
+        )
+
+
 def run_ask(
     query: str,
     settings: Settings,
@@ -83,18 +100,26 @@ def run_ask(
             read-only: a run never changes the memory; learning happens after scoring).
         task_id: benchmark instance id, passed to the memory.
         show_progress: force the progress display on/off (default: when stderr is a terminal).
+
+    Raises:
+        UserError: `memory_store` holds no store (checked before a run directory is made).
+        Exception: any other setup or run failure, re-raised after `result.json` is written with
+            status `failed` and the error message.
     """
     from smolagents.utils import AgentError
 
     from amapreduce.agents.manager import build_manager
     from amapreduce.mapreduce.tool import MapReduceTool
 
+    if prior_provider is None and memory_store is not None:
+        check_memory_store(memory_store)
+    started = time.perf_counter()
     run_dir = RunDir.create(settings.runs_dir, query)
     meter = new_meter(settings)
     answer: Any = None
     status = "complete"
     interrupted: BaseException | None = None
-    try:
+    with recording_failures(run_dir, kind="ask", query=query, meter=meter, started=started):
         with RunProgress(meter, enabled=show_progress) as progress:
             roles = ("manager", "subagent", "extraction", *(("memory",) if memory_store is not None else ()))
             parts = build_parts(
@@ -130,6 +155,7 @@ def run_ask(
         markdown = to_markdown(table) if len(table) else str(answer or "")
         record = finish_run(
             run_dir, table, _completeness(tool, table), kind="ask", query=query, status=status, meter=meter,
+            started=started, executions=[r.summary.timings for r in tool.results],
             extra={
                 "manager_answer": None if answer is None else str(answer),
                 "decisions": [d.model_dump(mode="json") for d in tool.decisions],
@@ -137,8 +163,6 @@ def run_ask(
                 "web": parts.web_usage(),
             },
         )
-    finally:
-        run_dir.close()
     if interrupted is not None:
         raise interrupted
     return AskOutcome(table=table, markdown=markdown, status=status, run_dir=run_dir, meter=meter, record=record, tool=tool)

@@ -6,6 +6,9 @@ DocETL/LOTUS map operation, and the building block the manager's runs share.
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.mapreduce.result import MapReduceResult
 
-__all__ = ["RunOutcome", "finish_run", "run_decision", "usage_json", "write_outputs"]
+__all__ = ["RunOutcome", "finish_run", "recording_failures", "run_decision", "run_timings", "usage_json", "write_outputs"]
 
 
 @dataclass(kw_only=True)
@@ -62,6 +65,19 @@ def write_outputs(table: Table, markdown: str, *, out: Path | None, csv_out: Pat
         atomic_write(csv_out, to_csv(table))
 
 
+def run_timings(started: float, executions: Sequence[Mapping[str, float]] = ()) -> dict[str, Any]:
+    """The `timings` object of every `result.json`: one shape for `ask`, `demo` and `mapreduce run`.
+
+    `wall_s` is the whole run (setup, manager, every execution, writing the table) measured from
+    `started` (a `time.perf_counter()` value); `executions` holds each engine execution's own
+    `map_s` / `patch_s` / `wall_s`, in order.
+    """
+    return {
+        "wall_s": round(max(time.perf_counter() - started, 0.0), 6),
+        "executions": [dict(t) for t in executions],
+    }
+
+
 def finish_run(
     run_dir: RunDir,
     table: Table,
@@ -71,11 +87,14 @@ def finish_run(
     query: str,
     status: str,
     meter: UsageMeter,
+    started: float,
+    executions: Sequence[Mapping[str, float]] = (),
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write `table.md`, `table.csv` and `result.json`; return the recorded object.
 
-    `completeness` is the engine's summary (rows, missing cells, rounds, retries, timings).
+    `completeness` is the engine's summary (rows, missing cells, rounds, retries); `started` and
+    `executions` give the `timings` (see `run_timings`).
     """
     run_dir.write_table(to_markdown(table), to_csv(table))
     record = {
@@ -86,10 +105,47 @@ def finish_run(
         "table": table.to_json(),
         "usage": meter.to_json(),
         **(extra or {}),
+        "timings": run_timings(started, executions),
     }
     run_dir.write_result(record)
     run_dir.trace.write("run_finished", status=status, usage=meter.to_json())
     return record
+
+
+@contextlib.contextmanager
+def recording_failures(run_dir: RunDir, *, kind: str, query: str, meter: UsageMeter, started: float) -> Iterator[None]:
+    """Close `run_dir` on the way out; if the run raised before writing `result.json`, write one
+    with status `failed` (or `stopped: interrupted` for Ctrl-C) and the error, then re-raise.
+
+    Why: a run directory without `result.json` is invisible to `runs list` and says nothing about
+    what went wrong (a bad search backend, an unreadable memory store, a bug). Every run the user
+    started must leave a record.
+    """
+    try:
+        yield
+    except (Exception, KeyboardInterrupt) as exc:
+        if not (run_dir.path / "result.json").exists():
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            status = "stopped: interrupted" if interrupted else "failed"
+            error = "interrupted" if interrupted else (str(exc) or type(exc).__name__)
+            # Best effort: a failure to record the failure (disk full ...) must not hide `exc`.
+            with contextlib.suppress(Exception):
+                run_dir.write_result(
+                    {
+                        "kind": kind,
+                        "query": query,
+                        "status": status,
+                        "error": error,
+                        "error_type": type(exc).__name__,
+                        "completeness": {"rows": 0, "complete": False},
+                        "usage": meter.to_json(),
+                        "timings": run_timings(started),
+                    }
+                )
+                run_dir.trace.write("run_finished", status=status, error=error, usage=meter.to_json())
+        raise
+    finally:
+        run_dir.close()
 
 
 def run_decision(
@@ -105,9 +161,10 @@ def run_decision(
 
     A budget stop or Ctrl-C keeps the partial table (status `stopped: ...`).
     """
+    started = time.perf_counter()
     run_dir = RunDir.create(settings.runs_dir, label)
     meter = new_meter(settings)
-    try:
+    with recording_failures(run_dir, kind="mapreduce_run", query=label, meter=meter, started=started):
         with RunProgress(meter, enabled=show_progress) as progress:
             parts = build_parts(
                 settings, trace=run_dir.trace, meter=meter, progress=progress, inner=inner,
@@ -121,12 +178,7 @@ def run_decision(
                 status = f"stopped: {exc}"
         record = finish_run(
             run_dir, result.table, result.summary.to_json(), kind="mapreduce_run", query=label, status=status,
-            meter=meter, extra={
-                "decision": decision.model_dump(mode="json"),
-                "web": parts.web_usage(),
-                "timings": dict(result.summary.timings),
-            },
+            meter=meter, started=started, executions=[result.summary.timings],
+            extra={"decision": decision.model_dump(mode="json"), "web": parts.web_usage()},
         )
-    finally:
-        run_dir.close()
     return RunOutcome(result=result, run_dir=run_dir, status=status, record=record, meter=meter)

@@ -30,6 +30,12 @@ class RunProgress:
         self._task: Any = None
         self.stage = "starting"
 
+    @property
+    def retries(self) -> int:
+        """Batch retries plus provider retries seen so far."""
+        with self._lock:
+            return self._retries
+
     def __enter__(self) -> RunProgress:
         if self.enabled:
             from rich.console import Console
@@ -60,7 +66,8 @@ class RunProgress:
     def __call__(self, event: ProgressEvent) -> None:
         """Engine progress callback."""
         with self._lock:
-            if event.kind == "attempt" and event.data.get("attempt", 1) > 1:
+            # Both kinds of retry show in one counter: a batch re-asked and a provider call repeated (429, 5xx).
+            if (event.kind == "attempt" and event.data.get("attempt", 1) > 1) or event.kind == "model_retry":
                 self._retries += 1
             if event.kind in ("phase", "batch_done"):
                 self.stage = event.phase

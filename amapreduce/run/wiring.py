@@ -76,10 +76,18 @@ class RunParts:
 
 
 def build_role_model(
-    settings: Settings, role: str, model_id: str, *, meter: UsageMeter, inner: Any = None
+    settings: Settings,
+    role: str,
+    model_id: str,
+    *,
+    meter: UsageMeter,
+    inner: Any = None,
+    trace: Trace | None = None,
+    on_retry: Callable[[dict[str, Any]], Any] | None = None,
 ) -> ManagedModel:
     """One role's managed model (retries, the provider's rate limits, the run's meter), built
-    the same way for a run's roles and for the memory CLI, so both talk to a provider alike."""
+    the same way for a run's roles and for the memory CLI, so both talk to a provider alike.
+    With `trace`, every call and retry is recorded there (`model_call`, `model_retry` events)."""
     from amapreduce.llm.models import ModelSpec, build_model
     from amapreduce.llm.retry import RetryPolicy
 
@@ -90,7 +98,19 @@ def build_role_model(
         rpm=settings.model_rpm,
         tpm=settings.model_tpm,
     )
-    return build_model(spec, role=role, meter=meter, retry=RetryPolicy(), inner=inner)
+    return build_model(spec, role=role, meter=meter, retry=RetryPolicy(), inner=inner, trace=trace, on_retry=on_retry)
+
+
+def _retry_progress(progress: Callable[[ProgressEvent], None] | None) -> Callable[[dict[str, Any]], Any] | None:
+    """Turn a model's provider retries into `model_retry` progress events (shown as retries)."""
+    if progress is None:
+        return None
+    from amapreduce.mapreduce.engine import ProgressEvent
+
+    def on_retry(fields: dict[str, Any]) -> None:
+        progress(ProgressEvent(kind="model_retry", phase=str(fields.get("role", "")), batches_done=0, batches_total=0, data=fields))
+
+    return on_retry
 
 
 def build_parts(
@@ -107,9 +127,9 @@ def build_parts(
 
     Args:
         settings: the run's settings (model ids, limits, budgets, search backend).
-        trace: where every call is recorded.
+        trace: where every call is recorded (model calls and retries included).
         meter: the run's usage meter (default: a new one with the settings' budget).
-        progress: engine progress callback.
+        progress: engine progress callback (also told of provider retries, kind `model_retry`).
         inner: replaces the provider clients (simulated models in the demo and tests).
         web_tools: replaces the web tools (e.g. a corpus-only set).
         roles: roles that need a model.
@@ -125,7 +145,10 @@ def build_parts(
             if role in ("manager", "subagent"):
                 raise ConfigError(NO_MODEL_HELP)
             continue
-        models[role] = build_role_model(settings, role, model_id, meter=meter, inner=inner(role) if inner is not None else None)
+        models[role] = build_role_model(
+            settings, role, model_id, meter=meter, inner=inner(role) if inner is not None else None,
+            trace=trace, on_retry=_retry_progress(progress),
+        )
     service = None
     if web_tools is None:
         from amapreduce.web.service import WebService

@@ -1,0 +1,77 @@
+"""Usage scopes: which model calls belong to one piece of work (a batch attempt), by context.
+
+The meter adds every call to the run's totals; a scope additionally collects the calls made
+*inside* it, in the current thread's context. The engine opens one around each sub-agent
+attempt, so an attempt's usage is exactly what the meter charged for it — priced, and kept
+even when the attempt fails or times out (its calls were billed all the same). Scope labels
+(batch id, phase, attempt) are also written into each `model_call` trace event, so a model
+call in the trace can be tied to its batch.
+
+Context variables are per thread (and not inherited by threads a tool starts), so parallel
+attempts never see each other's calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from amapreduce.llm.usage import Usage
+
+__all__ = ["UsageScope", "active_scopes", "scope_labels", "usage_scope"]
+
+
+class UsageScope:
+    """Usage by role of the model calls made inside one `usage_scope` block (thread-safe)."""
+
+    def __init__(self, labels: dict[str, Any] | None = None) -> None:
+        self.labels = dict(labels or {})
+        self._lock = threading.Lock()
+        self._by_role: dict[str, Usage] = {}
+
+    def add(self, role: str, usage: Usage) -> None:
+        """Count one call's (priced) usage."""
+        with self._lock:
+            self._by_role[role] = self._by_role.get(role, Usage()) + usage
+
+    def usage(self, role: str | None = None) -> Usage:
+        """Usage of `role` (None: every role) seen so far."""
+        with self._lock:
+            if role is not None:
+                return self._by_role.get(role, Usage())
+            return sum(self._by_role.values(), Usage())
+
+    def by_role(self) -> dict[str, Usage]:
+        """Usage per role seen so far."""
+        with self._lock:
+            return dict(self._by_role)
+
+
+_ACTIVE: ContextVar[tuple[UsageScope, ...]] = ContextVar("amapreduce_usage_scopes", default=())
+
+
+@contextmanager
+def usage_scope(scope: UsageScope | None = None, **labels: Any) -> Iterator[UsageScope]:
+    """Collect the usage of the model calls made in this block (scopes nest; each sees its calls)."""
+    scope = scope if scope is not None else UsageScope(labels)
+    token = _ACTIVE.set((*_ACTIVE.get(), scope))
+    try:
+        yield scope
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_scopes() -> tuple[UsageScope, ...]:
+    """The scopes open in the current context, outermost first."""
+    return _ACTIVE.get()
+
+
+def scope_labels() -> dict[str, Any]:
+    """The labels of the open scopes (inner ones win), for trace events."""
+    merged: dict[str, Any] = {}
+    for scope in _ACTIVE.get():
+        merged.update(scope.labels)
+    return merged

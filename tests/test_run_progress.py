@@ -1,0 +1,19 @@
+"""The live progress counter: batch retries and provider retries both count."""
+
+from __future__ import annotations
+
+from amapreduce.llm.meter import UsageMeter
+from amapreduce.mapreduce.engine import ProgressEvent
+from amapreduce.run.progress import RunProgress
+
+
+def test_batch_and_provider_retries_are_counted() -> None:
+    progress = RunProgress(UsageMeter(), enabled=False)
+    with progress:
+        progress(ProgressEvent(kind="phase", phase="map", batches_done=0, batches_total=2))
+        progress(ProgressEvent(kind="attempt", phase="map", batches_done=0, batches_total=0, data={"attempt": 1}))
+        progress(ProgressEvent(kind="attempt", phase="map", batches_done=0, batches_total=0, data={"attempt": 2}))
+        progress(ProgressEvent(kind="model_retry", phase="map", batches_done=0, batches_total=0, data={"kind": "rate_limit"}))
+        progress(ProgressEvent(kind="batch_done", phase="patch1", batches_done=1, batches_total=2))
+    assert progress.retries == 2
+    assert progress.stage == "patch1"
