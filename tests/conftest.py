@@ -32,6 +32,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
+@pytest.fixture(autouse=True)
+def _no_user_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The developer's own settings (a model, an API base, a judge, a cache folder) must never
+    reach a test: every test starts from the defaults and sets what it needs."""
+    for name in list(os.environ):
+        if name.startswith(("AMAPREDUCE_", "OPENAI_")):
+            monkeypatch.delenv(name)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The repository checkout."""

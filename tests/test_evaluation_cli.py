@@ -24,7 +24,6 @@ def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The CLI caches dates and judge replies under the settings' cache dir: keep it in tmp."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("AMAPREDUCE_CACHE_DIR", str(cache))
-    monkeypatch.delenv("AMAPREDUCE_JUDGE_MODEL", raising=False)  # offline exact judge unless a test asks
     return cache
 
 
@@ -145,6 +144,8 @@ def test_pred_jsonl_and_ids(tmp_path: Path, ws_paths: tuple[Path, Path]) -> None
         (["--ids", "ws_en_999"], "unknown instance id"),
         (["--ids", "ws_en_013", "--all-tasks"], "either --ids or --all-tasks"),
         (["--judge-chunk-size", "0"], "--judge-chunk-size must be >= 1"),
+        (["--protocol", "amapreduce"], "--protocol is a DeepWideSearch option"),
+        (["--entity-judge", "sim/j"], "--entity-judge is a DeepWideSearch option"),
     ],
 )
 def test_bad_arguments_exit_2(

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from fake_clock import FakeTime
 from smolagents import OpenAIModel
 from smolagents.models import ChatMessage, MessageRole
 
@@ -29,20 +29,6 @@ SECRET = "sk-test-SECRET-0123456789"
 PRICES = PriceTable({"sim-model": Price(input=1e-6, output=2e-6, cached_input=1e-7)}, use_litellm=False)
 
 
-class FakeTime:
-    """A clock that only moves when someone sleeps (limiter waits and retry backoffs)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.lock = threading.Lock()
-
-    def clock(self) -> float:
-        with self.lock:
-            return self.now
-
-    def sleep(self, s: float) -> None:
-        with self.lock:
-            self.now += max(0.0, s)
 
 
 class StampedRequests(list[Any]):

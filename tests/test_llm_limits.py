@@ -5,22 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
+from fake_clock import FakeTime
 
 from amapreduce.llm.limits import ProviderLimiter
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.lock = threading.Lock()
-
-    def clock(self) -> float:
-        with self.lock:
-            return self.now
-
-    def sleep(self, s: float) -> None:
-        with self.lock:
-            self.now += s
 
 
 def test_requests_per_window_with_fake_clock() -> None:

@@ -218,7 +218,7 @@ def test_cancel_raises_with_partial_result() -> None:
     partial = info.value.partial
     assert partial.cancelled
     done = [r for r in partial.table.rows if not r.missing()]
-    assert 9 <= len(done) < 30
+    assert 7 <= len(done) < 30  # 3 threads hold jobs in order, but take the one slot in any order
     assert len(partial.table) == 30  # every known entity is still listed, the rest marked missing
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import _thread
 import json
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
@@ -100,4 +103,67 @@ def test_no_attempt_starts_after_ctrl_c() -> None:
     assert info.value.partial is not None and info.value.partial.cancelled
     release.set()  # frees both slots: waiting threads now get them and must stand down
     assert ex.join(60)
-    assert sorted(started) == ["batch-001", "batch-002"]
+    assert len(started) == 2  # the two that held the slots; nothing started after the interrupt
+
+
+class HeldResults:
+    """Runs each job on its own thread but hands its result to the engine only when released:
+    the engine loop sees no finished attempt, however many have answered."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+
+        def run() -> None:
+            try:
+                result = fn()
+            except BaseException as exc:
+                self.release.wait(60)
+                future.set_exception(exc)
+            else:
+                self.release.wait(60)
+                future.set_result(result)
+
+        thread = threading.Thread(target=run, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+        return future
+
+    def replace_stuck_thread(self) -> None:
+        pass
+
+    def shutdown(self, *, cancel: bool) -> None:
+        pass
+
+
+def test_attempts_answered_before_a_cancel_are_kept() -> None:
+    """Two attempts answer (their slots pass on) before the engine loop has seen either result;
+    the third cancels the run. The partial table must still hold the two answered batches."""
+    engine: MapReduceEngine
+    answered: list[int] = []
+    lock = threading.Lock()
+
+    class Solver:
+        def solve(self, req: BatchRequest) -> SolverReply:
+            with lock:
+                answered.append(int(req.tasks[0][1:]))
+                third = len(answered) == 3
+            if third:
+                engine.cancel()
+            return SolverReply(output=json.dumps([{"task": 1, "capital": f"cap-{req.tasks[0]}"}]), usage=Usage())
+
+    ex = HeldResults()
+    engine = MapReduceEngine(Solver(), config=EngineConfig(workers=1, max_attempts=1, patch_rounds=0), executor=ex)
+    with pytest.raises(RunCancelled) as info:
+        engine.run(Decision.parse(DECISION))
+    ex.release.set()
+    for thread in ex.threads:
+        thread.join(60)
+    partial = info.value.partial
+    assert partial is not None
+    done = {r.task_index for r in partial.table.rows if not r.missing()}
+    assert done >= set(answered[:2]) and len(answered) >= 3
+    assert partial.summary.attempts >= 2

@@ -20,13 +20,6 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
     return json.loads(out)  # exactly one JSON document
 
 
-@pytest.fixture(autouse=True)
-def no_model_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The developer's own model settings must not leak into these tests."""
-    for name in ("AMAPREDUCE_MODEL", "AMAPREDUCE_MEMORY_MODEL", "AMAPREDUCE_API_BASE", "OPENAI_BASE_URL"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture()
 def store(tmp_path: Path) -> str:
     ranked_store(tmp_path / "store")[0].close()

@@ -22,12 +22,6 @@ from amapreduce.memory import ExperientialMemory
 BULLETS = "1. Split the matrix by region.\n2. Verify totals."
 
 
-@pytest.fixture(autouse=True)
-def no_model_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("AMAPREDUCE_MODEL", "AMAPREDUCE_MEMORY_MODEL", "AMAPREDUCE_API_BASE", "OPENAI_BASE_URL"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture()
 def store(tmp_path: Path) -> str:
     ranked_store(tmp_path / "store")[0].close()

@@ -93,6 +93,8 @@ class _Job:
     holds_slot: bool = False
     scope: UsageScope | None = None
     """The metered model calls of the running attempt (billed even when the attempt fails)."""
+    outcome: tuple[SolverReply | None, BaseException | None] | None = None
+    """Set by the worker when the solver returns, before its slot is freed: a stop never loses it."""
 
 
 class MapReduceEngine:
@@ -197,7 +199,10 @@ class MapReduceEngine:
         if cancelled or table is None:
             table = self._reduce(decision, tables)
         timings["wall_s"] = self._clock() - start
-        summary = self._summarize(decision, table, tables, records, rounds_run, batches_run, timings)
+        per_task = None if decision.one_row_per_task else decision.rows_per_task or 1
+        summary = RunSummary.of(
+            table, tables, records, rows_per_task=per_task, rounds=rounds_run, batches=batches_run, timings=timings
+        )
         result = MapReduceResult(table=table, summary=summary, plan=plan, attempts=tuple(records), cancelled=cancelled)
         self.trace.write("run_end", summary=summary.to_json(), cancelled=cancelled)
         if cancelled:
@@ -265,8 +270,10 @@ class MapReduceEngine:
                 raise RunCancelled("cancelled")
         except (KeyboardInterrupt, RunCancelled):
             self._cancel.set()  # queued attempts waiting for a slot must not start after Ctrl-C
-            for job in inflight.values():
-                if job.request is not None:
+            for job in list(inflight.values()):
+                if job.outcome is not None:  # answered before the stop: keep (and count) its rows
+                    self._settle(job, phase, *job.outcome, tables, records)
+                elif job.request is not None:
                     job.request.cancel.set()
             raise
 
@@ -359,7 +366,13 @@ class MapReduceEngine:
                 job.started_at = self._clock()
                 self._running.add(job)
             with usage_scope(job.scope):
-                return self.solver.solve(request)
+                try:
+                    reply = self.solver.solve(request)
+                except Exception as exc:
+                    job.outcome = (None, exc)
+                    raise
+            job.outcome = (reply, None)
+            return reply
         finally:
             self._release(job)
 
@@ -457,36 +470,6 @@ class MapReduceEngine:
             for row in tables[i].rows:
                 table.merge_row(row)
         return table
-
-    def _summarize(
-        self,
-        decision: Decision,
-        table: Table,
-        tables: dict[int, Table],
-        records: list[AttemptRecord],
-        rounds: int,
-        batches: int,
-        timings: dict[str, float],
-    ) -> RunSummary:
-        need = 0 if decision.one_row_per_task else (decision.rows_per_task or 1)
-        incomplete = sum(1 for t in tables.values() if len(t) < need)
-        missing = len(table.missing_cells())
-        usage = sum((r.usage for r in records), Usage())
-        return RunSummary(
-            rows=len(table),
-            missing_cells=missing,
-            incomplete_tasks=incomplete,
-            conflicts=sum(1 for row in table.rows for cell in row.cells.values() if cell.alternatives),
-            complete=missing == 0 and incomplete == 0,
-            patch_rounds=rounds,
-            batches=batches,
-            attempts=len(records),
-            retries=sum(1 for r in records if r.attempt > 1),
-            timeouts=sum(1 for r in records if r.outcome == "timeout"),
-            failures=sum(1 for r in records if r.outcome in ("error", "parse_error")),
-            usage=usage,
-            timings={k: round(v, 6) for k, v in timings.items()},
-        )
 
     def _emit(self, kind: str, phase: str, done: int, total: int, **data: Any) -> None:
         if self._progress is not None:

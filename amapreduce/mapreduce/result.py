@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,37 @@ class RunSummary:
     usage: Usage
     timings: Mapping[str, float]
     """`map_s`, `patch_s`, `wall_s`."""
+
+    @classmethod
+    def of(
+        cls,
+        table: Table,
+        task_tables: Mapping[int, Table],
+        records: Sequence[AttemptRecord],
+        *,
+        rows_per_task: int | None,
+        rounds: int,
+        batches: int,
+        timings: Mapping[str, float],
+    ) -> RunSummary:
+        """The summary of a reduced `table`; `rows_per_task` is None when each task is one row."""
+        incomplete = sum(1 for t in task_tables.values() if len(t) < (rows_per_task or 0))
+        missing = len(table.missing_cells())
+        return cls(
+            rows=len(table),
+            missing_cells=missing,
+            incomplete_tasks=incomplete,
+            conflicts=sum(1 for row in table.rows for cell in row.cells.values() if cell.alternatives),
+            complete=missing == 0 and incomplete == 0,
+            patch_rounds=rounds,
+            batches=batches,
+            attempts=len(records),
+            retries=sum(1 for r in records if r.attempt > 1),
+            timeouts=sum(1 for r in records if r.outcome == "timeout"),
+            failures=sum(1 for r in records if r.outcome in ("error", "parse_error")),
+            usage=sum((r.usage for r in records), Usage()),
+            timings={k: round(v, 6) for k, v in timings.items()},
+        )
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON fields."""
