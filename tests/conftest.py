@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,19 @@ def _no_user_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("AMAPREDUCE_", "OPENAI_")):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture()
+def python_sigint() -> Iterator[None]:
+    """Python's own Ctrl-C handler for tests that simulate Ctrl-C with `_thread.interrupt_main()`.
+
+    A process started in the background by a non-interactive shell inherits SIGINT *ignored*,
+    and then `interrupt_main()` does nothing; CI may start the suite that way."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")

@@ -222,12 +222,17 @@ def test_cancel_raises_with_partial_result() -> None:
     assert len(partial.table) == 30  # every known entity is still listed, the rest marked missing
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_cancels_cleanly() -> None:
     truth = world(20)
 
     def hook(req: BatchRequest) -> None:
         if req.batch_id == "batch-005":
             _thread.interrupt_main()
+            # CPython may deliver an interrupt raised from another thread only when the main thread
+            # next blocks; holding this attempt until the engine cancels it guarantees that happens
+            # inside `run` (otherwise the interrupt can land in a later test).
+            assert req.cancel.wait(60)
 
     engine = MapReduceEngine(WorldSolver(truth, hook=hook, sleep=(0.001, 0.002)), config=EngineConfig(workers=2, max_batches=None))
     with pytest.raises(RunCancelled) as info:

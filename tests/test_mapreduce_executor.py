@@ -79,6 +79,7 @@ def test_hung_attempts_do_not_starve_the_pool() -> None:
     assert ex.thread_count == 4 + 6
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_no_attempt_starts_after_ctrl_c() -> None:
     """Two workers block; the second interrupts the main thread. Attempts already on pool threads
     waiting for a worker slot must see the cancel and never call the solver."""
