@@ -128,8 +128,8 @@ def recording_failures(run_dir: RunDir, *, kind: str, query: str, meter: UsageMe
             interrupted = isinstance(exc, KeyboardInterrupt)
             status = "stopped: interrupted" if interrupted else "failed"
             error = "interrupted" if interrupted else (str(exc) or type(exc).__name__)
-            # Best effort: a failure to record the failure (disk full ...) must not hide `exc`.
-            with contextlib.suppress(Exception):
+            # A failure to record the failure (disk full ...) must not hide `exc`; it rides along as a note.
+            try:
                 run_dir.write_result(
                     {
                         "kind": kind,
@@ -143,6 +143,8 @@ def recording_failures(run_dir: RunDir, *, kind: str, query: str, meter: UsageMe
                     }
                 )
                 run_dir.trace.write("run_finished", status=status, error=error, usage=meter.to_json())
+            except Exception as record_exc:
+                exc.add_note(f"(also: could not write the failed result.json in {run_dir.path}: {record_exc})")
         raise
     finally:
         run_dir.close()
