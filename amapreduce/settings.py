@@ -116,12 +116,12 @@ class Settings(BaseModel):
 
     @field_validator("allowed_domains", "denied_domains", mode="before")
     @classmethod
-    def _split_domains(cls, value: object) -> object:
-        # Environment values arrive as one comma-separated string; `UrlPolicy` does the rest of
-        # the normalisation (case, `*.` prefixes) so a policy built directly behaves the same.
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+    def _split_domains(cls, value: object) -> tuple[str, ...]:
+        # Environment values arrive as one comma-separated string; the URL policy's parser reads
+        # it, so a list set here and one given to `UrlPolicy` directly are read the same way.
+        from amapreduce.web.policy import normalize_domains
+
+        return normalize_domains(value)
 
 
 def load_settings(

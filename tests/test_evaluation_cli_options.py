@@ -10,7 +10,7 @@ import pytest
 from amapreduce.cli import eval as eval_cli
 from amapreduce.cli.app import main
 from amapreduce.evaluation import judges
-from amapreduce.evaluation.loaders import gold_as_markdown, load_gold, load_tasks
+from amapreduce.evaluation.loaders import gold_as_markdown, load_gold, load_predictions_jsonl, load_tasks
 from amapreduce.evaluation.runner import EvalOptions
 from amapreduce.llm.scripted import ScriptedModel
 
@@ -86,9 +86,14 @@ def test_pred_jsonl_extra_keys_and_trial_order(tmp_path: Path, ws_paths: tuple[P
     assert scores == [1.0, 0.0, 0.0]  # trials 1, 2, 10: by id, not by first appearance
 
 
-def test_trial_order_falls_back_to_text() -> None:
-    assert eval_cli._trial_order(["10", "2", "1"]) == ["1", "2", "10"]
-    assert eval_cli._trial_order(["b", "a", "2"]) == ["2", "a", "b"]
+def test_trial_order_falls_back_to_text(tmp_path: Path) -> None:
+    def order(trials: list[str]) -> list[str]:
+        path = tmp_path / "p.jsonl"
+        path.write_text("".join(json.dumps({"instance_id": "a", "trial": t, "response": "x"}) + "\n" for t in trials))
+        return list(load_predictions_jsonl(path))
+
+    assert order(["10", "2", "1"]) == ["1", "2", "10"]
+    assert order(["b", "a", "2"]) == ["2", "a", "b"]
 
 
 @pytest.mark.parametrize(

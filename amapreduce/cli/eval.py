@@ -162,21 +162,8 @@ def _trials(pred_dirs: list[Path], pred_jsonl: Path | None, candidate_ids: list[
     if not pred_dirs and pred_jsonl is None:
         raise UserError("no predictions given. Pass --pred-dir TRIAL_DIR (repeatable) or --pred-jsonl FILE.")
     if pred_jsonl is not None:
-        by_trial = load_predictions_jsonl(pred_jsonl)
-        return [Trial(label, by_trial[label]) for label in _trial_order(list(by_trial))]
+        return [Trial(label, answers) for label, answers in load_predictions_jsonl(pred_jsonl).items()]
     return [Trial(str(d), load_predictions_dir(d, candidate_ids)) for d in pred_dirs]
-
-
-def _trial_order(labels: list[str]) -> list[str]:
-    """`--pred-jsonl` trials sorted by id: numerically when every id is an integer, else as text.
-
-    Why: the per-task lists of the results JSON are "one per trial"; the file's line order (for
-    example a first task that lacks trial 1) must not decide which position a trial gets.
-    """
-    try:
-        return sorted(labels, key=int)
-    except ValueError:
-        return sorted(labels)
 
 
 def _task_ids(all_ids: list[str], ids: str | None, all_tasks: bool, trials: list[Trial]) -> list[str]:

@@ -240,7 +240,9 @@ def load_predictions_dir(pred_dir: Path, instance_ids: list[str]) -> dict[str, s
 def load_predictions_jsonl(path: Path) -> dict[str, dict[str, str | None]]:
     """Read `--pred-jsonl` lines `{"instance_id", "trial", "response"}` into `{trial: {id: text}}`.
 
-    Trials keep their first-seen order here; the CLI sorts them by trial id.
+    Trials are ordered by id — numerically when every id is an integer, else as text — so the
+    file's line order (say, a first task that lacks trial 1) never decides a trial's position in
+    the per-task lists of the results.
 
     Raises:
         UserError: missing file, malformed line, or the same (trial, id) twice.
@@ -270,4 +272,8 @@ def load_predictions_jsonl(path: Path) -> dict[str, dict[str, str | None]]:
             bucket[item.instance_id] = item.response
     if not trials:
         raise UserError(f"--pred-jsonl {path} holds no prediction.")
-    return trials
+    try:
+        order = sorted(trials, key=int)
+    except ValueError:
+        order = sorted(trials)
+    return {label: trials[label] for label in order}
