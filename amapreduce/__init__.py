@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from amapreduce._version import __version__
 from amapreduce.errors import (
     AmapreduceError,
     BatchTimeout,
@@ -17,11 +18,11 @@ from amapreduce.errors import (
     RunCancelled,
     RunError,
     SolverError,
+    ToolCallFailed,
     ToolCallRefused,
+    ToolError,
     UserError,
 )
-
-__version__ = "0.1.0"
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY: dict[str, str] = {
@@ -68,7 +69,9 @@ __all__ = [
     "SolverError",
     "SolverReply",
     "Table",
+    "ToolCallFailed",
     "ToolCallRefused",
+    "ToolError",
     "Usage",
     "UserError",
     "__version__",

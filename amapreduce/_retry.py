@@ -1,21 +1,22 @@
 """The one retry loop: exponential backoff with jitter, a server's `Retry-After` honoured.
 
-Model calls (`amapreduce.llm.retry`) and search backends (`amapreduce.web.ratelimit`) differ
-only in which errors are worth retrying and what to raise when giving up; both plug those into
-`retry_loop`, so backoff behaves the same everywhere.
+Model calls (`amapreduce.llm.retry`) and search backends (`amapreduce.web.backends.base`) differ
+only in which errors are worth retrying, how many attempts they make and what to raise when
+giving up. Both plug those into `retry_loop` and keep `RetryPolicy`'s defaults for the backoff
+cap, the jitter and the `Retry-After` limit, so no caller retries in lockstep or without bound.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RetryPolicy", "Transient", "retry_loop"]
+__all__ = ["RetryPolicy", "Transient", "parse_retry_after", "retry_loop"]
 
 T = TypeVar("T")
 
@@ -44,6 +45,20 @@ class Transient:
     """e.g. `rate_limit`, `server`, `timeout`, `connection`, `backend`."""
     retry_after_s: float | None = None
     """What the server asked us to wait, when it said."""
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """The wait an HTTP reply asks for: `retry-after-ms`, else `retry-after` in seconds.
+
+    None when neither is there or the value is an HTTP date or junk (our own backoff applies).
+    """
+    try:
+        if headers.get("retry-after-ms") is not None:
+            return float(headers["retry-after-ms"]) / 1000
+        raw = headers.get("retry-after")
+        return float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def retry_loop(

@@ -10,7 +10,9 @@ AmapreduceError                 base of everything we raise on purpose
 │   ├── BatchTimeout            one sub-agent attempt ran past its deadline
 │   ├── BudgetExceeded          the run's cost or token budget is spent; the run stops cleanly
 │   └── RunCancelled            the run was cancelled (Ctrl-C or `cancel()`); holds the partial result
-└── ToolCallRefused             model-facing: a tool refuses a call and tells the model how to recover
+└── ToolError                   model-facing: a tool call did not succeed; the message tells the model what to do
+    ├── ToolCallRefused         the tool turned the call away on purpose (bad arguments, URL policy, call limits)
+    └── ToolCallFailed          the call was valid but its work failed (network down, missing page, backend error)
 ```
 
 Messages say what is wrong, show the value and say what to do, e.g.
@@ -33,7 +35,9 @@ __all__ = [
     "RunCancelled",
     "RunError",
     "SolverError",
+    "ToolCallFailed",
     "ToolCallRefused",
+    "ToolError",
     "UserError",
 ]
 # `find_cause` (below) is a helper, not part of the exception tree that `__all__` lists.
@@ -100,10 +104,25 @@ class RunCancelled(RunError):
     """The result so far (a `MapReduceResult` when raised by the engine)."""
 
 
-class ToolCallRefused(AmapreduceError):
-    """Raised inside a tool to refuse a call; the agent shows the message to the model.
+class ToolError(AmapreduceError):
+    """Raised inside a tool when a call does not succeed; the agent shows the message to the model.
+
+    Why model-facing and not a `RunError`: the run goes on. smolagents turns the exception into the
+    step's observation, and the model reads it and tries something else.
+    """
+
+
+class ToolCallRefused(ToolError):
+    """The tool turned the call away on purpose: invalid arguments, a refused URL, a call limit.
 
     The message must tell the model what to change so its next call succeeds.
+    """
+
+
+class ToolCallFailed(ToolError):
+    """The call was valid but its work failed: the network, the search backend, a missing page.
+
+    The message says what went wrong and what to try instead (another URL, a later retry).
     """
 
 

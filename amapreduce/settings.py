@@ -10,7 +10,7 @@ the defaults below.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from amapreduce.errors import ConfigError
 
-__all__ = ["ENV_ALIASES", "ENV_PREFIX", "Settings", "load_settings"]
+__all__ = ["ENV_ALIASES", "ENV_PREFIX", "Settings", "load_settings", "normalize_domains"]
 
 ENV_PREFIX = "AMAPREDUCE_"
 
@@ -30,6 +30,29 @@ ENV_ALIASES: dict[str, str] = {
     "api_key": "OPENAI_API_KEY",
     "api_base": "OPENAI_BASE_URL",
 }
+
+
+def normalize_domains(value: object) -> tuple[str, ...]:
+    """A domain list from a comma-separated string or a sequence: trimmed, lower case, without a
+    leading `*.`/`.` or a trailing dot, empties dropped, order kept.
+
+    The one parser of domain lists: the settings read `AMAPREDUCE_ALLOWED_DOMAINS` with it and
+    `web.policy.UrlPolicy` reads its lists with it, so both spell a list the same way (it lives
+    here because configuration must not import the web layer)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items: list[object] = list(value.split(","))
+    elif isinstance(value, Iterable):
+        items = list(value)
+    else:
+        raise ValueError(f"expected a comma-separated string or a list of domains, got {value!r}")
+    out: list[str] = []
+    for item in items:
+        text = str(item).strip().lower().removeprefix("*.").strip(".")
+        if text and text not in out:
+            out.append(text)
+    return tuple(out)
 
 
 class Settings(BaseModel):
@@ -117,10 +140,7 @@ class Settings(BaseModel):
     @field_validator("allowed_domains", "denied_domains", mode="before")
     @classmethod
     def _split_domains(cls, value: object) -> tuple[str, ...]:
-        # Environment values arrive as one comma-separated string; the URL policy's parser reads
-        # it, so a list set here and one given to `UrlPolicy` directly are read the same way.
-        from amapreduce.web.policy import normalize_domains
-
+        # Environment values arrive as one comma-separated string.
         return normalize_domains(value)
 
 

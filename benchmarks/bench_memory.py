@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from amapreduce.llm.scripted import FunctionModel
 from amapreduce.memory import ExperientialMemory, MemoryConfig
 from amapreduce.memory.records import DecisionSummary, Record
 from amapreduce.memory.retrieval import retrieve
 from amapreduce.memory.store import insert_hint, insert_record
+from amapreduce.testing.scripted import FunctionModel
 
 DIM = 384
 TOPICS = 200

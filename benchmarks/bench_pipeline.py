@@ -30,8 +30,10 @@ from typing import Any
 
 from amapreduce.demo.model import SimulatedAtlasModel
 from amapreduce.demo.run import demo_settings, load_sandbox_tasks, score_answer
+from amapreduce.llm.factory import new_meter
 from amapreduce.run.ask import run_ask
 from amapreduce.settings import Settings
+from amapreduce.testing.scripted import SIMULATED_PRICES
 
 
 def _measure(model: SimulatedAtlasModel, started: float) -> dict[str, Any]:
@@ -46,7 +48,10 @@ def run_amapreduce(task: Any, settings: Settings, latency_s: float) -> tuple[dic
     """One task through `run_ask` with the simulated model."""
     model = SimulatedAtlasModel(latency_s=latency_s)
     started = time.perf_counter()
-    outcome = run_ask(task.query, settings, inner=lambda role: model, task_id=task.instance_id, show_progress=False)
+    meter = new_meter(settings, prices_by_prefix=SIMULATED_PRICES)  # the simulated model is priced at zero
+    outcome = run_ask(
+        task.query, settings, inner=lambda role: model, task_id=task.instance_id, show_progress=False, meter=meter
+    )
     return _measure(model, started), outcome.markdown
 
 

@@ -7,7 +7,7 @@ Three timings, all on the same machine in the same run:
 1. **baseline** — the official `evaluate_single_query` flow written with pandas as the official
    code does it (per-table `astype(str)`, `drop_duplicates`, `Series.apply` preprocess without
    memoisation, inner + outer `pd.merge`, `DataFrame.apply(axis=1)` metrics), single process,
-   with the §10 stand-ins. It also cross-checks our numbers: both must agree to 1e-9.
+   with the docs/scorer-rules.md §10 stand-ins. It also cross-checks our numbers: both must agree to 1e-9.
 2. **amapreduce (in-process)** — `score_table` over the same 200 tasks (empty memo caches).
    Both in-process timings run after dateparser's one-time locale loading, printed separately.
 3. **amapreduce (CLI)** — `amapreduce eval score` in a fresh process on 200 answer files, once
@@ -15,7 +15,7 @@ Three timings, all on the same machine in the same run:
    2 s of the cold run is dateparser loading its ~200 locales for strings like "nan").
 
 The official code itself (which needs pandarallel, an LLM and HF downloads) took about 25 s for
-this pass on this machine (docs/widesearch-eval.md §10); that figure is printed for reference.
+this pass on this machine (docs/scorer-rules.md §10); that figure is printed for reference.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any
 from amapreduce.sandbox import WORLD_DIR
 from amapreduce.web.cache import WebCache
 from amapreduce.web.corpus import CorpusIndex, build_corpus_index
-from amapreduce.web.extract import extract_main_text
+from amapreduce.web.main_text import extract_main_text
 from amapreduce.web.policy import UrlPolicy
 from amapreduce.web.service import WebService
 

@@ -1,4 +1,4 @@
-"""Write each gold table as a markdown answer file: the "gold pass" of docs/widesearch-eval.md §11.
+"""Write each gold table as a markdown answer file: the "gold pass" of docs/scorer-rules.md §11.
 
 Usage:
     .venv/bin/python eval/render_gold.py --tasks ../shared/data/widesearch/widesearch.jsonl \

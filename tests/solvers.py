@@ -71,7 +71,7 @@ class WorldSolver:
         if roll < self.fail_rate:
             return SolverReply(output="I am sorry, the search failed.", usage=Usage(requests=1, input_tokens=50))
         rows = []
-        wanted = [c.name for c in request.columns]
+        wanted = [c.name for c in request.column_specs]
         for number, task in enumerate(request.tasks, 1):
             name = ENTITY.search(task).group(1)  # type: ignore[union-attr]
             facts = self.truth.get(name, {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from smolagents import Tool
 
 from amapreduce.agents.manager import build_manager
-from amapreduce.llm.scripted import ScriptedModel, final_answer, tool_call
+from amapreduce.testing.scripted import ScriptedModel, final_answer, tool_call
 
 PAGE = "x" * 500
 

@@ -92,9 +92,9 @@ def test_defaults_and_derived_views() -> None:
     d = Decision.parse(make(task_matrix=[["France", 1], ["Japan", 2.5]]))
     assert d.task_matrix == [["France", "1"], ["Japan", "2.5"]]  # numbers coerced to text
     assert isinstance(d.batch_strategy, PerAtom)
-    assert d.column_names == ("country", "continent", "capital")
-    assert d.mapped_columns == ("country", "continent")
-    assert d.keys == ("country", "continent")
+    assert d.columns == ("country", "continent", "capital")
+    assert d.resolved_matrix_columns == ("country", "continent")
+    assert d.resolved_key_columns == ("country", "continent")
     assert d.one_row_per_task
     assert d.task_text(1) == "Capital of Japan (2.5)?"
     assert d.forced_values(0) == {"country": "France", "continent": "1"}
@@ -162,7 +162,7 @@ def test_load_decision_errors(tmp_path: Path) -> None:
 
 def test_example_decision_is_valid(repo_root: Path) -> None:
     d = load_decision(repo_root / "examples" / "decision.json")
-    assert d.keys == ("country",)
+    assert d.resolved_key_columns == ("country",)
     assert isinstance(d.batch_strategy, ByAttr)
 
 

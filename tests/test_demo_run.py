@@ -49,6 +49,7 @@ def test_every_sandbox_task_equals_the_gold(task_id: str, cache: Path, tmp_path:
     assert len(timings["executions"]) == 1 and set(timings["executions"][0]) == {"map_s", "patch_s", "wall_s"}
     usage = out.ask.meter.by_role()
     assert usage["manager"].requests >= 3 and usage["subagent"].requests > usage["manager"].requests
+    assert out.ask.meter.unpriced_models == set() and out.ask.meter.total().cost_usd == 0.0  # simulated: priced, free
     attempts = [json.loads(x) for x in (out.ask.run_dir.path / "trace.jsonl").read_text().splitlines()]
     rows = [r for a in attempts if a["event"] == "attempt" for r in a["parsed_rows"]]
     assert rows and all(str(r["source"]).startswith("corpus://sandbox/") for r in rows)  # a source URL per row

@@ -31,3 +31,6 @@ def test_audiences_are_split() -> None:
     assert issubclass(errors.ConfigError, errors.UserError)
     assert issubclass(errors.BatchTimeout, errors.RunError)
     assert not issubclass(errors.ToolCallRefused, (errors.UserError, errors.RunError))
+    assert issubclass(errors.ToolCallRefused, errors.ToolError) and issubclass(errors.ToolCallFailed, errors.ToolError)
+    assert not issubclass(errors.ToolError, (errors.UserError, errors.RunError))
+    assert not issubclass(errors.ToolCallFailed, errors.ToolCallRefused)

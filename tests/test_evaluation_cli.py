@@ -10,6 +10,9 @@ import pytest
 
 from amapreduce.cli.app import main
 from amapreduce.evaluation.loaders import gold_as_markdown, load_gold, load_tasks
+from amapreduce.llm.meter import UsageMeter
+from amapreduce.llm.models import ManagedModel
+from amapreduce.settings import Settings
 
 IDS = ["ws_en_013", "ws_en_018", "ws_en_022"]
 
@@ -265,13 +268,19 @@ def test_deepwidesearch_run(tmp_path: Path, shared_data: Path) -> None:
 
 
 def test_model_judge_and_aligner_through_the_cli(
-    tmp_path: Path, ws_paths: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, _cache_in_tmp: Path
+    tmp_path: Path,
+    ws_paths: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    _cache_in_tmp: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`--judge MODEL --align MODEL`: every column judged by the model, replies cached on disk."""
     import ast
 
-    from amapreduce.evaluation import judges
-    from amapreduce.llm.scripted import FunctionModel, message_text
+    from amapreduce.cli import eval as eval_cli
+    from amapreduce.llm.factory import build_role_model
+    from amapreduce.llm.messages import message_text
+    from amapreduce.testing.scripted import FunctionModel
 
     def reply(messages: list, info: object) -> str:
         text = message_text(messages[0])
@@ -286,11 +295,11 @@ def test_model_judge_and_aligner_through_the_cli(
     model = FunctionModel(reply, model_id="sim/judge")
     built: list[str] = []
 
-    def build(model_id: str, cache_dir: Path | None, **kwargs: object) -> judges.ModelClient:
-        built.append(model_id)
-        return judges.ModelClient(model, judges.JudgeCache(cache_dir) if cache_dir else None)
+    def build(model_id: str, settings: Settings, meter: UsageMeter) -> ManagedModel:
+        built.append(model_id)  # the real factory, with the provider client replaced by the simulated judge
+        return build_role_model(settings, "judge", model_id, meter=meter, inner=model)
 
-    monkeypatch.setattr(judges.ModelClient, "build", staticmethod(build))
+    monkeypatch.setattr(eval_cli, "_judge_model", build)
     tasks_file, gold_dir = ws_paths
     write_trial(tmp_path / "t", tasks_file, gold_dir, ["ws_en_093"])  # newline cells: exact judge fails them
     args = [
@@ -306,9 +315,13 @@ def test_model_judge_and_aligner_through_the_cli(
     ]
     assert main(args) == 0
     first_calls = model.calls
-    entry = json.loads((tmp_path / "o.json").read_text())["per_task"]["ws_en_093"][0]
+    document = json.loads((tmp_path / "o.json").read_text())
+    entry = document["per_task"]["ws_en_093"][0]
     assert built == ["sim/judge", "sim/judge"] and first_calls > 0
     assert entry["f1_by_item"] > 0.99  # the model accepted the cells exact match cannot
+    # The judge is metered like a run's models: every call is charged to the judge role and reported.
+    assert document["judge_usage"]["by_role"]["judge"]["requests"] == first_calls
+    assert f"judge models: {first_calls} calls" in capsys.readouterr().out
     assert main(args) == 0
     assert model.calls == first_calls  # second run answered from the disk cache
     assert list((_cache_in_tmp / "judge").rglob("*.json"))
@@ -392,8 +405,9 @@ def test_model_judge_over_http_sends_official_prompt_at_temperature_zero(
     import ast
 
     from amapreduce.llm.guard import allow_model_requests
-    from amapreduce.llm.scripted import FunctionModel, message_text
+    from amapreduce.llm.messages import message_text
     from amapreduce.testing.openai_server import OpenAICompatibleServer
+    from amapreduce.testing.scripted import FunctionModel
 
     def grade(messages: list, info: object) -> str:
         text = message_text(messages[-1])

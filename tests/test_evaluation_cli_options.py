@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from amapreduce.cli import eval as eval_cli
 from amapreduce.cli.app import main
-from amapreduce.evaluation import judges
+from amapreduce.evaluation import judges, runner
 from amapreduce.evaluation.loaders import gold_as_markdown, load_gold, load_predictions_jsonl, load_tasks
 from amapreduce.evaluation.runner import EvalOptions
-from amapreduce.llm.scripted import ScriptedModel
+from amapreduce.llm import factory
+from amapreduce.testing.scripted import ScriptedModel
+
+ScoreOptions = Callable[..., EvalOptions]
 
 
 @pytest.fixture(autouse=True)
@@ -27,20 +31,64 @@ def ws_paths(shared_data: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Model ids build offline clients (the options are inspected, never asked)."""
+def built_models(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The model factory builds offline models (the options are inspected, never asked); the list
+    collects the ids it was asked for."""
+    built: list[str] = []
 
-    def build(model_id: str, cache_dir: Path | None, **kwargs: object) -> judges.ModelClient:
-        return judges.ModelClient(ScriptedModel([]))
+    def build(settings: object, role: str, model_id: str, **kwargs: object) -> ScriptedModel:
+        built.append(model_id)
+        return ScriptedModel([], model_id=model_id)
 
-    monkeypatch.setattr(judges.ModelClient, "build", staticmethod(build))
-
-
-def options(benchmark: str, protocol: str, entity_judge: str = "substring") -> EvalOptions:
-    return eval_cli._options(benchmark, "sim/j", "sim/j", entity_judge, protocol, 100, None, False, None)
+    monkeypatch.setattr(factory, "build_role_model", build)
+    return built
 
 
-@pytest.mark.usefixtures("fake_models")
+class _OptionsHandedOver(Exception):
+    """Raised in place of scoring: `eval score` got as far as handing its options to the library."""
+
+    def __init__(self, options: EvalOptions) -> None:
+        super().__init__("eval score handed its options to run_evaluation")
+        self.options = options
+
+
+@pytest.fixture
+def score_options(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ScoreOptions:
+    """`amapreduce eval score --benchmark B FLAGS...` up to the library call: the `EvalOptions` the
+    command hands to `run_evaluation` (nothing is scored)."""
+
+    def hand_over(tasks: Any, task_ids: Any, trials: Any, gold_dir: Any, options: EvalOptions, **kw: Any) -> Any:
+        raise _OptionsHandedOver(options)
+
+    monkeypatch.setattr(runner, "run_evaluation", hand_over)
+    data = {
+        "widesearch": shared_data / "widesearch" / "widesearch.jsonl",
+        "deepwidesearch": shared_data / "deepwidesearch" / "overall_20250916.jsonl",
+    }
+    gold = {
+        "widesearch": shared_data / "widesearch" / "widesearch_gold",
+        "deepwidesearch": shared_data / "deepwidesearch" / "overall_20250916_tables",
+    }
+    answers = tmp_path / "answers"
+    answers.mkdir()
+
+    def run(benchmark: str, *flags: str) -> EvalOptions:
+        argv = ["eval", "score", "--benchmark", benchmark, "--tasks", str(data[benchmark]),
+                "--gold-dir", str(gold[benchmark]), "--pred-dir", str(answers), "--all-tasks",
+                "--out", str(tmp_path / "results.json"), *flags]
+        with pytest.raises(_OptionsHandedOver) as handed:
+            main(argv)
+        return handed.value.options
+
+    return run
+
+
+def options(score_options: ScoreOptions, benchmark: str, protocol: str, entity_judge: str = "substring") -> EvalOptions:
+    return score_options(benchmark, "--judge", "sim/j", "--align", "sim/j", "--entity-judge", entity_judge,
+                         "--protocol", protocol)
+
+
+@pytest.mark.usefixtures("built_models")
 @pytest.mark.parametrize(
     ("benchmark", "protocol", "amapreduce_copy"),
     [
@@ -50,19 +98,20 @@ def options(benchmark: str, protocol: str, entity_judge: str = "substring") -> E
     ],
 )
 def test_only_deepwide_amapreduce_rounds_and_parses_leniently(
-    benchmark: str, protocol: str, amapreduce_copy: bool
+    benchmark: str, protocol: str, amapreduce_copy: bool, score_options: ScoreOptions
 ) -> None:
-    opts = options(benchmark, protocol)
+    opts = options(score_options, benchmark, protocol)
     assert isinstance(opts.judge, judges.ModelJudge) and isinstance(opts.aligner, judges.ModelAligner)
     assert opts.judge.normalize is amapreduce_copy
     expected = judges.parse_json_reply_lenient if amapreduce_copy else judges.parse_json_reply
     assert opts.judge.parse is expected and opts.aligner.parse is expected
 
 
-def test_spelling_out_the_defaults_stays_valid_with_widesearch() -> None:
+@pytest.mark.usefixtures("built_models")
+def test_spelling_out_the_defaults_stays_valid_with_widesearch(score_options: ScoreOptions) -> None:
     """Documented commands keep working: only non-default DeepWideSearch options are refused
     (those cases are in test_evaluation_cli.py::test_bad_arguments_exit_2)."""
-    assert options("widesearch", "aidc", "substring").protocol == "aidc"
+    assert options(score_options, "widesearch", "aidc", "substring").protocol == "aidc"
 
 
 def test_pred_jsonl_extra_keys_and_trial_order(tmp_path: Path, ws_paths: tuple[Path, Path]) -> None:
@@ -107,21 +156,21 @@ def test_trial_order_falls_back_to_text(tmp_path: Path) -> None:
     ],
 )
 def test_judge_defaults_to_the_judge_model_setting(
-    configured: str | None, flag: str | None, expected: str, monkeypatch: pytest.MonkeyPatch
+    configured: str | None,
+    flag: str | None,
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
+    built_models: list[str],
+    score_options: ScoreOptions,
 ) -> None:
     """`AMAPREDUCE_JUDGE_MODEL` was documented but never read: `--judge` always defaulted to exact."""
-    built: list[str] = []
-
-    def build(model_id: str, cache_dir: Path | None, **kwargs: object) -> judges.ModelClient:
-        built.append(model_id)
-        return judges.ModelClient(ScriptedModel([], model_id=model_id))
-
-    monkeypatch.setattr(judges.ModelClient, "build", staticmethod(build))
     if configured is not None:
         monkeypatch.setenv("AMAPREDUCE_JUDGE_MODEL", configured)
-    opts = eval_cli._options("widesearch", flag, "identity", "substring", "aidc", 100, None, False, None)
+    judge_flag = [] if flag is None else ["--judge", flag]
+    opts = score_options("widesearch", *judge_flag, "--align", "identity", "--entity-judge", "substring",
+                         "--protocol", "aidc")
     assert opts.judge.name == expected
-    assert built == ([] if expected == "exact" else [expected])
+    assert built_models == ([] if expected == "exact" else [expected])
 
 
 def test_judge_default_is_in_the_help(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

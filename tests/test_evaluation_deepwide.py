@@ -1,4 +1,4 @@
-"""DeepWideSearch protocols against docs/widesearch-eval.md §11 (11 tasks) and all 220 tasks."""
+"""DeepWideSearch protocols against docs/scorer-rules.md §11 (11 tasks) and all 220 tasks."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from amapreduce.evaluation.judges import (
 from amapreduce.evaluation.loaders import GoldTable, TaskSpec, gold_as_markdown, load_gold, load_tasks
 from amapreduce.evaluation.preprocess import DateContext
 from amapreduce.evaluation.score import ScoreConfig
-from amapreduce.llm.scripted import ScriptedModel
+from amapreduce.testing.scripted import ScriptedModel
 
 FENCE = "```"
 D2W = (1, 2, 5, 13, 32, 82)

@@ -2,7 +2,7 @@
 
 The pandas rendition (`benchmarks/bench_scorer.py::_baseline_task`) follows the official
 `evaluate_single_query` line by line (astype(str), drop_duplicates, Series.apply, pd.merge,
-DataFrame.apply). On tasks with number and date columns, under every §11 perturbation, both
+DataFrame.apply). On tasks with number and date columns, under every docs/scorer-rules.md §11 perturbation, both
 must give the same score, row F1 and item F1.
 """
 

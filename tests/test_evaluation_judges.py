@@ -22,7 +22,8 @@ from amapreduce.evaluation.judges import (
     loose_form,
     parse_json_reply,
 )
-from amapreduce.llm.scripted import FunctionModel, ModelInfo, ScriptedModel, message_text
+from amapreduce.llm.messages import message_text
+from amapreduce.testing.scripted import FunctionModel, ModelInfo, ScriptedModel
 
 
 def test_loose_form_and_norm_aligner() -> None:

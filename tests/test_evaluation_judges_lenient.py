@@ -11,7 +11,7 @@ from amapreduce.evaluation.judges import (
     parse_json_reply,
     parse_json_reply_lenient,
 )
-from amapreduce.llm.scripted import ScriptedModel
+from amapreduce.testing.scripted import ScriptedModel
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Cell metrics: the official rules (docs/widesearch-eval.md §5) and the corrected variants."""
+"""Cell metrics: the official rules (docs/scorer-rules.md §5) and the corrected variants."""
 
 from __future__ import annotations
 

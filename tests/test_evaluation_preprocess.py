@@ -1,4 +1,4 @@
-"""Preprocess functions: the official rules (docs/widesearch-eval.md §4) and their fixes."""
+"""Preprocess functions: the official rules (docs/scorer-rules.md §4) and their fixes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The scorer against the measured official numbers of docs/widesearch-eval.md §11.
+"""The scorer against the measured official numbers (docs/scorer-rules.md §11).
 
-Each expected value below is the official scorer's output (with the §10 stand-ins) as printed
-in §11 (3 decimals); counts-based cases are also checked as exact fractions.
+Each expected value below is the official scorer's output with the stand-ins of
+docs/scorer-rules.md §10, to 3 decimals (the full tables live here; the page summarises them);
+counts-based cases are also checked as exact fractions.
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def test_float_gold_column_zeroes_filled_years(ws: tuple[dict[str, TaskSpec], Pa
     task = tasks["ws_en_054"]
     gold = load_gold(gold_dir, task)
     ci = gold.columns.index("completionyear")
-    assert sum(r[ci] == "nan" for r in gold.rows) == 8  # §11 says 9; the released gold has 8 NA
+    assert sum(r[ci] == "nan" for r in gold.rows) == 8  # the released gold has 8 NA (docs/scorer-rules.md §11)
     # The answer writes whole years ("2022", and 2030 for the gaps): an int column, so "2022"
     # never equals the float gold's "2022.0" (bug B1).
     filled = {"nan": "2030"}

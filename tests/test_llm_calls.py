@@ -16,14 +16,14 @@ from smolagents import OpenAIModel
 from smolagents.models import ChatMessage, MessageRole
 
 from amapreduce.llm.guard import allow_model_requests
-from amapreduce.llm.limits import ProviderLimiter
 from amapreduce.llm.meter import Budget, Price, PriceTable, UsageMeter
 from amapreduce.llm.models import ManagedModel, cached_tokens
-from amapreduce.llm.retry import ModelCallError, RetryPolicy
+from amapreduce.llm.retry import ModelCallError, ProviderRetry, RetryPolicy
 from amapreduce.llm.scope import usage_scope
-from amapreduce.llm.scripted import FunctionModel, ModelInfo, final_answer
-from amapreduce.mapreduce.trace import TraceWriter
+from amapreduce.ratelimit import WindowLimiter, WindowPolicy
 from amapreduce.testing.openai_server import OpenAICompatibleServer
+from amapreduce.testing.scripted import FunctionModel, ModelInfo, final_answer
+from amapreduce.trace import TraceWriter
 
 SECRET = "sk-test-SECRET-0123456789"
 PRICES = PriceTable({"sim-model": Price(input=1e-6, output=2e-6, cached_input=1e-7)}, use_litellm=False)
@@ -50,7 +50,7 @@ def http_model(server: OpenAICompatibleServer, time: FakeTime, *, rpm: int, trac
         inner,
         role="subagent",
         meter=UsageMeter(prices=PRICES),
-        limiter=ProviderLimiter(rpm=rpm, clock=time.clock, sleep=time.sleep, window_s=60),
+        limiter=WindowLimiter(WindowPolicy(rpm=rpm, window_s=60), clock=time.clock, sleep=time.sleep),
         retry=RetryPolicy(base_delay_s=0, jitter=0),
         sleep=time.sleep,
         trace=trace,
@@ -105,7 +105,7 @@ def test_a_failed_call_is_traced_without_the_api_key(tmp_path: Path) -> None:
 def test_retries_are_reported_to_on_retry() -> None:
     request = httpx.Request("POST", "http://127.0.0.1:1/v1")
     failures = [openai.RateLimitError("slow", response=httpx.Response(429, request=request), body=None)] * 2
-    seen: list[dict[str, Any]] = []
+    seen: list[ProviderRetry] = []
 
     def reply(msgs: list[Any], info: ModelInfo) -> Any:
         if failures:
@@ -117,7 +117,7 @@ def test_retries_are_reported_to_on_retry() -> None:
         retry=RetryPolicy(base_delay_s=0, jitter=0), sleep=lambda s: None, on_retry=seen.append,
     )
     model.generate([])
-    assert [(s["role"], s["retry"], s["kind"]) for s in seen] == [("subagent", 1, "rate_limit"), ("subagent", 2, "rate_limit")]
+    assert [(s.role, s.retry, s.kind) for s in seen] == [("subagent", 1, "rate_limit"), ("subagent", 2, "rate_limit")]
 
 
 def with_raw(raw: Any) -> FunctionModel:
@@ -162,7 +162,6 @@ def test_unpriced_model_under_a_cost_budget_warns_once(caplog: pytest.LogCapture
 
 
 def test_run_models_trace_their_calls_and_report_retries_as_progress(tmp_path: Path) -> None:
-    from amapreduce.mapreduce.engine import ProgressEvent
     from amapreduce.run.wiring import build_parts
     from amapreduce.settings import load_settings
 
@@ -174,13 +173,16 @@ def test_run_models_trace_their_calls_and_report_retries_as_progress(tmp_path: P
             raise failures.pop()
         return final_answer("done")
 
-    events: list[ProgressEvent] = []
+    events: list[ProviderRetry] = []
     trace = TraceWriter(tmp_path / "trace.jsonl")
     settings = load_settings({}, model="sim-model", api_key=SECRET, runs_dir=tmp_path / "runs")
-    parts = build_parts(settings, trace=trace, progress=events.append, inner=lambda role: FunctionModel(reply, model_id="sim-model"), web_tools=[])
+    parts = build_parts(
+        settings, trace=trace, on_provider_retry=events.append,
+        inner=lambda role: FunctionModel(reply, model_id="sim-model"), web_tools=[],
+    )
     parts.models["manager"].retry = RetryPolicy(base_delay_s=0, jitter=0)
     parts.models["manager"].generate([])
     trace.close()
     lines = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert [(e["event"], e["role"]) for e in lines] == [("model_retry", "manager"), ("model_call", "manager")]
-    assert [(e.kind, e.data["retry"]) for e in events] == [("model_retry", 1)]
+    assert [(e.role, e.model_id, e.kind, e.retry) for e in events] == [("manager", "sim-model", "rate_limit", 1)]

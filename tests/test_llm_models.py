@@ -13,8 +13,8 @@ from amapreduce.errors import BudgetExceeded, ConfigError
 from amapreduce.llm.meter import Budget, Price, PriceTable, UsageMeter
 from amapreduce.llm.models import ManagedModel, ModelSpec, build_model, is_reasoning_model, provider_of
 from amapreduce.llm.retry import RetryPolicy
-from amapreduce.llm.scripted import FunctionModel, ModelInfo, final_answer
 from amapreduce.llm.usage import Usage
+from amapreduce.testing.scripted import SIMULATED_PRICES, FunctionModel, ModelInfo, final_answer
 
 PRICES = PriceTable({"test-model": Price(input=1e-6, output=2e-6, cached_input=5e-7)}, use_litellm=False)
 
@@ -64,7 +64,8 @@ def test_litellm_price_map_is_used_offline() -> None:
     price = PriceTable().price("openai/gpt-4o-mini")
     assert price is not None and price.input > 0
     assert PriceTable().price("made-up/model-x") is None
-    assert PriceTable(use_litellm=False).price("simulated/sandbox") == Price(input=0.0, output=0.0)
+    assert PriceTable(use_litellm=False, by_prefix=SIMULATED_PRICES).price("simulated/sandbox") == Price(input=0.0, output=0.0)
+    assert PriceTable(use_litellm=False).price("simulated/sandbox") is None  # the meter itself knows no simulated ids
 
 
 def test_budget_stops_calls() -> None:
@@ -94,7 +95,7 @@ def test_managed_model_retries_rate_limits() -> None:
 
 def test_price_overrides_file_feeds_the_run_meter(tmp_path: Path) -> None:
     from amapreduce.errors import ConfigError
-    from amapreduce.run.wiring import new_meter
+    from amapreduce.llm.factory import new_meter
     from amapreduce.settings import load_settings
 
     prices = tmp_path / "prices.json"

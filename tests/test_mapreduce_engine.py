@@ -16,8 +16,8 @@ from amapreduce.errors import DecisionError, RunCancelled
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine, ProgressEvent
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
-from amapreduce.mapreduce.trace import TraceWriter
 from amapreduce.table.table import CellStatus
+from amapreduce.trace import TraceWriter
 
 
 class FnSolver:
@@ -105,7 +105,7 @@ def test_delta_patch_asks_only_for_missing_columns_and_merges_back() -> None:
     assert result.summary.complete and result.summary.patch_rounds == 1
     patch = [r for r in solver.requests if r.batch_id.startswith("patch")]
     assert [r.batch_id for r in patch] == ["patch1.1-batch-001", "patch1.1-batch-002", "patch1.1-batch-003"]
-    assert [c.name for c in patch[0].columns] == ["country", "currency"]
+    assert [c.name for c in patch[0].column_specs] == ["country", "currency"]
     assert "Only this entry is still needed: country = A; find its currency" in patch[0].prompt
     assert [r["currency"] for r in result.table.records()] == ["cur1", "cur1", "cur1"]
 

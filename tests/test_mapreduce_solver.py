@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 from smolagents import tool
 
 from amapreduce.decision import Decision
 from amapreduce.errors import BatchTimeout
-from amapreduce.llm.scripted import FunctionModel, ModelInfo, final_answer, message_text, tool_call
+from amapreduce.llm.messages import message_text
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.solver import BatchRequest, SmolagentsSolver
+from amapreduce.testing.scripted import FunctionModel, ModelInfo, final_answer, tool_call
 
 CAPITALS = {"France": "Paris", "Japan": "Tokyo"}
 
@@ -40,8 +43,14 @@ def sub_agent(messages: list, info: ModelInfo) -> object:
     return final_answer(json.dumps(rows))
 
 
-def test_engine_with_tool_calling_sub_agents() -> None:
-    model = FunctionModel(sub_agent)
+def test_engine_with_tool_calling_sub_agents(repo_root: Path) -> None:
+    system_prompts: list[str] = []
+
+    def recording_sub_agent(messages: list, info: ModelInfo) -> object:
+        system_prompts.append(message_text(messages[0]))
+        return sub_agent(messages, info)
+
+    model = FunctionModel(recording_sub_agent)
     solver = SmolagentsSolver(model=model, tools=[lookup_capital], max_steps=4)
     d = Decision.parse({"task_matrix": [["France"], ["Japan"]], "template": "Capital of __0__", "json_schema": ["country", "capital"], "batch_size": 2})
     result = MapReduceEngine(solver, config=EngineConfig(workers=2)).run(d)
@@ -49,7 +58,12 @@ def test_engine_with_tool_calling_sub_agents() -> None:
     assert result.table.rows[1].cells["capital"].source == "https://gazetteer.example/Japan"
     assert result.summary.usage.requests == 2 and result.summary.usage.input_tokens > 0
     assert model.calls == 2
-    # The sub-agent saw the search-agent instructions from prompts/search_agent.yaml.
+    # The sub-agent saw the search-agent instructions from prompts/search_agent.yaml, on every call.
+    prompts_file = repo_root / "prompts" / "search_agent.yaml"
+    instructions = yaml.safe_load(prompts_file.read_text(encoding="utf-8"))["instructions"]
+    lines = [line.strip() for line in instructions.splitlines() if line.strip()]
+    assert len(system_prompts) == 2 and lines
+    assert all(line in prompt for prompt in system_prompts for line in lines)
     assert result.attempts[0].outcome == "ok"
 
 
@@ -59,7 +73,7 @@ def test_sub_agent_is_stopped_at_its_deadline() -> None:
         return tool_call("lookup_capital", country=f"X{info.call_index}")
 
     solver = SmolagentsSolver(model=FunctionModel(looping), tools=[lookup_capital], max_steps=1000)
-    request = BatchRequest(batch_id="batch-001", attempt=1, prompt="go", tasks=("go",), columns=(), deadline=time.monotonic() + 0.2)
+    request = BatchRequest(batch_id="batch-001", attempt=1, prompt="go", tasks=("go",), column_specs=(), deadline=time.monotonic() + 0.2)
     with pytest.raises(BatchTimeout, match="stopped at its deadline"):
         solver.solve(request)
 

@@ -13,7 +13,7 @@ from amapreduce.errors import RunError, ToolCallRefused
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.prior import Prior, PriorRequest
 from amapreduce.mapreduce.tool import MapReduceTool
-from amapreduce.mapreduce.trace import TraceWriter
+from amapreduce.trace import TraceWriter
 
 TRUTH = world(8)
 ARGS: dict[str, Any] = {

@@ -10,7 +10,7 @@ from test_memory_fixtures import QUERY, ranked_store
 
 from amapreduce.cli import memory as memory_cli
 from amapreduce.cli.app import main
-from amapreduce.llm.scripted import FunctionModel
+from amapreduce.testing.scripted import FunctionModel
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:

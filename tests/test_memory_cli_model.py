@@ -15,9 +15,9 @@ from test_memory_fixtures import QUERY, ranked_store
 
 from amapreduce.cli import memory as memory_cli
 from amapreduce.cli.app import main
-from amapreduce.llm.scripted import FunctionModel
 from amapreduce.mapreduce.prior import PriorRequest
 from amapreduce.memory import ExperientialMemory
+from amapreduce.testing.scripted import FunctionModel
 
 BULLETS = "1. Split the matrix by region.\n2. Verify totals."
 
@@ -56,7 +56,7 @@ def test_search_projects_with_the_memory_model_of_ask(store: str, built: list[An
     assert "Split the matrix by region." in data["prior"] and "hint hB." not in data["prior"]
     # The plan stage (ask opens the store read-only with the same model) gets the same prior.
     with ExperientialMemory(store, model=FunctionModel(lambda m, i: BULLETS), readonly=True) as mem:
-        assert data["prior"] == mem.prior(PriorRequest(query=QUERY, decision={})).text
+        assert data["prior"] == mem.prior(PriorRequest(query=QUERY)).text
 
 
 def test_model_choice_follows_ask_and_flags_override_settings(store: str, built: list[Any],

@@ -9,12 +9,13 @@ import pytest
 from test_memory_fixtures import FAIL, PASS
 
 from amapreduce.errors import ConfigError
-from amapreduce.llm.scripted import FunctionModel, message_text
+from amapreduce.llm.embed import register_encoder
+from amapreduce.llm.messages import message_text
 from amapreduce.memory import ExperientialMemory, MemoryConfig
 from amapreduce.memory.distill import cluster_records
-from amapreduce.memory.embed import register_encoder
 from amapreduce.memory.records import Record
 from amapreduce.memory.store import get_hint, hint_provenance, insert_hint, insert_record
+from amapreduce.testing.scripted import FunctionModel
 
 
 class ChainEncoder:

@@ -9,8 +9,9 @@ import pytest
 from test_memory_fixtures import FAIL, PASS
 
 from amapreduce.errors import ConfigError
+from amapreduce.llm.embed import HashingEncoder, get_encoder
 from amapreduce.memory import ExperientialMemory
-from amapreduce.memory.embed import HashingEncoder, get_encoder
+from amapreduce.memory.records import DecisionSummary
 
 
 def test_minilm_loads_offline_once_and_ranks_by_meaning(tmp_path: Path) -> None:
@@ -30,7 +31,7 @@ def test_minilm_loads_offline_once_and_ranks_by_meaning(tmp_path: Path) -> None:
         ("Winners of the Nobel Prize in Literature since 2000 with nationality", PASS),
         ("Chocolate cake recipe with ingredients list", PASS),
     ]):
-        mem.update(None, query=q, decision={}, metrics=metrics, record_id=f"r{i}")
+        mem.update(None, query=q, decision=DecisionSummary(), metrics=metrics, record_id=f"r{i}")
     r = mem.retrieve("Largest companies in France by revenue and their chief executives")
     assert [n.id for n in r.positives][0] == "r0" and [n.id for n in r.negatives] == ["r1"]
     assert r.positives[-1].id == "r3"  # the recipe is the least similar positive

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from amapreduce.llm.embed import register_encoder
 from amapreduce.memory import ExperientialMemory, MemoryConfig
-from amapreduce.memory.embed import register_encoder
 from amapreduce.memory.records import Record
 from amapreduce.memory.store import insert_hint, insert_record
 

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 from test_memory_fixtures import PASS, QUERY, ranked_store
 
+from amapreduce.decision import Decision
 from amapreduce.errors import UserError
 from amapreduce.memory import ExperientialMemory, MemoryStore
 from amapreduce.memory.inspection import list_items, show_item
 from amapreduce.memory.io import FORMAT_VERSION, export_jsonl, import_file
+from amapreduce.memory.records import DecisionSummary
 from amapreduce.memory.store import hint_provenance
 
 
@@ -26,7 +28,7 @@ def _snapshot(store: MemoryStore) -> tuple[list[dict], list[tuple]]:  # type: ig
 
 def test_export_import_round_trip_is_lossless(tmp_path: Path) -> None:
     mem, _ = ranked_store(tmp_path / "a")
-    mem.update(None, query=QUERY, decision={"task_matrix": [["x"]], "template": "t"},
+    mem.update(None, query=QUERY, decision=Decision.parse({"task_matrix": [["x"]], "template": "t", "json_schema": ["x"]}),
                metrics=PASS, trace={"batches": 3, "retries": 1, "cost_usd": 0.5}, task_id="T9", record_id="R9")
     out = tmp_path / "export.jsonl"
     assert export_jsonl(mem.store, out) == {"records": 9, "hints": 5}
@@ -58,7 +60,7 @@ def test_reference_insights_json_links_questions_now_and_later(tmp_path: Path) -
     hint = next(i for i in list_items(mem.store, records=False) if i["text"].startswith("Use per_atom"))
     assert hint["w"] == 5 and hint["support"] == 1
     enc.vectors["Later  Q"] = enc.at(0.2)
-    result = mem.update(None, query="Later  Q", decision={}, metrics=PASS)  # same question, other spacing/case
+    result = mem.update(None, query="Later  Q", decision=DecisionSummary(), metrics=PASS)  # same question, other spacing/case
     with mem.store.read() as conn:
         assert hint_provenance(conn, hint["id"]) == ["P2", result.record_id]
     assert import_file(mem.store, ref)["skipped"] == 2
@@ -106,7 +108,7 @@ def test_question_level_provenance_survives_export_and_import(tmp_path: Path) ->
     import_file(copy.store, out)
     assert show_item(copy.store, line["id"])["provenance_questions"] == ["later q", "question p2"]
     enc.vectors["later  q"] = enc.at(0.2)
-    result = copy.update(None, query="later  q", decision={}, metrics=PASS)
+    result = copy.update(None, query="later  q", decision=DecisionSummary(), metrics=PASS)
     with copy.store.read() as conn:
         assert hint_provenance(conn, line["id"]) == ["P2", result.record_id]
     again = tmp_path / "again.jsonl"
@@ -123,7 +125,7 @@ def test_every_question_level_link_is_an_event(tmp_path: Path) -> None:
     import_file(mem.store, ref)
     hint_id = next(i["id"] for i in list_items(mem.store, records=False) if i["text"] == "Use per_atom.")
     enc.vectors["Later Q"] = enc.at(0.2)
-    rid = mem.update(None, query="Later Q", decision={}, metrics=PASS).record_id
+    rid = mem.update(None, query="Later Q", decision=DecisionSummary(), metrics=PASS).record_id
     hint = show_item(mem.store, hint_id)
     assert hint["provenance"] == ["P2", rid]
     events = [(e["kind"], e.get("record_id")) for e in hint["events"]]

@@ -9,10 +9,11 @@ from test_memory_fixtures import FAIL, PASS, QUERY, ranked_store
 
 from amapreduce.mapreduce.prior import PriorRequest
 from amapreduce.memory import InstanceSession, TrialOutcome, canonical_trial
+from amapreduce.memory.records import DecisionSummary
 
 
 def _outcome(trial: int, metrics, prior=None, failure=None) -> TrialOutcome:  # type: ignore[no-untyped-def]
-    return TrialOutcome(trial=trial, prior=prior, decision={"template": f"trial {trial}"}, metrics=metrics,
+    return TrialOutcome(trial=trial, prior=prior, decision=DecisionSummary(template=f"trial {trial}"), metrics=metrics,
                         failure=failure)
 
 
@@ -29,10 +30,10 @@ def test_trials_share_a_frozen_snapshot_and_cannot_leak_to_each_other(tmp_path: 
     mem, enc = ranked_store(tmp_path)
     enc.vectors["other instance"] = enc.at(0.99)
     session = InstanceSession(mem, task_id="task-1", query=QUERY)
-    first = session.snapshot.prior(PriorRequest(query=QUERY, decision={}, task_id="task-1"))
+    first = session.snapshot.prior(PriorRequest(query=QUERY, task_id="task-1"))
     # Meanwhile the live memory changes (another instance commits, weights move).
-    mem.update(first, query="other instance", decision={}, metrics=PASS, task_id="task-0")
-    request = PriorRequest(query=QUERY, decision={}, task_id="task-1")
+    mem.update(first, query="other instance", decision=DecisionSummary(), metrics=PASS, task_id="task-0")
+    request = PriorRequest(query=QUERY, task_id="task-1")
     with ThreadPoolExecutor(4) as pool:
         priors = list(pool.map(lambda _: session.snapshot.prior(request), range(4)))
     assert all(p == first for p in priors)  # same hints, same neighbours, same scores
@@ -44,7 +45,7 @@ def test_trials_share_a_frozen_snapshot_and_cannot_leak_to_each_other(tmp_path: 
 def test_commit_writes_exactly_one_record_crediting_the_canonical_prior(tmp_path: Path) -> None:
     mem, _ = ranked_store(tmp_path)
     session = InstanceSession(mem, task_id="task-1", query=QUERY)
-    prior = session.snapshot.prior(PriorRequest(query=QUERY, decision={}, task_id="task-1"))
+    prior = session.snapshot.prior(PriorRequest(query=QUERY, task_id="task-1"))
     before = mem.store.counts()["records"]
     result = session.commit([_outcome(0, FAIL, prior), _outcome(1, PASS, prior), _outcome(2, PASS, prior)])
     assert result is not None and result.label is True and result.credited == {"hB": 8, "hE": 5, "hA": 3}

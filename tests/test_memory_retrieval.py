@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 from test_memory_fixtures import QUERY, ranked_store
 
-from amapreduce.llm.scripted import FunctionModel, message_text
+from amapreduce.decision import Decision
+from amapreduce.llm.messages import message_text
 from amapreduce.mapreduce.prior import PriorProvider, PriorRequest
 from amapreduce.memory import MemoryConfig
 from amapreduce.memory.retrieval import EMPTY_PRIOR
+from amapreduce.testing.scripted import FunctionModel
 
 
 def test_neighbours_are_exact_top_k_by_cosine_per_label(tmp_path: Path) -> None:
@@ -54,7 +56,7 @@ def test_k_values_and_similarity_floor_are_configurable(tmp_path: Path) -> None:
 def test_prior_is_a_prior_provider_and_renders_hints_and_exemplars(tmp_path: Path) -> None:
     mem, _ = ranked_store(tmp_path)
     assert isinstance(mem, PriorProvider)
-    prior = mem.prior(PriorRequest(query=QUERY, decision={"task_matrix": [["a"]], "template": "x __0__"}))
+    prior = mem.prior(PriorRequest(query=QUERY, decision=Decision.parse({"task_matrix": [["a"]], "template": "x __0__", "json_schema": ["a"]})))
     assert prior.hint_ids == ("hB", "hE", "hA")
     assert prior.record_ids == ("P1", "P2", "P3", "P4", "N1", "N2")
     lines = prior.text.splitlines()
@@ -72,7 +74,7 @@ def test_projection_uses_the_memory_model_and_keeps_at_most_three_bullets(tmp_pa
 
     mem, _ = ranked_store(tmp_path)
     mem.model = FunctionModel(reply)
-    prior = mem.prior(PriorRequest(query=QUERY, decision={"template": "x"}))
+    prior = mem.prior(PriorRequest(query=QUERY, decision=Decision.parse({"task_matrix": [["a"]], "template": "x", "json_schema": ["a"]})))
     assert prior.text.splitlines()[1:4] == ["- Batch by region.", "- Keep rows atomic.", "- Verify totals."]
     assert "Extra bullet" not in prior.text
     assert "hint hB." in seen[0] and QUERY in seen[0]
@@ -86,7 +88,7 @@ def test_projection_failure_falls_back_to_raw_hints_and_says_so(tmp_path: Path) 
 
     mem, _ = ranked_store(tmp_path)
     mem.model = FunctionModel(broken)
-    prior = mem.prior(PriorRequest(query=QUERY, decision={}))
+    prior = mem.prior(PriorRequest(query=QUERY))
     assert "- hint hB." in prior.text
     assert "model down" in prior.details["projection_error"]
 
@@ -95,7 +97,7 @@ def test_projection_can_be_switched_off(tmp_path: Path) -> None:
     calls = []
     mem, _ = ranked_store(tmp_path, MemoryConfig(project=False))
     mem.model = FunctionModel(lambda m, i: calls.append(1) or "1. x")
-    prior = mem.prior(PriorRequest(query=QUERY, decision={}))
+    prior = mem.prior(PriorRequest(query=QUERY))
     assert calls == [] and "- hint hB." in prior.text
 
 
@@ -105,7 +107,7 @@ def test_empty_store_gives_the_empty_prior(tmp_path: Path) -> None:
     from amapreduce.memory import ExperientialMemory
 
     mem = ExperientialMemory(tmp_path, encoder=VectorEncoder())
-    prior = mem.prior(PriorRequest(query=QUERY, decision={}))
+    prior = mem.prior(PriorRequest(query=QUERY))
     assert prior.text == EMPTY_PRIOR and prior.hint_ids == () and prior.record_ids == ()
 
 

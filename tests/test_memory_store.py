@@ -13,6 +13,7 @@ from amapreduce.errors import ConfigError, UserError
 from amapreduce.mapreduce.prior import Prior
 from amapreduce.memory import ExperientialMemory, MemoryStore, StoreCorrupted, StoreVersionError
 from amapreduce.memory.index import INDEX_FILE, PERSIST_AFTER
+from amapreduce.memory.records import DecisionSummary
 from amapreduce.memory.schema import DB_NAME, SCHEMA_VERSION
 from amapreduce.memory.store import get_hint, hint_provenance, insert_hint, record_count
 
@@ -25,7 +26,7 @@ def _writer(folder: str, worker: int, start: multiprocessing.synchronize.Event) 
     mem = ExperientialMemory(folder, encoder="hashing:64")
     prior = Prior(text="", hint_ids=("shared",))
     for i in range(WRITES):
-        mem.update(prior, query=f"worker {worker} question {i}", decision={"template": "t"}, metrics=PASS,
+        mem.update(prior, query=f"worker {worker} question {i}", decision=DecisionSummary(template="t"), metrics=PASS,
                    task_id=f"w{worker}", record_id=f"w{worker}-{i}")
     mem.close()
 
@@ -87,7 +88,7 @@ def test_the_encoder_is_fixed_at_creation(tmp_path: Path) -> None:
 def test_duplicate_ids_are_user_errors(tmp_path: Path) -> None:
     mem, enc = ranked_store(tmp_path)
     with pytest.raises(UserError, match="already exists"):
-        mem.update(None, query="question P1", decision={}, metrics=PASS, record_id="P1")
+        mem.update(None, query="question P1", decision=DecisionSummary(), metrics=PASS, record_id="P1")
     with pytest.raises(UserError, match="already exists"), mem.store.write() as conn:
         insert_hint(conn, "dup", 2, origin="t", hint_id="hA")
 
@@ -114,7 +115,7 @@ def test_read_only_memory_loads_the_vector_cache_but_never_writes_it(tmp_path: P
     assert mem.rebuild_index() == 8
     cached = (tmp_path / INDEX_FILE).read_bytes()
     enc.vectors["newer"] = enc.at(0.95)
-    mem.update(None, query="newer", decision={}, metrics=PASS, record_id="NEW")
+    mem.update(None, query="newer", decision=DecisionSummary(), metrics=PASS, record_id="NEW")
     mem.close()
     monkeypatch.setattr(index_module, "PERSIST_AFTER", 1)  # a writer would rewrite the file now
     reader = ExperientialMemory(tmp_path, readonly=True)
@@ -140,28 +141,42 @@ def test_snapshot_is_read_only(tmp_path: Path) -> None:
     mem, _ = ranked_store(tmp_path)
     snap = mem.snapshot()
     with pytest.raises(UserError, match="read-only"):
-        snap.update(None, query=QUERY, decision={}, metrics=PASS)
+        snap.update(None, query=QUERY, decision=DecisionSummary(), metrics=PASS)
     with pytest.raises(sqlite3.OperationalError):
         snap.store.conn.execute("DELETE FROM hints")
 
 
 def test_float16_prefilter_stays_exact_against_brute_force(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Large indexes scan float16 first; results must equal an exact float32 brute force."""
+    import faiss
     import numpy as np
 
     import amapreduce.memory.index as index_module
     from amapreduce.memory.index import VectorIndex
+    from amapreduce.memory.records import Record
+    from amapreduce.memory.store import insert_record
 
     monkeypatch.setattr(index_module, "COARSE_MIN", 100)
+    float16_indexes_built: list[tuple[object, ...]] = []
+    real_quantizer = faiss.IndexScalarQuantizer
+
+    def quantizer(*args: object) -> object:
+        float16_indexes_built.append(args)
+        return real_quantizer(*args)
+
+    monkeypatch.setattr(faiss, "IndexScalarQuantizer", quantizer)
     rng = np.random.default_rng(7)
     x = rng.standard_normal((3000, 32)).astype(np.float32)
     x[500:540] = x[3]  # a block of identical vectors forces the float32 fallback near them
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    index = VectorIndex(tmp_path, load_cache=False, write_cache=False)
-    state = index_module._State(dim=32, generation=0, last_rowid=3000, pos=index_module._new_index(32),
-                                neg=index_module._new_index(32))
-    state.pos.add_with_ids(x, np.arange(1, 3001, dtype=np.int64))
-    index._state = state
+    with MemoryStore(tmp_path, encoder="hashing:32") as store:
+        with store.write() as conn:
+            rowids = [insert_record(conn, Record(id=f"r{i}", query=f"question {i}", label=True), v)
+                      for i, v in enumerate(x)]
+        assert rowids == list(range(1, 3001))
+        index = VectorIndex(tmp_path, load_cache=False, write_cache=False)
+        with store.read() as conn:
+            assert index.sync(conn) == 3000
     queries = np.vstack([rng.standard_normal((60, 32)).astype(np.float32), x[3:4], x[:20]])
     for q in queries / np.linalg.norm(queries, axis=1, keepdims=True):
         exclude = {int(i) for i in rng.integers(1, 3001, 3)}
@@ -170,7 +185,7 @@ def test_float16_prefilter_stays_exact_against_brute_force(tmp_path: Path, monke
         expected = sorted(((i + 1, float(sims[i])) for i in range(3000) if i + 1 not in exclude),
                           key=lambda h: (-h[1], h[0]))[:4]
         assert [round(s, 5) for _, s in got] == [round(s, 5) for _, s in expected]
-    assert True in state.coarse  # the float16 path was really used
+    assert float16_indexes_built  # the float16 path was really used
 
 
 def test_a_cache_newer_than_the_database_is_ignored(tmp_path: Path) -> None:
@@ -182,7 +197,7 @@ def test_a_cache_newer_than_the_database_is_ignored(tmp_path: Path) -> None:
     shutil.copy(tmp_path / "live" / DB_NAME, tmp_path / "old.sqlite3")
     mem = ExperientialMemory(tmp_path / "live")
     enc.vectors["ghost"] = enc.at(0.99)
-    mem.update(None, query="ghost", decision={}, metrics=PASS, record_id="ghost")
+    mem.update(None, query="ghost", decision=DecisionSummary(), metrics=PASS, record_id="ghost")
     mem.rebuild_index()
     mem.close()
     shutil.copy(tmp_path / "old.sqlite3", tmp_path / "live" / DB_NAME)
@@ -200,11 +215,11 @@ def test_one_memory_object_serves_threads_reading_and_writing(tmp_path: Path) ->
     mem = ExperientialMemory(tmp_path, encoder="hashing:64")
     with mem.store.write() as conn:
         insert_hint(conn, "Shared.", 2, origin="t", hint_id="shared")
-    mem.update(Prior(text="", hint_ids=("shared",)), query="seed question", decision={}, metrics=PASS)
+    mem.update(Prior(text="", hint_ids=("shared",)), query="seed question", decision=DecisionSummary(), metrics=PASS)
 
     def work(i: int) -> int:
-        prior = mem.prior(PriorRequest(query=f"question {i}", decision={}))
-        mem.update(prior, query=f"question {i}", decision={}, metrics=PASS, record_id=f"t{i}")
+        prior = mem.prior(PriorRequest(query=f"question {i}"))
+        mem.update(prior, query=f"question {i}", decision=DecisionSummary(), metrics=PASS, record_id=f"t{i}")
         return len(prior.hint_ids)
 
     with ThreadPoolExecutor(4) as pool:

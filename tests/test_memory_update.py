@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from test_memory_fixtures import FAIL, PASS, QUERY, ranked_store
 
-from amapreduce.llm.scripted import FunctionModel
+from amapreduce.decision import Decision
 from amapreduce.mapreduce.prior import PriorRequest
 from amapreduce.memory import MemoryConfig
+from amapreduce.memory.io import export_jsonl, import_file
 from amapreduce.memory.labels import REFERENCE_AVERAGES, infrastructure_failure_reason, label
 from amapreduce.memory.records import DecisionSummary
-from amapreduce.memory.store import get_hint, hint_provenance
+from amapreduce.memory.store import MemoryStore, get_hint, hint_provenance
+from amapreduce.testing.scripted import FunctionModel
 
-DECISION = {"task_matrix": [["a", "b"], ["c", "d"]], "template": "find __0__ in __1__",
-            "json_schema": {"properties": {"x": {}, "y": {}}}, "batch_strategy": {"type": "by_attr", "max_group_size": 2}}
+DECISION = Decision.parse({"task_matrix": [["a", "b"], ["c", "d"]], "template": "find __0__ in __1__",
+                          "json_schema": {"properties": {"x": {}, "y": {}}},
+                          "batch_strategy": {"type": "by_attr", "attribute_index": 1, "max_group_size": 2}})
 
 
 def _weights(mem) -> dict[str, int]:  # type: ignore[no-untyped-def]
@@ -98,7 +102,7 @@ def test_reference_average_rule_uses_table1_averages_and_its_scalings() -> None:
 def test_label_rule_is_configurable_per_memory(tmp_path: Path) -> None:
     mem, enc = ranked_store(tmp_path, MemoryConfig(label_rule="reference-average"))
     enc.vectors["q2"] = enc.at(0.3)
-    result = mem.update(None, query="q2", decision={}, metrics={"score": 0, "f1_by_row": 0.3, "f1_by_item": 0.55})
+    result = mem.update(None, query="q2", decision=DecisionSummary(), metrics={"score": 0, "f1_by_row": 0.3, "f1_by_item": 0.55})
     assert result.label is True  # the widesearch rule would say False (row 0.3 < 0.45)
     with pytest.raises(ValueError, match="label_rule"):
         MemoryConfig(label_rule="nope")
@@ -115,7 +119,7 @@ def test_schedule_claims_refine_and_merge_slots_once(tmp_path: Path) -> None:
     seen = []
     for i in range(8):
         enc.vectors[f"s{i}"] = enc.at(0.1 + i / 100)
-        seen.append(mem.update(None, query=f"s{i}", decision={}, metrics=PASS, auto_distill=False).distill)
+        seen.append(mem.update(None, query=f"s{i}", decision=DecisionSummary(), metrics=PASS, auto_distill=False).distill)
     # records 9..16: first claim at 10 (both), then refine every 2, merge every 4
     assert seen == [None, "refine+merge", None, "refine", None, "refine+merge", None, "refine"]
 
@@ -125,7 +129,7 @@ def test_due_distillation_runs_with_the_model_and_is_logged(tmp_path: Path) -> N
     mem, enc = ranked_store(tmp_path, config)
     mem.model = FunctionModel(lambda m, i: "ADD: Group rows that share a source page into one batch.")
     enc.vectors["ninth"] = enc.at(0.2)
-    result = mem.update(None, query="ninth", decision={}, metrics=PASS)
+    result = mem.update(None, query="ninth", decision=DecisionSummary(), metrics=PASS)
     assert result.distill == "refine+merge"
     with mem.store.read() as conn:
         texts = [r[0] for r in conn.execute("SELECT text FROM hints WHERE origin = 'distill'")]
@@ -143,7 +147,7 @@ def test_a_failing_scheduled_distillation_keeps_the_record(tmp_path: Path) -> No
 
     mem.model = FunctionModel(boom)
     enc.vectors["ninth"] = enc.at(0.2)
-    result = mem.update(None, query="ninth", decision={}, metrics=PASS)
+    result = mem.update(None, query="ninth", decision=DecisionSummary(), metrics=PASS)
     assert result.distill is not None and result.distill.startswith("failed: RuntimeError")
     assert mem.store.record(result.record_id or "") is not None
 
@@ -161,18 +165,36 @@ def test_update_takes_query_and_task_from_the_prior_and_records_the_trace(tmp_pa
         mem.update(None, decision=DECISION, metrics=PASS)
 
 
-@pytest.mark.parametrize("decision", [
-    {"template": "Find __0__", "batch_size": 5},  # a raw decision made only of names a summary also has
-    DecisionSummary(template="Find __0__", batch_size=5),
+@pytest.mark.parametrize(("decision", "pattern"), [
+    (Decision.parse({"task_matrix": [["Peru"]], "template": "Find __0__", "json_schema": ["country"], "batch_size": 5}),
+     "1x1 task matrix; 1 output columns (country); batching per_atom with up to 5 rows per batch; "
+     "template: 'Find __0__'"),
+    (DecisionSummary(template="Find __0__", batch_size=5), "0x0 task matrix; template: 'Find __0__'"),
 ])
-def test_every_stored_decision_gets_a_pattern_summary(tmp_path: Path, decision: object) -> None:
+def test_every_stored_decision_gets_a_pattern_summary(tmp_path: Path, decision: Decision | DecisionSummary,
+                                                      pattern: str) -> None:
     """Δ_q and the distillation prompts show `pattern`; it is never left empty."""
-    summary = DecisionSummary.from_decision(decision)  # type: ignore[arg-type]
-    assert summary.pattern == "0x0 task matrix; template: 'Find __0__'" and summary.batch_size == 5
+    summary = DecisionSummary.of(decision)
+    assert summary.pattern == pattern and summary.batch_size == 5
     mem, enc = ranked_store(tmp_path)
     enc.vectors["tenth"] = enc.at(0.3)
-    result = mem.update(None, query="tenth", decision=decision, metrics=PASS)  # type: ignore[arg-type]
+    result = mem.update(None, query="tenth", decision=decision, metrics=PASS)
     record = mem.store.record(result.record_id or "")
     assert record is not None and record.decision.pattern == summary.pattern
-    for stored in (DecisionSummary(rows=3, pattern="three rows, one batch each"), DecisionSummary()):
-        assert DecisionSummary.from_decision(stored.model_dump()) == stored  # an export is re-imported as it was
+
+
+def test_an_exported_summary_is_imported_as_it_was(tmp_path: Path) -> None:
+    mem, _ = ranked_store(tmp_path / "a")
+    out = tmp_path / "export.jsonl"
+    export_jsonl(mem.store, out)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    stored = (DecisionSummary(rows=3, pattern="three rows, one batch each"), DecisionSummary())
+    records = [line for line in lines if line["type"] == "record"][: len(stored)]
+    for line, summary in zip(records, stored, strict=True):
+        line["decision"] = summary.model_dump(mode="json")
+    out.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    copy = MemoryStore(tmp_path / "b", encoder=mem.store.encoder)
+    import_file(copy, out)
+    for line, summary in zip(records, stored, strict=True):
+        record = copy.record(line["id"])
+        assert record is not None and record.decision == summary  # an export is re-imported as it was

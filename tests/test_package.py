@@ -1,19 +1,23 @@
-"""Package hygiene: the public API, module size, lazy imports, CI = README, prompts in the wheel."""
+"""Package hygiene: the public API, module size, lazy imports, CI = README, prompts in the wheel,
+and documents cited by the code."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import amapreduce
 
 MAX_MODULE_LINES = 500
 
 
-def test_all_is_sorted_complete_and_importable() -> None:
+def test_all_is_sorted_and_importable() -> None:
     public = sorted(amapreduce.__all__, key=str.lower)
     assert amapreduce.__all__ == sorted(amapreduce.__all__)
     assert public
@@ -21,6 +25,102 @@ def test_all_is_sorted_complete_and_importable() -> None:
         assert getattr(amapreduce, name) is not None
     assert dir(amapreduce) == sorted(amapreduce.__all__)
     assert not {"json", "os", "importlib", "Any"} & set(dir(amapreduce))
+
+
+def _readme_api(readme: str) -> tuple[set[str], set[tuple[str, str]]]:
+    """What the README documents: names it takes from `amapreduce` itself, and (module, name)
+    pairs it names by a dotted path (`amapreduce.testing.scripted.FunctionModel`) or imports
+    (`from amapreduce.trace import TraceWriter`)."""
+    top: set[str] = set()
+    for names in re.findall(r"^from amapreduce import (.+)$", readme, re.MULTILINE):
+        top |= {n.strip() for n in names.split(",")}
+    python_api = readme.split("## Use it from Python", 1)[1].split("\n## ", 1)[0]
+    prose = re.sub(r"^```.*?^```$", "", python_api, flags=re.MULTILINE | re.DOTALL)
+    for code in re.findall(r"`([^`\n]+)`", prose):
+        top |= set(re.findall(r"(?<![\w.])([A-Z]\w+)", code))
+    qualified = set(re.findall(r"^from (amapreduce(?:\.\w+)+) import (\w+)$", readme, re.MULTILINE))
+    for path in re.findall(r"\bamapreduce(?:\.\w+)+", readme):
+        module, _, name = path.rpartition(".")
+        try:
+            importlib.import_module(path)
+        except ModuleNotFoundError:  # the last part is a name in `module`, not a module
+            qualified.add((module, name))
+    return {n for n in top if n}, qualified
+
+
+def test_all_names_everything_the_readme_documents(repo_root: Path) -> None:
+    top, qualified = _readme_api((repo_root / "README.md").read_text(encoding="utf-8"))
+    assert {"Decision", "EngineConfig", "MapReduceEngine", "SmolagentsSolver", "BatchRequest"} <= top
+    assert ("amapreduce", "load_decision") in qualified
+    assert sorted(top - set(amapreduce.__all__)) == []
+    not_exported = sorted(
+        f"{module}.{name}"
+        for module, name in qualified
+        if name not in getattr(importlib.import_module(module), "__all__", ())
+    )
+    assert not_exported == []
+
+
+def _public_modules() -> list[ModuleType]:
+    names = [m.name for m in pkgutil.walk_packages(amapreduce.__path__, "amapreduce.")]
+    return [amapreduce] + [
+        importlib.import_module(n) for n in names if not any(p.startswith("_") for p in n.split("."))
+    ]
+
+
+def test_every_module_with_public_names_declares_an_all_that_exists() -> None:
+    """`__all__` is the contract of a module: present wherever the module binds public names
+    (a package whose `__init__` only documents its submodules needs none), and every name in it
+    is really there, once."""
+    modules = _public_modules()
+    assert len(modules) > 50
+    without_all, unknown, repeated = [], [], []
+    for module in modules:
+        declared = getattr(module, "__all__", None)
+        if declared is None:
+            # `annotations` is bound by `from __future__ import annotations`; submodules are not names
+            binds = [
+                k for k, v in vars(module).items()
+                if not k.startswith("_") and k != "annotations" and not isinstance(v, ModuleType)
+            ]
+            if binds:
+                without_all.append(f"{module.__name__}: {binds[:3]}")
+            continue
+        unknown += [f"{module.__name__}.{n}" for n in declared if not hasattr(module, n)]
+        if len(set(declared)) != len(declared):
+            repeated.append(module.__name__)
+    assert without_all == []
+    assert unknown == []
+    assert repeated == []
+
+
+CITATION = re.compile(r"docs/([\w-]+\.md)([^()\n]*?)(?=docs/|[)\n]|$)")
+SECTION = re.compile(r"§(\d+(?:\.\d+)*)(?:\s*[–-]\s*§?(\d+(?:\.\d+)*))?")
+HEADING = re.compile(r"^#{2,4} (\d+(?:\.\d+)*)\.? ", re.MULTILINE)
+
+
+def test_documents_cited_in_the_code_exist(repo_root: Path) -> None:
+    """Every `docs/<name>.md §N` in code, tests, README and the docs names a file in the repository
+    and a section heading in it (users get the repository, not the team's notes)."""
+    sources = [repo_root / "README.md", repo_root / "pyproject.toml", repo_root / "eval" / "README.md"]
+    for folder in ("amapreduce", "tests", "benchmarks", "eval", "docs"):
+        sources += sorted((repo_root / folder).rglob("*.py")) + sorted((repo_root / folder).rglob("*.md"))
+    cited: dict[tuple[str, str], str] = {}
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        for doc, tail in CITATION.findall(text):
+            sections = [s for pair in SECTION.findall(tail) for s in pair if s] or [""]
+            for section in sections:
+                cited.setdefault((doc, section), str(path.relative_to(repo_root)))
+    assert ("scorer-rules.md", "10") in cited
+    broken = []
+    for (doc, section), where in sorted(cited.items()):
+        target = repo_root / "docs" / doc
+        if not target.is_file():
+            broken.append(f"{where}: docs/{doc} does not exist")
+        elif section and section not in HEADING.findall(target.read_text(encoding="utf-8")):
+            broken.append(f"{where}: docs/{doc} has no section {section}")
+    assert broken == []
 
 
 def test_modules_stay_small(repo_root: Path) -> None:

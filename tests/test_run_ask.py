@@ -11,10 +11,11 @@ import pytest
 
 from amapreduce.cli.app import main
 from amapreduce.llm.guard import allow_model_requests
-from amapreduce.llm.scripted import FunctionModel, ModelInfo, final_answer, message_text, tool_call
+from amapreduce.llm.messages import message_text
 from amapreduce.run.ask import run_ask
 from amapreduce.settings import load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
+from amapreduce.testing.scripted import FunctionModel, ModelInfo, final_answer, tool_call
 
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi"}
 SECRET = "sk-test-SECRET-0123456789"

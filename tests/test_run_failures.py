@@ -15,7 +15,7 @@ from amapreduce.cli.app import main
 from amapreduce.decision.model import Decision
 from amapreduce.errors import ConfigError
 from amapreduce.run.ask import run_ask
-from amapreduce.run.execute import run_decision
+from amapreduce.run.mapreduce_run import run_decision
 from amapreduce.settings import load_settings
 
 DECISION = Decision.parse(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from amapreduce.llm.meter import UsageMeter
+from amapreduce.llm.retry import ProviderRetry
 from amapreduce.mapreduce.engine import ProgressEvent
 from amapreduce.run.progress import RunProgress
 
@@ -13,7 +14,9 @@ def test_batch_and_provider_retries_are_counted() -> None:
         progress(ProgressEvent(kind="phase", phase="map", batches_done=0, batches_total=2))
         progress(ProgressEvent(kind="attempt", phase="map", batches_done=0, batches_total=0, data={"attempt": 1}))
         progress(ProgressEvent(kind="attempt", phase="map", batches_done=0, batches_total=0, data={"attempt": 2}))
-        progress(ProgressEvent(kind="model_retry", phase="map", batches_done=0, batches_total=0, data={"kind": "rate_limit"}))
+        progress.on_provider_retry(
+            ProviderRetry(role="subagent", model_id="sim-model", retry=1, kind="rate_limit", delay_s=0.5, error=None)
+        )
         progress(ProgressEvent(kind="batch_done", phase="patch1", batches_done=1, batches_total=2))
     assert progress.retries == 2
     assert progress.stage == "patch1"

@@ -6,13 +6,13 @@ import pytest
 from smolagents import ToolCallingAgent, tool
 
 from amapreduce.llm.guard import ModelRequestsBlocked
-from amapreduce.llm.scripted import (
+from amapreduce.llm.messages import message_text
+from amapreduce.testing.scripted import (
     FunctionModel,
     ModelInfo,
     ScriptedModel,
     ScriptExhausted,
     final_answer,
-    message_text,
     tool_call,
 )
 

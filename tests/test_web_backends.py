@@ -4,6 +4,7 @@ local fakes on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,17 +14,21 @@ import ddgs.exceptions
 import pytest
 from test_web_fetch import LocalServer, send, send_json
 
+from amapreduce._retry import RetryPolicy
 from amapreduce.errors import ConfigError
 from amapreduce.settings import load_settings
-from amapreduce.web.backends import make_backend
+from amapreduce.web.backends import BackendError, make_backend
+from amapreduce.web.backends.base import SEARCH_RETRY, RemoteBackend
 from amapreduce.web.backends.corpus import CorpusBackend
 from amapreduce.web.backends.ddgs import DdgsBackend
 from amapreduce.web.backends.searxng import SearxngBackend
 from amapreduce.web.backends.serper import SerperBackend
 from amapreduce.web.backends.tavily import TavilyBackend
-from amapreduce.web.ratelimit import BackendError
+from amapreduce.web.models import SearchResult
 
-NO_WAIT = {"min_interval_s": 0.0, "sleep": lambda s: None}
+NO_WAIT: dict[str, Any] = {"min_interval_s": 0.0, "sleep": lambda s: None}
+NO_JITTER = SEARCH_RETRY.model_copy(update={"jitter": 0.0})
+"""The default search retry (three attempts, doubling backoff) without jitter, for exact sleeps."""
 
 
 class FakeDDGS:
@@ -68,7 +73,8 @@ def test_ddgs_maps_results(fake_ddgs: type[FakeDDGS]) -> None:
 def test_ddgs_retries_rate_limits_then_succeeds(fake_ddgs: type[FakeDDGS]) -> None:
     fake_ddgs.script = [ddgs.exceptions.RatelimitException("202 Ratelimit"), [{"title": "t", "href": "https://x.example/"}]]
     slept: list[float] = []
-    results = DdgsBackend(min_interval_s=0.0, sleep=slept.append, base_delay_s=0.25).search("q", 5)
+    retry = NO_JITTER.model_copy(update={"base_delay_s": 0.25})
+    results = DdgsBackend(min_interval_s=0.0, sleep=slept.append, retry=retry).search("q", 5)
     assert [r.url for r in results] == ["https://x.example/"]
     assert slept == [0.25]
 
@@ -164,8 +170,104 @@ def test_serper_server_errors_are_retried(api: LocalServer) -> None:
     api.routes["/search"] = send_json({"error": "boom"}, status=503)
     slept: list[float] = []
     with pytest.raises(BackendError, match=r"HTTP 503.*after 3 attempts"):
-        SerperBackend("k", base_url=api.url, min_interval_s=0.0, sleep=slept.append).search("q", 3)
+        SerperBackend("k", base_url=api.url, min_interval_s=0.0, retry=NO_JITTER, sleep=slept.append).search("q", 3)
     assert len(api.requests) == 3 and slept == [1.0, 2.0]
+
+
+def test_http_429_carries_retry_after_and_the_retry_honours_it(api: LocalServer) -> None:
+    api.routes["/search"] = send(429, '{"error": "slow down"}', "application/json", {"Retry-After": "7"})
+    slept: list[float] = []
+    with pytest.raises(BackendError, match=r"HTTP 429.*after 3 attempts") as info:
+        SerperBackend("k", base_url=api.url, min_interval_s=0.0, retry=NO_JITTER, sleep=slept.append).search("q", 3)
+    assert (info.value.status, info.value.retry_after_s) == (429, 7.0)
+    assert slept == [7.0, 7.0]  # Retry-After wins over the 1 s and 2 s backoffs
+
+
+class ScriptedBackend(RemoteBackend):
+    """A remote backend whose attempts replay a script of errors, then return no results."""
+
+    name = "scripted"
+
+    def __init__(self, errors: list[BackendError], **kwargs: Any) -> None:
+        super().__init__(min_interval_s=0.0, **kwargs)
+        self.errors = list(errors)
+        self.calls = 0
+
+    def _search_once(self, query: str, n: int) -> list[SearchResult]:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return []
+
+
+def test_transient_errors_are_retried_with_exponential_backoff() -> None:
+    slept: list[float] = []
+    busy = [BackendError("busy", transient=True)] * 2
+    retry = RetryPolicy(max_retries=2, base_delay_s=0.5, jitter=0)
+    assert ScriptedBackend(busy, retry=retry, sleep=slept.append).search("q", 3) == []
+    assert slept == [0.5, 1.0]
+
+
+def test_permanent_errors_are_not_retried() -> None:
+    slept: list[float] = []
+    backend = ScriptedBackend([BackendError("bad key", transient=False)], sleep=slept.append)
+    with pytest.raises(BackendError, match="bad key"):
+        backend.search("q", 3)
+    assert slept == [] and backend.calls == 1
+
+
+def test_attempts_run_out_with_a_count_in_the_message() -> None:
+    slept: list[float] = []
+    down = [BackendError("unreachable", transient=True)] * 3
+    with pytest.raises(BackendError, match=r"unreachable \(after 3 attempts of `scripted` search\)"):
+        ScriptedBackend(down, retry=NO_JITTER, sleep=slept.append).search("q", 3)
+    assert slept == [1.0, 2.0]
+
+
+def test_backoff_is_capped_but_retry_after_is_honoured_up_to_its_own_limit() -> None:
+    slept: list[float] = []
+    errors = [BackendError("busy", transient=True)] * 3 + [
+        BackendError("slow down", transient=True, retry_after_s=30.0),
+        BackendError("slow down", transient=True, retry_after_s=1000.0),
+    ]
+    retry = RetryPolicy(max_retries=5, base_delay_s=1, max_delay_s=3, max_retry_after_s=60, jitter=0)
+    assert ScriptedBackend(errors, retry=retry, sleep=slept.append).search("q", 3) == []
+    assert slept == [1.0, 2.0, 3.0, 30.0, 60.0]
+
+
+class HighestJitter(random.Random):
+    """Always draws the top of the jitter range."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+def test_backoff_is_jittered_by_default() -> None:
+    slept: list[float] = []
+    down = [BackendError("unreachable", transient=True)] * 3
+    with pytest.raises(BackendError):
+        ScriptedBackend(down, sleep=slept.append, rng=HighestJitter()).search("q", 3)
+    assert slept == [1.25, 2.5]  # SEARCH_RETRY: 1 s and 2 s, each + 25 % jitter
+
+    seeded: list[float] = []
+    with pytest.raises(BackendError):
+        ScriptedBackend(down * 2, retry=RetryPolicy(max_retries=5), sleep=seeded.append, rng=random.Random(3)).search("q", 3)
+    assert len(set(s / 2**i for i, s in enumerate(seeded))) == 5  # every backoff drew its own jitter
+    for attempt, s in enumerate(seeded):
+        assert 0.75 * 2**attempt <= s <= 1.25 * 2**attempt
+
+
+def test_backends_of_one_name_must_agree_on_their_spacing(fake_ddgs: type[FakeDDGS]) -> None:
+    fake_ddgs.script = [[], []]
+
+    class Spaced(DdgsBackend):
+        name = "test-web-backends-spaced"
+
+    Spaced(min_interval_s=0.0).search("q", 1)
+    Spaced(min_interval_s=0.0).search("q", 1)
+    with pytest.raises(ConfigError, match="test-web-backends-spaced"):
+        Spaced(min_interval_s=5.0).search("q", 1)
+    assert len(fake_ddgs.calls) == 2
 
 
 def test_tavily_request_and_parsing(api: LocalServer) -> None:
@@ -190,7 +292,7 @@ def test_unreachable_api_is_a_clear_error() -> None:
     with LocalServer({}) as srv:
         url = srv.url
     with pytest.raises(BackendError, match=r"unreachable.*after 2 attempts"):
-        SerperBackend("k", base_url=url, attempts=2, **NO_WAIT).search("q", 3)
+        SerperBackend("k", base_url=url, retry=RetryPolicy(max_retries=1), **NO_WAIT).search("q", 3)
 
 
 def test_make_backend_specs_and_key_errors(tmp_path: Path) -> None:

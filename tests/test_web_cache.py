@@ -8,25 +8,20 @@ import textwrap
 import threading
 from pathlib import Path
 
+from fake_clock import FakeTime
+
 from amapreduce.web.cache import WebCache, normalize_url
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_put_get_and_ttl(tmp_path: Path) -> None:
-    clock = Clock()
-    cache = WebCache(tmp_path / "c.sqlite3", ttl_s=60, clock=clock)
+    time = FakeTime()
+    time.now = 1000.0
+    cache = WebCache(tmp_path / "c.sqlite3", ttl_s=60, clock=time.clock)
     assert cache.get("search", "q") is None
     cache.put("search", "q", '["a"]')
     assert cache.get("search", "q") == '["a"]'
     assert cache.get("page", "q") is None  # kinds are separate
-    clock.now += 61
+    time.now += 61
     assert cache.get("search", "q") is None
     assert cache.counts() == (1, 3)
     stats = cache.stats()

@@ -12,10 +12,11 @@ from smolagents import ToolCallingAgent
 from smolagents.models import ChatMessage
 from test_web_fetch import ARTICLE, LocalServer, send
 
-from amapreduce.errors import ToolCallRefused
-from amapreduce.llm.scripted import FunctionModel, ModelInfo, Reply, final_answer, message_text, tool_call
+from amapreduce.errors import RunError, ToolCallFailed, ToolCallRefused
+from amapreduce.llm.messages import message_text
 from amapreduce.sandbox import sandbox_world
 from amapreduce.settings import Settings
+from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply, final_answer, tool_call
 from amapreduce.web.backends.base import SearchBackend
 from amapreduce.web.cache import WebCache
 from amapreduce.web.models import SearchResult
@@ -108,8 +109,21 @@ def test_crawl_tool_errors_reach_the_model_as_one_line(world: Any) -> None:
         tool(url="corpus://sandbox/countries/fr.html")
     with LocalServer({}) as srv:
         private = CrawlPageTool(WebService(CountingBackend(), policy=UrlPolicy(allow_private_urls=True)))
-        with pytest.raises(ToolCallRefused, match="HTTP 404"):
+        with pytest.raises(ToolCallFailed, match="HTTP 404"):  # a valid call whose page is missing: failed, not refused
             private(url=srv.url + "/missing")
+
+
+def test_valid_calls_whose_work_fails_reach_the_model_as_failed_not_refused(world: Any) -> None:
+    class DownBackend(CountingBackend):
+        def search(self, query: str, n: int) -> list[SearchResult]:
+            raise RunError("`down` timed out after 5 s. Try again later.")
+
+    with pytest.raises(ToolCallFailed, match="timed out after 5 s") as failed:
+        WebSearchTool(WebService(DownBackend()))(query="anything")
+    assert failed.value.fields["cause"] == "RunError"
+    corpus = WebService.from_settings(Settings(cache_dir=world.index_dir.parent / "c"), backend=f"corpus:{world.index_dir}")
+    with pytest.raises(ToolCallFailed, match="no document .* Use a URL returned by web_search"):
+        CrawlPageTool(corpus)(url="corpus://sandbox/countries/no-such-page.html")
 
 
 @pytest.mark.parametrize("url", ["http://[::1/", "http://[v1.x]/"])

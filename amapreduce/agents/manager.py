@@ -18,23 +18,23 @@ from amapreduce.prompts import render_prompt
 if TYPE_CHECKING:
     from smolagents import Model, Tool, ToolCallingAgent
 
-    from amapreduce.mapreduce.trace import Trace
+    from amapreduce.trace import Trace
 
-__all__ = ["MAX_OBSERVATION_CHARS", "build_manager", "truncate"]
+__all__ = ["MAX_OBSERVATION_CHARS", "build_manager", "clip_observation"]
 
 MAX_OBSERVATION_CHARS = 12_000
 """Longest tool output the manager sees; the rest is cut with a note. Only the manager's copies of
 the tools are cut: the sub-agents' tools return the full text."""
 
 
-def truncate(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
+def clip_observation(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
     """`text` cut to `limit` characters with a note saying how much was left out."""
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n… [{len(text) - limit} more characters not shown]"
 
 
-def _truncating(tool: Tool, limit: int) -> Tool:
+def _clipping(tool: Tool, limit: int) -> Tool:
     """A copy of `tool` whose output is cut to `limit` characters; `tool` itself is unchanged.
 
     Why a copy: the web tools given to the manager are the very objects the sub-agents' solver
@@ -47,7 +47,7 @@ def _truncating(tool: Tool, limit: int) -> Tool:
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         out = tool(*args, **kwargs)
-        return truncate(out, limit) if isinstance(out, str) else out
+        return clip_observation(out, limit) if isinstance(out, str) else out
 
     wrapped.forward = forward
     return wrapped
@@ -76,7 +76,7 @@ def build_manager(
     from smolagents.memory import ActionStep
 
     agent = ToolCallingAgent(
-        tools=[_truncating(t, observation_chars) for t in tools],
+        tools=[_clipping(t, observation_chars) for t in tools],
         model=model,
         max_steps=max_steps,
         instructions=render_prompt("manager", "instructions", max_batches=max_batches),
@@ -89,7 +89,7 @@ def build_manager(
                 "manager_step",
                 step=step.step_number,
                 tool_calls=[{"name": c.name, "arguments": c.arguments} for c in step.tool_calls or []],
-                observations=truncate(step.observations or "", 4000),
+                observations=clip_observation(step.observations or "", 4000),
                 error=str(step.error) if step.error else None,
                 at=time.time(),
             )

@@ -13,7 +13,7 @@ import sys
 import typer
 import typer.main
 
-from amapreduce import __version__
+from amapreduce._version import __version__
 from amapreduce.errors import AmapreduceError, RunError, UserError
 
 __all__ = ["app", "main", "run"]

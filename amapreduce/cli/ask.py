@@ -40,8 +40,8 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Answer a wide-search question with a table (manager + parallel search sub-agents)."""
+    from amapreduce.cli.output import usage_json, write_table_copies
     from amapreduce.run.ask import run_ask
-    from amapreduce.run.execute import usage_json, write_outputs
     from amapreduce.run.wiring import require_model
     from amapreduce.settings import load_settings
 
@@ -55,7 +55,7 @@ def ask(
         query, settings, memory_store=_memory_store(memory, no_memory, settings.memory_store),
         show_progress=None if not as_json else False,
     )
-    write_outputs(outcome.table, outcome.markdown, out=out, csv_out=csv_out)
+    write_table_copies(outcome.table, outcome.markdown, out=out, csv_out=csv_out)
     completeness = outcome.record["completeness"]
     if as_json:
         typer.echo(

@@ -9,14 +9,18 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from amapreduce.errors import RunError, UserError
 
 if TYPE_CHECKING:
+    from smolagents import Model
+
+    from amapreduce.evaluation.judges import ModelClient
     from amapreduce.evaluation.runner import EvalOptions, Trial
+    from amapreduce.llm.meter import UsageMeter
     from amapreduce.settings import Settings
 
 __all__ = ["app"]
@@ -38,17 +42,20 @@ def _parse_date(value: str | None) -> dt.date | None:
         raise UserError(f"--reference-date must be YYYY-MM-DD, got {value!r}. Example: 2026-01-01.") from None
 
 
-def _client(model: str, settings: Settings, api_base: str | None) -> Any:
-    from amapreduce.evaluation.judges import ModelClient
+def _judge_model(model_id: str, settings: Settings, meter: UsageMeter) -> Model:
+    """The judge role's managed model from the one model factory that builds every role's model:
+    retries, the provider's rate limits, and every call charged to `meter` (the settings' budget).
+    Tests replace this function with a simulated model."""
+    from amapreduce.llm.factory import build_role_model
 
-    return ModelClient.build(
-        model,
-        settings.cache_dir / "judge",
-        api_base=api_base or settings.api_base,
-        api_key=settings.api_key,
-        rpm=settings.model_rpm,
-        tpm=settings.model_tpm,
-    )
+    return build_role_model(settings, "judge", model_id, meter=meter)
+
+
+def _client(model_id: str, settings: Settings, meter: UsageMeter) -> ModelClient:
+    """A judge client for `model_id`, its replies cached under `<cache_dir>/judge`."""
+    from amapreduce.evaluation.judges import JudgeCache, ModelClient
+
+    return ModelClient(_judge_model(model_id, settings, meter), JudgeCache(settings.cache_dir / "judge"))
 
 
 def _check_deepwide_only(benchmark: str, protocol: str, entity_judge: str) -> None:
@@ -96,11 +103,14 @@ def _options(
     reference_date: str | None,
     corrected: bool,
     details: Path | None,
-    api_base: str | None = None,
+    *,
+    settings: Settings,
+    meter: UsageMeter,
 ) -> EvalOptions:
+    """The scoring options the flags ask for; model judges are built with `settings` and charge
+    `meter`."""
     from amapreduce.evaluation import judges
     from amapreduce.evaluation.runner import EvalOptions
-    from amapreduce.settings import load_settings
 
     if benchmark not in _BENCHMARKS:
         raise UserError(f"--benchmark must be one of {list(_BENCHMARKS)}, got {benchmark!r}.")
@@ -110,7 +120,6 @@ def _options(
         raise UserError(
             f"--judge-chunk-size must be >= 1, got {chunk_size}. Use a positive number of rows per call."
         )
-    settings = load_settings()
     judge = _judge_id(judge, settings)
     for flag, value in (("--judge", judge), ("--align", align), ("--entity-judge", entity_judge)):
         if not value.strip():
@@ -122,7 +131,7 @@ def _options(
         judges.ExactJudge()
         if judge == "exact"
         else judges.ModelJudge(
-            _client(judge, settings, api_base),
+            _client(judge, settings, meter),
             chunk_size=chunk_size,
             normalize=amapreduce_copy,
             lenient=amapreduce_copy,
@@ -134,11 +143,11 @@ def _options(
     elif align == "norm":
         aligner = judges.NormAligner()
     else:
-        aligner = judges.ModelAligner(_client(align, settings, api_base), lenient=amapreduce_copy)
+        aligner = judges.ModelAligner(_client(align, settings, meter), lenient=amapreduce_copy)
     entity: judges.EntityJudge = (
         judges.SubstringEntityJudge()
         if entity_judge == "substring"
-        else judges.ModelEntityJudge(_client(entity_judge, settings, api_base))
+        else judges.ModelEntityJudge(_client(entity_judge, settings, meter))
     )
     return EvalOptions(
         benchmark=benchmark,  # type: ignore[arg-type]
@@ -254,7 +263,11 @@ def score(
     from amapreduce.evaluation.loaders import load_tasks
     from amapreduce.evaluation.runner import run_evaluation, write_json_atomic
     from amapreduce.evaluation.summary import render_per_task, render_summary
+    from amapreduce.llm.factory import new_meter
+    from amapreduce.settings import load_settings
 
+    settings = load_settings(api_base=api_base)
+    meter = new_meter(settings)
     options = _options(
         benchmark,
         judge,
@@ -265,7 +278,8 @@ def score(
         reference_date,
         corrected,
         details,
-        api_base,
+        settings=settings,
+        meter=meter,
     )
     task_specs = load_tasks(tasks, options.benchmark)
     if not gold_dir.is_dir():
@@ -288,7 +302,11 @@ def score(
 
     try:
         report = run_evaluation(task_specs, chosen, trials, gold_dir, options, progress=progress)
-        write_json_atomic(out, report.to_json())
+        judged = meter.total()
+        document = report.to_json()
+        if judged.requests:  # model judges were asked (not only the offline stand-ins or the cache)
+            document["judge_usage"] = meter.to_json()
+        write_json_atomic(out, document)
     except OSError as exc:  # --out / --details / cache folders not writable, disk full, ...
         raise RunError(
             f"cannot write results: {exc}. Check that the --out and --details folders are writable."
@@ -305,4 +323,10 @@ def score(
     if options.corrected:
         changed = ", ".join(f"{k}: {v}" for k, v in sorted(report.corrections.items()) if v) or "nothing"
         console.print(f"--corrected changed: {changed}", highlight=False, markup=False)
+    if judged.requests:
+        console.print(
+            f"judge models: {judged.requests} calls, {judged.total_tokens} tokens, ${judged.cost_usd:.4f}",
+            highlight=False,
+            markup=False,
+        )
     console.print(f"results written to {out}", highlight=False, markup=False)

@@ -40,8 +40,8 @@ def plan(
     console = Console(emoji=False)
     console.print(
         f"[bold]{batch_plan.num_rows}[/] atomic tasks → [bold]{len(batch_plan.batches)}[/] batches "
-        f"([cyan]{escape(batch_plan.strategy)}[/]); columns: {escape(', '.join(decision.column_names))}; "
-        f"key: {escape(', '.join(decision.keys))}"
+        f"([cyan]{escape(batch_plan.strategy)}[/]); columns: {escape(', '.join(decision.columns))}; "
+        f"key: {escape(', '.join(decision.resolved_key_columns))}"
     )
     table = Table("batch", "rows", "size", "rationale")
     for b in batch_plan.batches:
@@ -66,8 +66,9 @@ def run(
 
     For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/.
     """
+    from amapreduce.cli.output import usage_json, write_table_copies
     from amapreduce.decision.model import load_decision
-    from amapreduce.run.execute import run_decision, usage_json, write_outputs
+    from amapreduce.run.mapreduce_run import run_decision
     from amapreduce.run.wiring import require_model
     from amapreduce.settings import load_settings
 
@@ -76,7 +77,7 @@ def run(
     require_model(settings)
     outcome = run_decision(decision, settings, label=Path(decision_file).stem, show_progress=None if not as_json else False)
     result = outcome.result
-    write_outputs(result.table, result.markdown(), out=out, csv_out=csv_out)
+    write_table_copies(result.table, result.markdown(), out=out, csv_out=csv_out)
     if as_json:
         typer.echo(
             json.dumps(

@@ -72,9 +72,9 @@ ApiBaseOpt = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint o
 
 
 def _build_model(model_id: str, settings: Settings) -> Any:
-    """The managed memory model (retries, rate limits, budget), built as `ask` builds its role
-    models; tests replace this function with a simulated model."""
-    from amapreduce.run.wiring import build_role_model, new_meter
+    """The managed memory model (retries, rate limits, budget) from the one model factory that
+    builds `ask`'s role models; tests replace this function with a simulated model."""
+    from amapreduce.llm.factory import build_role_model, new_meter
 
     return build_role_model(settings, "memory", model_id, meter=new_meter(settings))
 
@@ -83,7 +83,7 @@ def _memory_model(model: str | None, api_base: str | None) -> Any | None:
     """The memory model Φ and F_ψ use, chosen exactly as `ask` chooses it (so `search` shows the
     prior the plan stage gets): `--model`, else the `memory_model` setting, else the default
     `model`; None when none is configured or it is `none`."""
-    from amapreduce.run.wiring import model_for_role
+    from amapreduce.llm.factory import model_for_role
     from amapreduce.settings import load_settings
 
     settings = load_settings(memory_model=model, api_base=api_base)

@@ -1,13 +1,13 @@
 """The decision Θ = (task matrix, template, batching strategy) and its validation."""
 
-from amapreduce.decision.columns import Column, columns_from_schema
+from amapreduce.decision.columns import ColumnSpec, columns_from_schema
 from amapreduce.decision.model import Decision, load_decision
 from amapreduce.decision.strategy import ByAttr, OpenGroup, OpenStrategy, PerAtom
 from amapreduce.decision.template import placeholders, render
 
 __all__ = [
     "ByAttr",
-    "Column",
+    "ColumnSpec",
     "Decision",
     "OpenGroup",
     "OpenStrategy",

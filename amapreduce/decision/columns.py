@@ -17,15 +17,16 @@ from typing import Any
 
 from amapreduce.errors import DecisionError
 
-__all__ = ["Column", "columns_from_schema", "normalize_key_name"]
+__all__ = ["ColumnSpec", "columns_from_schema", "normalize_key_name"]
 
 _SCHEMA_KEYWORDS = {"type", "properties", "required", "title", "description", "$schema", "items"}
 _KEY_NAME_JUNK = re.compile(r"[\s_\-]+")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Column:
-    """One output column: its name as the table shows it, plus optional type and description."""
+class ColumnSpec:
+    """One output column as a decision specifies it: its name as the table shows it, plus an optional
+    type and description (shown to sub-agents). Tables and work items carry only the names."""
 
     name: str
     type: str | None = None
@@ -46,7 +47,7 @@ def normalize_key_name(name: str) -> str:
     return _KEY_NAME_JUNK.sub("", unicodedata.normalize("NFKC", name)).casefold()
 
 
-def _column(name: Any, spec: Any, where: str) -> Column:
+def _column(name: Any, spec: Any, where: str) -> ColumnSpec:
     if not isinstance(name, str) or not name.strip():
         raise DecisionError(f"json_schema {where}: a column name must be a non-empty string, got {name!r}.")
     if spec is None:
@@ -60,20 +61,20 @@ def _column(name: Any, spec: Any, where: str) -> Column:
     if isinstance(col_type, list):
         col_type = "|".join(str(t) for t in col_type)
     description = spec.get("description")
-    return Column(
+    return ColumnSpec(
         name=name.strip(),
         type=str(col_type) if col_type is not None else None,
         description=str(description) if description is not None else None,
     )
 
 
-def columns_from_schema(schema: Mapping[str, Any] | Sequence[Any]) -> tuple[Column, ...]:
+def columns_from_schema(schema: Mapping[str, Any] | Sequence[Any]) -> tuple[ColumnSpec, ...]:
     """Read the ordered output columns from `schema`.
 
     Raises:
         DecisionError: the schema has no columns, an unreadable shape, or repeated names.
     """
-    columns: list[Column]
+    columns: list[ColumnSpec]
     if isinstance(schema, Mapping):
         props = schema.get("properties")
         if props is not None:

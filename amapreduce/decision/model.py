@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from amapreduce.decision.columns import Column, columns_from_schema
+from amapreduce.decision.columns import ColumnSpec, columns_from_schema
 from amapreduce.decision.strategy import ByAttr, Int, OpenGroup, OpenStrategy, PerAtom, Strategy
 from amapreduce.decision.template import PLACEHOLDER, placeholders, render
 from amapreduce.errors import DecisionError
@@ -71,7 +71,7 @@ class Decision(BaseModel):
     rows_per_task: Int | None = Field(default=None, ge=1)
     """Rows each task must yield when the key is finer than the matrix (e.g. top-10 per year)."""
 
-    _columns: tuple[Column, ...] = PrivateAttr(default=())
+    _column_specs: tuple[ColumnSpec, ...] = PrivateAttr(default=())
     _mapped: tuple[str | None, ...] = PrivateAttr(default=())
     _keys: tuple[str, ...] = PrivateAttr(default=())
 
@@ -102,7 +102,7 @@ class Decision(BaseModel):
     def _check(self) -> Decision:
         self._check_matrix()
         self._check_template()
-        self._columns = columns_from_schema(self.json_schema)
+        self._column_specs = columns_from_schema(self.json_schema)
         self._mapped = self._resolve_matrix_columns()
         self._keys = self._resolve_keys()
         self._check_key_cells()
@@ -159,7 +159,7 @@ class Decision(BaseModel):
 
     def _resolve_matrix_columns(self) -> tuple[str | None, ...]:
         width = len(self.task_matrix[0])
-        names = [c.name for c in self._columns]
+        names = [c.name for c in self._column_specs]
         if self.matrix_columns is None:
             if width > len(names):
                 raise ValueError(
@@ -180,7 +180,7 @@ class Decision(BaseModel):
         return tuple(self.matrix_columns)
 
     def _resolve_keys(self) -> tuple[str, ...]:
-        names = [c.name for c in self._columns]
+        names = [c.name for c in self._column_specs]
         if self.key_columns is None:
             mapped = tuple(n for n in self._mapped if n is not None)
             return mapped or (names[0],)
@@ -255,23 +255,23 @@ class Decision(BaseModel):
     # -- derived views ------------------------------------------------------------------------
 
     @property
-    def columns(self) -> tuple[Column, ...]:
-        """The ordered output columns."""
-        return self._columns
+    def column_specs(self) -> tuple[ColumnSpec, ...]:
+        """The ordered output columns with their types and descriptions (what sub-agents are shown)."""
+        return self._column_specs
 
     @property
-    def column_names(self) -> tuple[str, ...]:
-        """Names of the output columns, in order."""
-        return tuple(c.name for c in self._columns)
+    def columns(self) -> tuple[str, ...]:
+        """Names of the output columns, in order (as `Table.columns`)."""
+        return tuple(c.name for c in self._column_specs)
 
     @property
-    def keys(self) -> tuple[str, ...]:
-        """The resolved key columns."""
+    def resolved_key_columns(self) -> tuple[str, ...]:
+        """`key_columns` as given, or its default (the matrix-filled columns); never None."""
         return self._keys
 
     @property
-    def mapped_columns(self) -> tuple[str | None, ...]:
-        """The output column each matrix column fills (None: context only)."""
+    def resolved_matrix_columns(self) -> tuple[str | None, ...]:
+        """`matrix_columns` as given, or its default (the first K₀ output columns); None: context only."""
         return self._mapped
 
     @property
@@ -290,10 +290,6 @@ class Decision(BaseModel):
     def forced_values(self, i: int) -> dict[str, str]:
         """Output cells that row `i` fixes (its matrix-mapped columns)."""
         return {col: self.task_matrix[i][j] for j, col in enumerate(self._mapped) if col is not None}
-
-    def strategy_name(self) -> str:
-        """The batching mode's name."""
-        return self.batch_strategy.type
 
     @classmethod
     def parse(cls, data: Any) -> Decision:

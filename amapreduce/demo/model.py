@@ -38,15 +38,8 @@ from amapreduce.demo.plan import (
     read_column,
     resolve,
 )
-from amapreduce.llm.scripted import (
-    FunctionModel,
-    ModelInfo,
-    Reply,
-    ToolCall,
-    final_answer,
-    message_text,
-    tool_call,
-)
+from amapreduce.llm.messages import message_text
+from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply, ToolCall, final_answer, tool_call
 
 __all__ = ["SIMULATED_MODEL_ID", "SimulatedAtlasModel"]
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from amapreduce.decision.columns import normalize_key_name
 from amapreduce.demo.atlas import Observations, clean_cell, infobox, list_entries, plain_number
-from amapreduce.llm.scripted import ToolCall, tool_call
+from amapreduce.testing.scripted import ToolCall, tool_call
 
 __all__ = [
     "Column",

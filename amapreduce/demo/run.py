@@ -107,7 +107,9 @@ def run_demo(
         UserError: `task_id` is not a sandbox task; the message lists the ids.
     """
     from amapreduce.demo.model import SimulatedAtlasModel
+    from amapreduce.llm.factory import new_meter
     from amapreduce.run.ask import run_ask
+    from amapreduce.testing.scripted import SIMULATED_PRICES
 
     tasks, world = load_sandbox_tasks(settings)
     chosen = task_id or DEFAULT_TASK
@@ -115,10 +117,12 @@ def run_demo(
         raise UserError(f"unknown sandbox task {chosen!r}. Sandbox tasks are: {', '.join(sorted(tasks))}.")
     task = tasks[chosen]
     model = SimulatedAtlasModel(faults=faults, latency_s=latency_s)
+    run_settings = demo_settings(settings, world.index_dir)
     outcome = run_ask(
         task.query,
-        demo_settings(settings, world.index_dir),
+        run_settings,
         inner=lambda role: model,
+        meter=new_meter(run_settings, prices_by_prefix=SIMULATED_PRICES),
         task_id=chosen,
         show_progress=show_progress,
     )

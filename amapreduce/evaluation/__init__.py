@@ -1,4 +1,4 @@
-"""WideSearch / DeepWideSearch scoring that matches the official scorers (docs/widesearch-eval.md).
+"""WideSearch / DeepWideSearch scoring that matches the official scorers (docs/scorer-rules.md).
 
 Modules, in pipeline order: `answer` (markdown answer -> table, exactly as the official parser),
 `loaders` (tasks jsonl, gold CSV, predictions), `preprocess` and `metrics` (cell rules),

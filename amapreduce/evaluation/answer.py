@@ -1,7 +1,7 @@
 """Parse a model's markdown answer into a table exactly as the official scorers do.
 
 Why a faithful copy and not a "better" parser: published WideSearch / DeepWideSearch numbers are
-produced by `WideSearchResponse.extract_dataframe` (docs/widesearch-eval.md §3), including its
+produced by `WideSearchResponse.extract_dataframe` (docs/scorer-rules.md §3), including its
 quirks (first vs last fence, the pipe fallback, separator-line removal, `read_csv(sep="|")` NA
 strings and per-column dtype inference). Any deviation changes scores, so this module reproduces
 that behaviour step by step and leaves the corrections to the `--corrected` mode of the scorer.
@@ -62,7 +62,7 @@ def extract_table_text(
 ) -> str | None:
     """Return the cleaned `|`-separated table text the official parser hands to pandas.
 
-    Steps (docs/widesearch-eval.md §3): the first (WideSearch) or last (DeepWideSearch)
+    Steps (docs/scorer-rules.md §3): the first (WideSearch) or last (DeepWideSearch)
     case-sensitive closed ```` ```markdown ```` block; otherwise, with at least 4 pipes in the
     text, the pipe-line fallback; then strip, remove spaces from and lower-case the header line,
     drop lines without `|` or made only of `| - :` and spaces, and strip every cell.

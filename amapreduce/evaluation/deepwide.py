@@ -1,6 +1,6 @@
 """DeepWideSearch scoring: the core-entity judge, column F1 and the two protocols.
 
-Why two protocols (docs/widesearch-eval.md §9, reference-audit §5.4):
+Why two protocols (docs/scorer-rules.md §9, docs/reference-audit.md §5.2):
 
 * `aidc` — the AIDC evaluator as its authors intended: the entity judge runs first and is a
   gate (a wrong entity zeroes every table metric), column F1 = |J|/|P| and |J|/|G| (bug D6

@@ -1,8 +1,8 @@
 """Judges: `llm_judge` columns, header/key alignment, and the DeepWideSearch core-entity check.
 
-Why pluggable: the official scorer calls an LLM for all three (docs/widesearch-eval.md §8),
+Why pluggable: the official scorer calls an LLM for all three (docs/scorer-rules.md §8),
 which makes it neither offline nor reproducible. Each role has a deterministic stand-in that
-reproduces the published offline numbers (§10: exact match, identity or "norm" alignment,
+reproduces the published offline numbers (docs/scorer-rules.md §10: exact match, identity or "norm" alignment,
 substring entity check) and an LLM variant. The LLM variants send the official prompts at
 temperature 0, batch a column per call (chunked for long tables), cache replies on disk by
 (prompt, model), and raise `RunError` when the model fails instead of scoring 0 (bug B8).
@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from amapreduce._atomic import atomic_open
 from amapreduce.errors import RunError
-from amapreduce.evaluation.prompts import COLUMN_JUDGE_PROMPT, ENTITY_JUDGE_PROMPT, KEY_ALIGN_PROMPT
+from amapreduce.prompts import render_prompt
 
 if TYPE_CHECKING:
-    from pydantic import SecretStr
     from smolagents import Model
 
 __all__ = [
@@ -49,7 +48,7 @@ _ENTITY_FENCE_RE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
 def loose_form(text: str) -> str:
-    """NFKC + casefold with all whitespace, Unicode punctuation and symbols removed (§10 "norm")."""
+    """NFKC + casefold with all whitespace, Unicode punctuation and symbols removed (docs/scorer-rules.md §10, "norm")."""
     folded = unicodedata.normalize("NFKC", text).casefold()
     return "".join(ch for ch in folded if not ch.isspace() and unicodedata.category(ch)[0] not in ("P", "S"))
 
@@ -67,7 +66,7 @@ def parse_json_reply(text: str) -> dict[str, Any] | None:
 
 
 def parse_json_reply_lenient(text: str) -> dict[str, Any] | None:
-    """The AMapReduce DeepWideSearch `parse_markdown_json` (doc §9, protocol `amapreduce`).
+    """The AMapReduce DeepWideSearch `parse_markdown_json` (docs/scorer-rules.md §9, protocol `amapreduce`).
 
     Why a second parser: that copy accepts replies the official one rejects, and its published
     numbers depend on it. It tries every ```` ```json ```` object from the last back, then the
@@ -128,7 +127,8 @@ class ModelClient:
     """One smolagents `Model` plus the optional disk cache; `ask(prompt)` returns the reply text.
 
     Args:
-        model: any smolagents `Model` (a real provider built by `build_model`, or a scripted one).
+        model: any smolagents `Model`: the judge role's managed model from the one model factory
+            (`amapreduce.llm.factory.build_role_model`, budgeted and metered), or a scripted one.
         cache: where replies are cached; None disables caching.
     """
 
@@ -144,12 +144,11 @@ class ModelClient:
             cached = self.cache.get(self.model_id, prompt)
             if cached is not None:
                 return cached
-        from smolagents.models import ChatMessage, MessageRole
+        from amapreduce.llm.complete import complete  # the model layer loads only when a model is asked
 
-        message = ChatMessage(role=MessageRole.USER, content=[{"type": "text", "text": prompt}])
         self.calls += 1
         try:
-            reply = self.model.generate([message])
+            text = complete(self.model, prompt)
         except RunError:
             raise
         except Exception as exc:
@@ -157,37 +156,9 @@ class ModelClient:
                 f"judge model {self.model_id} failed: {type(exc).__name__}: {exc}. "
                 f"Check the model name and credentials, or use --judge exact / --align norm."
             ) from exc
-        content = reply.content
-        if isinstance(content, list):
-            content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        text = content or ""
         if self.cache is not None:
             self.cache.put(self.model_id, prompt, text)
         return text
-
-    @staticmethod
-    def build(
-        model_id: str,
-        cache_dir: Path | None,
-        *,
-        api_base: str | None = None,
-        api_key: SecretStr | None = None,
-        rpm: int | None = None,
-        tpm: int | None = None,
-    ) -> ModelClient:
-        """A temperature-0 judge model from the project's model layer (`amapreduce.llm.models`).
-
-        `model_id` is a LiteLLM id (`openai/gpt-4.1`) or, with `api_base`, the model name of
-        an OpenAI-compatible server. Retries, rate limits and usage accounting come with it.
-        """
-        from amapreduce.llm.meter import UsageMeter
-        from amapreduce.llm.models import ModelSpec, build_model
-
-        spec = ModelSpec(
-            model_id=model_id, api_base=api_base, api_key=api_key, temperature=0.0, rpm=rpm, tpm=tpm
-        )
-        model = build_model(spec, role="judge", meter=UsageMeter())
-        return ModelClient(model, JudgeCache(cache_dir) if cache_dir is not None else None)
 
 
 class ColumnJudge(Protocol):
@@ -203,7 +174,7 @@ class ColumnJudge(Protocol):
 
 
 class ExactJudge:
-    """The §10 stand-in: the official `exact_match` on the already-preprocessed strings."""
+    """The docs/scorer-rules.md §10 stand-in: the official `exact_match` on the already-preprocessed strings."""
 
     name = "exact"
 
@@ -264,7 +235,7 @@ class ModelJudge:
                 f"idx_{i}": {"response": r, "target": t}
                 for i, (r, t) in enumerate(zip(resp, tgt, strict=True))
             }
-            reply = self.client.ask(COLUMN_JUDGE_PROMPT.format(criterion=criterion, response=pairs))
+            reply = self.client.ask(render_prompt("judge", "column", criterion=criterion, response=pairs))
             scores = self.parse(reply)
             if scores is None:
                 out.extend((0.0, "llm judge failed due to parse error") for _ in resp)
@@ -286,7 +257,7 @@ class Aligner(Protocol):
 
 
 class IdentityAligner:
-    """The §10 stand-in: no mapping (headers and keys must already match)."""
+    """The docs/scorer-rules.md §10 stand-in: no mapping (headers and keys must already match)."""
 
     name = "identity"
 
@@ -296,7 +267,7 @@ class IdentityAligner:
 
 
 class NormAligner:
-    """Map a response string to the one reference string with the same `loose_form` (§10)."""
+    """Map a response string to the one reference string with the same `loose_form` (docs/scorer-rules.md §10)."""
 
     name = "norm"
 
@@ -329,7 +300,7 @@ class ModelAligner:
 
     def align(self, response: list[str], reference: list[str]) -> dict[str, str]:
         """The model's `{origin: transform}` map; an unparseable reply gives `{}` (official)."""
-        reply = self.client.ask(KEY_ALIGN_PROMPT.format(response=response, reference=reference))
+        reply = self.client.ask(render_prompt("judge", "key_align", response=response, reference=reference))
         parsed = self.parse(reply)
         if parsed is None:
             return {}
@@ -363,7 +334,7 @@ class EntityJudge(Protocol):
 
 
 class SubstringEntityJudge:
-    """The §10 stand-in: Yes iff some entity name's loose form occurs in the answer's loose form."""
+    """The docs/scorer-rules.md §10 stand-in: Yes iff some entity name's loose form occurs in the answer's loose form."""
 
     name = "substring"
 
@@ -383,6 +354,6 @@ class ModelEntityJudge:
     def judge(self, question: str, response: str, entity: str) -> bool:
         """Ask the model; True when its reply contains "yes"."""
         reply = self.client.ask(
-            ENTITY_JUDGE_PROMPT.format(question=question, response=response, entity=entity)
+            render_prompt("judge", "entity", question=question, response=response, entity=entity)
         )
         return "yes" in reply.lower()

@@ -198,7 +198,7 @@ def load_gold(gold_dir: Path, task: TaskSpec, *, corrected: bool = False) -> Gol
 
 
 def gold_as_markdown(gold: GoldTable) -> str:
-    """Render a gold table as a fenced markdown answer (the "gold pass" of §11).
+    """Render a gold table as a fenced markdown answer (the "gold pass" of docs/scorer-rules.md §11).
 
     Cells are the stringified gold values; a newline inside a cell becomes a space, since a
     markdown row cannot hold one.

@@ -1,4 +1,4 @@
-"""Cell metrics of the official scorer (docs/widesearch-eval.md §5), with `--corrected` fixes.
+"""Cell metrics of the official scorer (docs/scorer-rules.md §5), with `--corrected` fixes.
 
 Each metric takes the preprocessed response and target strings and returns `(score, msg)` like
 the official functions, so the per-row detail CSV can carry the same messages. `llm_judge` is

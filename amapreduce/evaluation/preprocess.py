@@ -1,7 +1,7 @@
 """Cell preprocess functions of the official scorer, plus their `--corrected` variants.
 
 Why copies of the official rules: every cell of both the gold and the answer passes through
-these before the join and the metrics (docs/widesearch-eval.md §4), so a one-character
+these before the join and the metrics (docs/scorer-rules.md §4), so a one-character
 difference changes scores. The corrected variants fix bugs B5, B6 and B11 (exponents) and are
 used only when the caller asks for them.
 

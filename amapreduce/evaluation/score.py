@@ -2,7 +2,7 @@
 
 Why not call pandas merges like the official code: the official pipeline is a handful of
 set/dict operations on string cells, and doing them in plain Python on column lists is several
-times faster while giving the same numbers (docs/widesearch-eval.md §2, §6, §13). Every
+times faster while giving the same numbers (docs/scorer-rules.md §2, §6, §13). Every
 official early exit and crash is reproduced as the same all-zero result with a `msg`, so a
 score here equals the official score for the same stand-in judges.
 """
@@ -144,7 +144,7 @@ def _pipeline(task: TaskSpec, cfg: ScoreConfig) -> dict[str, ColumnRule]:
 
 
 def score_table(task: TaskSpec, gold: GoldTable, response: str | None, cfg: ScoreConfig) -> TableResult:
-    """Score one answer text against its gold table (docs/widesearch-eval.md §2 steps 1–13).
+    """Score one answer text against its gold table (docs/scorer-rules.md §2 steps 1–13).
 
     Returns:
         The result; official early exits (`response is None`, `response_df is None`, column

@@ -2,7 +2,7 @@
 
 Per task and metric: mean, max and min over the trials; then the plain mean over tasks (a macro
 average). Avg@N = `avg_n`, Pass@N = `max_n` of `score`, Max@N = `max_n` of an F1
-(docs/widesearch-eval.md §6). Unlike the official script, a missing trial result is not an
+(docs/scorer-rules.md §6). Unlike the official script, a missing trial result is not an
 error here: the runner scores a missing answer as the official zero, so every task always has
 one result per trial.
 """

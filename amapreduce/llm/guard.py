@@ -2,7 +2,7 @@
 
 `block_model_requests()` patches smolagents' API-backed models so that any attempt to reach a
 real provider raises `ModelRequestsBlocked` instead of silently spending money or hanging on a
-closed network. Scripted models (`amapreduce.llm.scripted`) are not API models and keep working.
+closed network. Scripted models (`amapreduce.testing.scripted`) are not API models and keep working.
 Code that must exercise the real client path against a loopback server opts in with
 `allow_model_requests()`: process-wide (sub-agents call from worker threads), and even then
 only for models whose endpoint is on 127.0.0.1/localhost/::1.
@@ -53,7 +53,7 @@ def _guarded(name: str) -> Any:
             raise ModelRequestsBlocked(
                 f"real model call to {type(self).__name__}(model_id={getattr(self, 'model_id', None)!r}) "
                 "refused: model requests are blocked under test. Use a scripted model from "
-                "`amapreduce.llm.scripted`, or wrap the call in `allow_model_requests()` for a loopback server."
+                "`amapreduce.testing.scripted`, or wrap the call in `allow_model_requests()` for a loopback server."
             )
         return original(self, *args, **kwargs)
 

@@ -98,20 +98,38 @@ def load_price_overrides(path: Path) -> dict[str, Price]:
 
 
 class PriceTable:
-    """Prices by model id: overrides first, then LiteLLM's map (with and without the provider prefix)."""
+    """Prices by model id: overrides first, then prefix prices, then LiteLLM's map (with and
+    without the provider prefix).
 
-    def __init__(self, overrides: Mapping[str, Price] | None = None, *, use_litellm: bool = True) -> None:
+    Args:
+        overrides: prices of exact model ids (with or without the provider prefix), e.g. from
+            `load_price_overrides`.
+        use_litellm: fall back to LiteLLM's bundled price map.
+        by_prefix: prices of every model id that starts with a key. The meter knows no such
+            family itself: the code that brings the models supplies it (the simulated models'
+            `SIMULATED_PRICES` in `amapreduce.testing.scripted`).
+    """
+
+    def __init__(
+        self,
+        overrides: Mapping[str, Price] | None = None,
+        *,
+        use_litellm: bool = True,
+        by_prefix: Mapping[str, Price] | None = None,
+    ) -> None:
         self.overrides = dict(overrides or {})
         self.use_litellm = use_litellm
+        self.by_prefix = dict(by_prefix or {})
 
     def price(self, model_id: str) -> Price | None:
-        """The price of `model_id`, or None when unknown (simulated models cost nothing)."""
-        if model_id.startswith("simulated/"):
-            return Price(input=0.0, output=0.0)
+        """The price of `model_id`, or None when unknown."""
         bare = model_id.split("/", 1)[-1]
         for key in (model_id, bare):
             if key in self.overrides:
                 return self.overrides[key]
+        for prefix, price in self.by_prefix.items():
+            if model_id.startswith(prefix):
+                return price
         if not self.use_litellm:
             return None
         prices = _litellm_prices()

@@ -1,6 +1,8 @@
-"""One factory for every model a run uses, and the wrapper that makes calls safe to fan out.
+"""Managed models: the provider client for a `ModelSpec`, and the wrapper that makes calls safe to fan out.
 
-`build_model(spec)` returns a smolagents `Model` for:
+Callers get their models from the one model factory, `amapreduce.llm.factory`, which turns
+`Settings` into a spec per role and calls `build_model` here. `build_model(spec)` returns a
+smolagents `Model` for:
 
 * a LiteLLM model id (`openai/gpt-5-mini`, `anthropic/claude-...`, `ollama/llama3.1`), or
 * any OpenAI-compatible endpoint (vLLM, llama.cpp server, Ollama) when `api_base` is set.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -26,15 +28,22 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from smolagents.models import ChatMessage, Model
 
 from amapreduce.errors import ConfigError
-from amapreduce.llm.limits import ProviderLimiter, limiter_for
+from amapreduce.llm.messages import estimate_tokens, message_text
 from amapreduce.llm.meter import UsageMeter, litellm_offline
-from amapreduce.llm.retry import ModelCallError, RetryPolicy, Transient, call_with_retries
+from amapreduce.llm.retry import (
+    ModelCallError,
+    ProviderRetry,
+    ProviderRetryHandler,
+    RetryPolicy,
+    Transient,
+    call_with_retries,
+)
 from amapreduce.llm.scope import scope_labels
-from amapreduce.llm.scripted import estimate_tokens, message_text
 from amapreduce.llm.usage import Usage
+from amapreduce.ratelimit import WindowLimiter, WindowPolicy, shared_limiter
 
 if TYPE_CHECKING:
-    from amapreduce.mapreduce.trace import Trace
+    from amapreduce.trace import Trace
 
 __all__ = ["ROLES", "ManagedModel", "ModelSpec", "build_model", "cached_tokens", "is_reasoning_model", "provider_of"]
 
@@ -167,7 +176,7 @@ class ManagedModel(Model):
         retry: the retry policy.
         sleep: replaces `time.sleep` between retries (tests).
         trace: where call and retry events go (None: not traced).
-        on_retry: told the fields of each `model_retry` event (e.g. to count retries in progress).
+        on_retry: told of each retry as a `ProviderRetry` (e.g. to count retries in progress).
     """
 
     def __init__(
@@ -176,11 +185,11 @@ class ManagedModel(Model):
         *,
         role: str,
         meter: UsageMeter,
-        limiter: ProviderLimiter | None = None,
+        limiter: WindowLimiter | None = None,
         retry: RetryPolicy | None = None,
         sleep: Any = None,
         trace: Trace | None = None,
-        on_retry: Callable[[dict[str, Any]], Any] | None = None,
+        on_retry: ProviderRetryHandler | None = None,
     ) -> None:
         super().__init__(model_id=inner.model_id)
         self.inner = inner
@@ -236,10 +245,13 @@ class ManagedModel(Model):
                 raise
 
         def retried(attempt: int, transient: Transient, delay_s: float) -> None:
-            fields = {"retry": attempt, "kind": transient.kind, "delay_s": round(delay_s, 3), "error": self._describe(state.error)}
-            self._write("model_retry", **fields)
+            event = ProviderRetry(
+                role=self.role, model_id=self.model_id or "unknown", retry=attempt, kind=transient.kind,
+                delay_s=round(delay_s, 3), error=self._describe(state.error),
+            )
+            self._write("model_retry", **event.trace_fields())
             if self.on_retry is not None:
-                self.on_retry({"role": self.role, "model_id": self.model_id, **fields})
+                self.on_retry(event)
 
         extra = {"sleep": self._sleep} if self._sleep is not None else {}
         started = time.monotonic()
@@ -278,13 +290,13 @@ def build_model(
     retry: RetryPolicy | None = None,
     inner: Model | None = None,
     trace: Trace | None = None,
-    on_retry: Callable[[dict[str, Any]], Any] | None = None,
+    on_retry: ProviderRetryHandler | None = None,
 ) -> ManagedModel:
     """The managed model for `role` (`inner` replaces the provider client, e.g. a simulated model;
     `trace` and `on_retry` as in `ManagedModel`)."""
     if role not in ROLES:
         raise ConfigError(f"unknown model role {role!r}; roles are {', '.join(ROLES)}.")
-    limiter = limiter_for(provider_of(spec), rpm=spec.rpm, tpm=spec.tpm) if (spec.rpm or spec.tpm) else None
+    limiter = shared_limiter(provider_of(spec), WindowPolicy(rpm=spec.rpm, tpm=spec.tpm)) if (spec.rpm or spec.tpm) else None
     return ManagedModel(
         inner or _inner_model(spec), role=role, meter=meter, limiter=limiter, retry=retry, trace=trace, on_retry=on_retry
     )

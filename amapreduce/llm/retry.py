@@ -4,6 +4,9 @@ Errors are classified by exception type and status code (429 → rate limit, 5xx
 timeouts, connection errors), never by message text. After the last retry the caller gets a
 `ModelCallError` that says what failed and how often — never a `None` reply (the reference
 returned None after five failures and every caller then crashed on `.content`).
+
+Each retry is also announced as a typed `ProviderRetry` event, so a progress display can count
+provider retries without pretending they are engine progress.
 """
 
 from __future__ import annotations
@@ -11,12 +14,21 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
 
-from amapreduce._retry import RetryPolicy, Transient, retry_loop
+from amapreduce._retry import RetryPolicy, Transient, parse_retry_after, retry_loop
 from amapreduce.errors import RunError
 
-__all__ = ["ModelCallError", "RetryPolicy", "Transient", "call_with_retries", "classify"]
+__all__ = [
+    "ModelCallError",
+    "ProviderRetry",
+    "ProviderRetryHandler",
+    "RetryPolicy",
+    "Transient",
+    "call_with_retries",
+    "classify",
+]
 
 T = TypeVar("T")
 
@@ -25,18 +37,39 @@ class ModelCallError(RunError):
     """A model call failed for good (a permanent error, or retries exhausted)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProviderRetry:
+    """A model call that failed transiently and is about to be sent again.
+
+    The same facts go to the trace as a `model_retry` event (`trace_fields`, plus the role,
+    model id and the open usage scope's labels).
+    """
+
+    role: str
+    """The role of the model that is retrying (`manager`, `subagent`, ...)."""
+    model_id: str
+    retry: int
+    """Which retry this is: 1 for the first after the original attempt."""
+    kind: str
+    """Why the attempt may pass next time: `rate_limit`, `server`, `timeout` or `connection`."""
+    delay_s: float
+    """The backoff before the retry, in seconds."""
+    error: str | None
+    """The failed attempt's error (capped, credentials redacted)."""
+
+    def trace_fields(self) -> dict[str, Any]:
+        """The fields of the `model_retry` trace event that are the retry's own."""
+        return {"retry": self.retry, "kind": self.kind, "delay_s": self.delay_s, "error": self.error}
+
+
+ProviderRetryHandler: TypeAlias = Callable[[ProviderRetry], object]
+"""Told of each `ProviderRetry` (e.g. to count retries in a progress display)."""
+
+
 def _retry_after(exc: BaseException) -> float | None:
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None) or getattr(exc, "headers", None)
-    if not headers:
-        return None
-    try:
-        if headers.get("retry-after-ms") is not None:
-            return float(headers["retry-after-ms"]) / 1000
-        raw = headers.get("retry-after")
-        return float(raw) if raw is not None else None
-    except (TypeError, ValueError):
-        return None  # an HTTP-date or junk: fall back to our own backoff
+    return parse_retry_after(headers) if headers else None
 
 
 def _status(exc: BaseException) -> int | None:

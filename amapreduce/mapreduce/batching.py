@@ -1,6 +1,6 @@
 """Batch planning: turn a validated decision into sub-agent batches with manifests.
 
-Semantics follow the reference tool (reference-audit §2.5–2.6) with its bugs fixed: an
+Semantics follow the reference tool (docs/reference-audit.md §2.3–2.4) with its bugs fixed: an
 invalid attribute is a validation error (it never collapses the whole matrix into one batch),
 `by_attr` groups can be capped, open groups given by indices are honoured, and the number of
 batches is capped (default 50, as the paper's prompt demands). Every row lands in exactly one
@@ -82,7 +82,7 @@ def _per_atom(d: Decision, s: PerAtom) -> list[tuple[list[int], str, dict[str, A
 
 def _by_attr(d: Decision, s: ByAttr) -> list[tuple[list[int], str, dict[str, Any]]]:
     col = d.attribute_column(s.attribute_index, s.attribute_name)
-    name = d.mapped_columns[col] or f"column {col}"
+    name = d.resolved_matrix_columns[col] or f"column {col}"
     groups: dict[str, list[int]] = {}
     for i, row in enumerate(d.task_matrix):
         groups.setdefault(row[col], []).append(i)
@@ -113,7 +113,7 @@ def _open(d: Decision, s: OpenStrategy) -> list[tuple[list[int], str, dict[str, 
                 group.attribute_name if explicit else s.attribute_name,
             )
             rows = [i for i, r in enumerate(d.task_matrix) if r[col] == group.attribute_value and i not in used]
-            context.update(attribute_name=d.mapped_columns[col] or f"column {col}", attribute_value=group.attribute_value)
+            context.update(attribute_name=d.resolved_matrix_columns[col] or f"column {col}", attribute_value=group.attribute_value)
         if isinstance(group.shared_context, Mapping):
             context.update(group.shared_context)
         elif group.shared_context:

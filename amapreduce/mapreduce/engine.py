@@ -27,21 +27,20 @@ from amapreduce.decision.model import Decision
 from amapreduce.errors import BatchTimeout, BudgetExceeded, RunCancelled
 from amapreduce.llm.scope import UsageScope, usage_scope
 from amapreduce.llm.usage import Usage
-from amapreduce.mapreduce.batching import plan_batches
+from amapreduce.mapreduce.batching import BatchPlan, plan_batches
 from amapreduce.mapreduce.executor import Executor, ThreadExecutor
-from amapreduce.mapreduce.extract import parse_reply, project_row
 from amapreduce.mapreduce.patch import build_patch
+from amapreduce.mapreduce.replies import parse_reply, project_row
 from amapreduce.mapreduce.result import AttemptRecord, MapReduceResult, RunSummary
 from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply
-from amapreduce.mapreduce.trace import NullTrace, Trace
 from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps, merge_rows
 from amapreduce.prompts import render_prompt
 from amapreduce.table.table import DEFAULT_MISSING_MARKERS, Table
+from amapreduce.trace import NullTrace, Trace
 
 __all__ = ["EngineConfig", "MapReduceEngine", "ProgressEvent"]
 
 _POLL_S = 0.05
-_TASKS_MARK = "\x00TASKS\x00"
 
 
 class EngineConfig(BaseModel):
@@ -68,7 +67,7 @@ class ProgressEvent:
     """A progress notification (for rich progress bars or logs)."""
 
     kind: str
-    """`phase`, `attempt`, `batch_done`, or `model_retry` (a provider retry, sent by the run's models)."""
+    """`phase`, `attempt` or `batch_done` (provider retries are `ProviderRetry` events of the models)."""
     phase: str
     batches_done: int
     batches_total: int
@@ -140,8 +139,13 @@ class MapReduceEngine:
         self._cancel.set()
         self._done.put(None)
 
-    def run(self, decision: Decision) -> MapReduceResult:
+    def run(self, decision: Decision, *, plan: BatchPlan | None = None) -> MapReduceResult:
         """Execute `decision`: map, reduce, then delta-patch rounds.
+
+        Args:
+            decision: the validated decision Θ.
+            plan: its batch plan, when the caller already made it (the `mapreduce` tool plans
+                once, to show it and to run it); default: planned here under `max_batches`.
 
         Raises:
             DecisionError: the batch plan exceeds `max_batches`.
@@ -150,10 +154,10 @@ class MapReduceEngine:
         """
         cfg = self.config
         start = self._clock()
-        plan = plan_batches(decision, max_batches=cfg.max_batches)
-        tables = {i: Table(decision.columns, decision.keys, missing_markers=cfg.missing_markers) for i in range(len(decision.task_matrix))}
+        plan = plan if plan is not None else plan_batches(decision, max_batches=cfg.max_batches)
+        tables = {i: Table(decision.columns, decision.resolved_key_columns, missing_markers=cfg.missing_markers) for i in range(len(decision.task_matrix))}
         forced_cols = set(decision.forced_values(0))
-        one_row, names = decision.one_row_per_task, decision.column_names
+        one_row, names = decision.one_row_per_task, decision.columns
         wanted = tuple(c for c in names if c not in forced_cols)
         items = []
         for i, task_table in tables.items():
@@ -170,7 +174,7 @@ class MapReduceEngine:
                     expected_rows=decision.rows_per_task,
                 )
             )
-        work = [WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), columns=decision.columns) for b in plan.batches]
+        work = [WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), column_specs=decision.column_specs) for b in plan.batches]
         self.trace.write("run_start", num_rows=len(items), strategy=plan.strategy, batches=[b.manifest() for b in plan.batches])
         records: list[AttemptRecord] = []
         executor = self._executor or ThreadExecutor(cfg.threads or cfg.workers + max(2, cfg.workers // 4))
@@ -229,7 +233,7 @@ class MapReduceEngine:
                 prompt_vars={
                     "rationale": w.batch.rationale,
                     "shared_context": dict(w.batch.shared_context),
-                    "columns": w.columns,
+                    "columns": w.column_specs,
                     "rows_per_task": decision.rows_per_task if many and phase == "map" else None,
                     "many_rows": many and not all(i.single_row for i in w.items),
                 },
@@ -310,18 +314,19 @@ class MapReduceEngine:
             return [j for j in self._running if j.started_at is not None and now - j.started_at > limit]
 
     def _first_prompt(self, state: _BatchState) -> str:
-        """The batch prompt: the shared part is rendered once per distinct batch context (most
-        batches of a phase share it), then the numbered sub-questions are filled in."""
+        """The batch prompt: the shared part (`prompts/mapreduce.yaml`, `batch`) is rendered once
+        per distinct batch context (most batches of a phase share it), then the batch's numbered
+        sub-questions follow it, one per line."""
         v = state.prompt_vars
         key = repr((v["rationale"], sorted(v["shared_context"].items()), v["columns"], v["rows_per_task"], v["many_rows"]))
         with self._prompt_lock:
             header = self._prompt_cache.get(key)
         if header is None:
-            header = render_prompt("mapreduce", "batch", **v, tasks_block=_TASKS_MARK)
+            header = render_prompt("mapreduce", "batch", **v)
             with self._prompt_lock:
                 self._prompt_cache[key] = header
         tasks = "\n".join(f"{k}. {item.text}" for k, item in enumerate(state.work.items, 1))
-        return header.replace(_TASKS_MARK, tasks)
+        return f"{header}\n{tasks}"
 
     def _finished(self, inflight: dict[Future[SolverReply], _Job]) -> list[Future[SolverReply]]:
         """In-flight futures that finished, in completion order (waits until the first one,
@@ -359,11 +364,12 @@ class MapReduceEngine:
                 raise RunCancelled("cancelled before the attempt started")
             if job.request is None:  # a first attempt renders its prompt here, off the engine's loop
                 job.request = self._request(job.state, self._first_prompt(job.state))
-            request = dataclasses.replace(job.request, deadline=time.monotonic() + self.config.batch_timeout_s)
+            now = self._clock()
+            request = dataclasses.replace(job.request, deadline=now + self.config.batch_timeout_s, clock=self._clock)
             job.request = request
             job.scope = UsageScope({"batch_id": request.batch_id, "attempt": request.attempt})
             with self._gate:
-                job.started_at = self._clock()
+                job.started_at = now
                 self._running.add(job)
             with usage_scope(job.scope):
                 try:
@@ -387,7 +393,7 @@ class MapReduceEngine:
             attempt=state.attempt,
             prompt=prompt,
             tasks=tuple(item.text for item in w.items),
-            columns=w.columns,
+            column_specs=w.column_specs,
             rationale=w.batch.rationale,
             shared_context=dict(w.batch.shared_context),
         )
@@ -404,7 +410,7 @@ class MapReduceEngine:
         """Merge one finished attempt; return the retry job, or None when the batch is done."""
         state, items = job.state, job.state.work.items
         elapsed = self._clock() - (job.started_at or self._clock())
-        names = [c.name for c in state.work.columns]
+        names = [c.name for c in state.work.column_specs]
         rows, dropped, problem, parsed_rows = 0, 0, None, []
         outcome = "error"
         if exc is not None:
@@ -465,7 +471,7 @@ class MapReduceEngine:
     # -- reduce and summary ---------------------------------------------------------------------
 
     def _reduce(self, decision: Decision, tables: dict[int, Table]) -> Table:
-        table = Table(decision.columns, decision.keys, missing_markers=self.config.missing_markers)
+        table = Table(decision.columns, decision.resolved_key_columns, missing_markers=self.config.missing_markers)
         for i in sorted(tables):
             for row in tables[i].rows:
                 table.merge_row(row)

@@ -1,6 +1,6 @@
 """Where batch attempts run. The engine needs `submit`, `replace_stuck_thread` and `shutdown`.
 
-Threads suit the I/O-bound fan-out of sub-agents on a small machine (dependency-notes §8: a
+Threads suit the I/O-bound fan-out of sub-agents on a small machine (docs/dependencies.md §8: a
 thread pool runs 100 trivial tasks in 2.3 ms, Ray needs 3–4 s just to start). A distributed
 executor (Ray, dask) later implements the same methods and hands back
 `concurrent.futures.Future`s, so the engine does not change.

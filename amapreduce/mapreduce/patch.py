@@ -12,7 +12,7 @@ from __future__ import annotations
 from amapreduce.decision.model import Decision
 from amapreduce.mapreduce.batching import plan_batches
 from amapreduce.mapreduce.work import WorkBatch, WorkItem
-from amapreduce.prompts import load_prompts
+from amapreduce.prompts import render_prompt
 from amapreduce.table.table import Row, Table
 
 __all__ = ["build_patch"]
@@ -22,13 +22,13 @@ def _key_text(table: Table, row: Row) -> str:
 
 
 def _patch_decision(decision: Decision, matrix: list[list[str]], columns: list[str], why: str) -> Decision:
-    by_name = {c.name: c for c in decision.columns}
+    by_name = {c.name: c for c in decision.column_specs}
     return Decision.parse(
         {
             "task_matrix": matrix,
-            "template": load_prompts("mapreduce")["patch_template"],
+            "template": render_prompt("mapreduce", "patch_template"),
             "json_schema": {"type": "object", "properties": {c: by_name[c].to_json() for c in columns}},
-            "key_columns": [k for k in decision.keys if k in columns],
+            "key_columns": [k for k in decision.resolved_key_columns if k in columns],
             "matrix_columns": [None, None],
             "batch_strategy": {"type": "per_atom", "rationale": why},
             "batch_size": decision.batch_size,
@@ -38,7 +38,7 @@ def _patch_decision(decision: Decision, matrix: list[list[str]], columns: list[s
 
 def build_patch(decision: Decision, table: Table, tables: dict[int, Table], round_no: int) -> list[WorkBatch]:
     """The work of delta-patch round `round_no` (empty when the table is complete)."""
-    names = decision.column_names
+    names = decision.columns
     work: list[WorkBatch] = []
     groups: dict[tuple[str, ...], list[Row]] = {}
     for row in table.rows:
@@ -46,7 +46,7 @@ def build_patch(decision: Decision, table: Table, tables: dict[int, Table], roun
         if lacking:
             groups.setdefault(lacking, []).append(row)
     for g, (lacking, rows) in enumerate(groups.items(), 1):
-        columns = [c for c in names if c in decision.keys or c in lacking]
+        columns = [c for c in names if c in decision.resolved_key_columns or c in lacking]
         matrix = [[decision.task_text(r.task_index), f"{_key_text(table, r)}; find its {', '.join(lacking)}"] for r in rows]
         patch = _patch_decision(decision, matrix, columns, f"delta patch round {round_no}: rows missing {', '.join(lacking)}")
         items = [
@@ -61,7 +61,7 @@ def build_patch(decision: Decision, table: Table, tables: dict[int, Table], roun
         ]
         plan = plan_batches(patch, max_batches=None, id_prefix=f"patch{round_no}.{g}-")
         work += [
-            WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), columns=patch.columns, phase=f"patch{round_no}")
+            WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), column_specs=patch.column_specs, phase=f"patch{round_no}")
             for b in plan.batches
         ]
     if not decision.one_row_per_task:
@@ -87,7 +87,7 @@ def build_patch(decision: Decision, table: Table, tables: dict[int, Table], roun
             ]
             plan = plan_batches(patch, max_batches=None, id_prefix=f"patch{round_no}.rows-")
             work += [
-                WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), columns=patch.columns, phase=f"patch{round_no}")
+                WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), column_specs=patch.column_specs, phase=f"patch{round_no}")
                 for b in plan.batches
             ]
     return work

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from amapreduce.decision.model import Decision
+
 __all__ = ["NoPrior", "Prior", "PriorProvider", "PriorRequest"]
 
 
@@ -21,9 +23,9 @@ class PriorRequest:
 
     query: str
     """The user's wide-search question q."""
-    decision: Mapping[str, Any]
-    """The draft decision Θ⁽⁰⁾ as the manager passed it: `task_matrix`, `template`,
-    `json_schema`, `batch_strategy`, `batch_size` (raw JSON values)."""
+    decision: Decision | None = None
+    """The manager's draft decision Θ⁽⁰⁾, validated (None: advice for the question alone, e.g.
+    `amapreduce memory search`)."""
     task_id: str | None = None
     """Benchmark instance id, when known; records of the same task are excluded from retrieval."""
 

@@ -14,9 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from amapreduce.decision.columns import Column
+from amapreduce.decision.columns import ColumnSpec
 from amapreduce.errors import BatchTimeout, BudgetExceeded, SolverError, find_cause
-from amapreduce.llm.scope import usage_scope
 from amapreduce.llm.usage import Usage
 
 if TYPE_CHECKING:
@@ -36,13 +35,20 @@ class BatchRequest:
     """The full task text for the sub-agent (first or continuation prompt)."""
     tasks: tuple[str, ...]
     """The batch's sub-questions, numbered from 1 in the prompt."""
-    columns: tuple[Column, ...]
+    column_specs: tuple[ColumnSpec, ...]
+    """The output columns the sub-agent fills (names, types, descriptions)."""
     rationale: str = ""
     shared_context: Mapping[str, Any] = field(default_factory=dict)
     deadline: float = float("inf")
-    """`time.monotonic()` value after which the attempt should stop."""
+    """`clock()` value after which the attempt should stop."""
     cancel: threading.Event = field(default_factory=threading.Event)
     """Set when the engine gives up on this attempt (timeout or cancellation)."""
+    clock: Callable[[], float] = time.monotonic
+    """The engine's clock, which `deadline` is measured on."""
+
+    def expired(self) -> bool:
+        """True once the engine gave up on the attempt or its deadline has passed."""
+        return self.cancel.is_set() or self.clock() > self.deadline
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +58,8 @@ class SolverReply:
     output: Any
     """The final answer: JSON text, or a list/dict when the agent returned structured data."""
     usage: Usage = field(default_factory=Usage)
+    """The solver's own count of the attempt's tokens; the engine uses it only when the model's
+    calls were not metered (a metered attempt's usage is what its meter charged)."""
     steps: int = 0
     """Agent steps taken (for the trace)."""
     trace: Mapping[str, Any] = field(default_factory=dict)
@@ -91,9 +99,9 @@ class SmolagentsSolver:
         self._tools = tools
         self.max_steps = max_steps
         if instructions is None:
-            from amapreduce.prompts import load_prompts
+            from amapreduce.prompts import render_prompt
 
-            instructions = load_prompts("search_agent")["instructions"]
+            instructions = render_prompt("search_agent", "instructions")
         self.instructions = instructions
 
     def _resolve_model(self) -> Model:
@@ -118,18 +126,17 @@ class SmolagentsSolver:
         )
 
         def check_deadline(step: ActionStep, **_: Any) -> None:
-            if request.cancel.is_set() or time.monotonic() > request.deadline:
+            if request.expired():
                 agent.interrupt()
 
         agent.step_callbacks.register(ActionStep, check_deadline)
         try:
-            with usage_scope() as scope:
-                result = agent.run(request.prompt, return_full_result=True)
+            result = agent.run(request.prompt, return_full_result=True)
         except AgentError as exc:
             budget = find_cause(exc, BudgetExceeded)
             if budget is not None:
                 raise budget from None
-            if request.cancel.is_set() or time.monotonic() > request.deadline:
+            if request.expired():
                 raise BatchTimeout(
                     f"sub-agent for {request.batch_id} attempt {request.attempt} was stopped at its deadline",
                     batch_id=request.batch_id,
@@ -141,17 +148,14 @@ class SmolagentsSolver:
                 attempt=request.attempt,
             ) from None
         steps = [s for s in result.steps or [] if isinstance(s, dict) and s.get("step_number") is not None]
-        # A metered model's usage is what the meter charged (priced, cached tokens included);
-        # otherwise smolagents' own token count.
-        role = getattr(model, "role", None)
-        usage = scope.usage(role) if isinstance(role, str) else Usage()
-        if not usage.requests:
-            tokens = result.token_usage
-            usage = Usage(
-                requests=len(steps) or 1,
-                input_tokens=tokens.input_tokens if tokens else 0,
-                output_tokens=tokens.output_tokens if tokens else 0,
-            )
+        # smolagents' own token count. A metered model's calls are counted once, by the engine's
+        # usage scope around the attempt (priced, failed attempts included), which is preferred.
+        tokens = result.token_usage
+        usage = Usage(
+            requests=len(steps) or 1,
+            input_tokens=tokens.input_tokens if tokens else 0,
+            output_tokens=tokens.output_tokens if tokens else 0,
+        )
         tool_calls = [
             {"name": call.get("function", {}).get("name"), "arguments": call.get("function", {}).get("arguments")}
             for s in steps

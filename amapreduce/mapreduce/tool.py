@@ -21,12 +21,12 @@ from smolagents import Tool
 
 from amapreduce.decision.model import Decision
 from amapreduce.errors import AmapreduceError, DecisionError, RunCancelled, ToolCallRefused
-from amapreduce.mapreduce.batching import plan_batches
+from amapreduce.mapreduce.batching import BatchPlan, plan_batches
 from amapreduce.mapreduce.engine import MapReduceEngine
 from amapreduce.mapreduce.prior import NoPrior, Prior, PriorProvider, PriorRequest
 from amapreduce.mapreduce.result import MapReduceResult
-from amapreduce.mapreduce.trace import Trace
 from amapreduce.table.table import Table
+from amapreduce.trace import Trace
 
 __all__ = ["MapReduceTool"]
 
@@ -89,7 +89,6 @@ class MapReduceTool(Tool):
         prior_provider: PriorProvider | None = None,
         plan_stage: bool = True,
         max_calls: int = 4,
-        max_batches: int = 50,
         trace: Trace | None = None,
         preview_rows: int = 5,
     ) -> None:
@@ -102,7 +101,6 @@ class MapReduceTool(Tool):
         self.prior_provider = prior_provider or NoPrior()
         self.plan_stage = plan_stage
         self.max_calls = max_calls
-        self.max_batches = max_batches
         self.trace = trace or engine.trace  # one JSONL for calls, batches and attempts
         self.preview_rows = preview_rows
         self._lock = threading.Lock()
@@ -136,7 +134,7 @@ class MapReduceTool(Tool):
         raw.update({k: v for k, v in optional.items() if v is not None})
         try:
             decision = Decision.parse(raw)
-            plan = plan_batches(decision, max_batches=self.max_batches)
+            plan = plan_batches(decision, max_batches=self.engine.config.max_batches)
         except DecisionError as exc:
             self.trace.write(
                 "tool_call", tool=self.name, stage="refused", reason="invalid_decision", error=str(exc), args=raw
@@ -169,11 +167,11 @@ class MapReduceTool(Tool):
             self.trace.write("tool_call", tool=self.name, stage="refused", reason=reason, error=message, args=raw)
             raise ToolCallRefused(message)
         if stage == "plan":
-            return self._plan(raw, decision, plan.to_json())
-        return self._execute(raw, decision)
+            return self._plan(raw, decision, plan)
+        return self._execute(raw, decision, plan)
 
-    def _plan(self, raw: dict[str, Any], decision: Decision, plan: dict[str, Any]) -> str:
-        request = PriorRequest(query=self.query or decision.template, decision=raw, task_id=self.task_id)
+    def _plan(self, raw: dict[str, Any], decision: Decision, plan: BatchPlan) -> str:
+        request = PriorRequest(query=self.query or decision.template, decision=decision, task_id=self.task_id)
         try:
             self.prior = self.prior_provider.prior(request)
             prior_text = self.prior.text
@@ -192,15 +190,15 @@ class MapReduceTool(Tool):
                 "num_rows": n,
                 "task_matrix_preview": matrix_preview,
                 "template": decision.template,
-                "columns": list(decision.column_names),
-                "key_columns": list(decision.keys),
+                "columns": list(decision.columns),
+                "key_columns": list(decision.resolved_key_columns),
                 "batch_strategy": raw["batch_strategy"],
                 "batch_size": raw["batch_size"],
             },
             "batch_plan": {
-                "strategy": plan["strategy"],
-                "num_batches": len(plan["batches"]),
-                "sizes": [b["size"] for b in plan["batches"]],
+                "strategy": plan.strategy,
+                "num_batches": len(plan.batches),
+                "sizes": [b.size for b in plan.batches],
             },
             "next": "Check the decision against the experience above (all entities present, key columns "
             "filled, one batching mode), revise it if needed, then call mapreduce again to execute.",
@@ -208,9 +206,9 @@ class MapReduceTool(Tool):
         self.trace.write("tool_call", tool=self.name, stage="plan", args=raw, output=payload)
         return json.dumps(payload, ensure_ascii=False)
 
-    def _execute(self, raw: dict[str, Any], decision: Decision) -> str:
+    def _execute(self, raw: dict[str, Any], decision: Decision, plan: BatchPlan) -> str:
         try:
-            result = self.engine.run(decision)
+            result = self.engine.run(decision, plan=plan)
         except RunCancelled as exc:
             self._accumulate(exc.partial.table)  # a stopped run still keeps the rows it found
             self.results.append(exc.partial)

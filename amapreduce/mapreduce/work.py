@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from amapreduce.decision.columns import Column
+from amapreduce.decision.columns import ColumnSpec
 from amapreduce.mapreduce.batching import Batch
-from amapreduce.mapreduce.extract import ProjectedRow
+from amapreduce.mapreduce.replies import ProjectedRow
 from amapreduce.table.keys import normalize_value
 from amapreduce.table.table import Row, Table
 
@@ -48,8 +48,8 @@ class WorkBatch:
 
     batch: Batch
     items: tuple[WorkItem, ...]
-    columns: tuple[Column, ...]
-    """Columns shown to the sub-agent."""
+    column_specs: tuple[ColumnSpec, ...]
+    """Columns shown to the sub-agent (names, types, descriptions)."""
     phase: str = "map"
     """`map`, or `patch<k>` for delta-patch round k."""
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from amapreduce.memory.config import MemoryConfig
 from amapreduce.memory.core import ExperientialMemory
 from amapreduce.memory.distill import DistillReport
-from amapreduce.memory.embed import Encoder, HashingEncoder, get_encoder
 from amapreduce.memory.protocol import InstanceSession, TrialOutcome, canonical_trial
 from amapreduce.memory.records import DecisionSummary, Record, TraceSummary
 from amapreduce.memory.retrieval import Neighbour, Retrieval, ScoredHint
@@ -23,9 +22,7 @@ from amapreduce.memory.update import UpdateResult
 __all__ = [
     "DecisionSummary",
     "DistillReport",
-    "Encoder",
     "ExperientialMemory",
-    "HashingEncoder",
     "InstanceSession",
     "MemoryConfig",
     "MemoryStore",
@@ -40,5 +37,4 @@ __all__ = [
     "TrialOutcome",
     "UpdateResult",
     "canonical_trial",
-    "get_encoder",
 ]

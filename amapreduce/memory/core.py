@@ -14,31 +14,33 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from amapreduce.decision.model import Decision
+from amapreduce.llm.embed import Encoder
 from amapreduce.mapreduce.prior import Prior, PriorRequest
 from amapreduce.memory.config import MemoryConfig
 from amapreduce.memory.distill import DistillReport, distill
-from amapreduce.memory.embed import Encoder
 from amapreduce.memory.index import VectorIndex
 from amapreduce.memory.llm import ask
 from amapreduce.memory.parsing import parse_list
-from amapreduce.memory.prompts import memory_prompt
 from amapreduce.memory.records import DecisionSummary, TraceSummary
 from amapreduce.memory.retrieval import Retrieval, render_prior, retrieve
 from amapreduce.memory.schema import connect
 from amapreduce.memory.store import MemoryStore
 from amapreduce.memory.update import UpdateResult, record_outcome
+from amapreduce.prompts import render_prompt
 
 __all__ = ["ExperientialMemory"]
 
 log = logging.getLogger(__name__)
 
 
-def _decision_text(decision: Mapping[str, Any]) -> str:
-    matrix = decision.get("task_matrix")
-    shown = dict(decision)
-    if isinstance(matrix, list) and len(matrix) > 5:
+def _decision_text(decision: Decision) -> str:
+    """The draft decision as the projection prompt shows it (the matrix cut to five rows)."""
+    shown: dict[str, Any] = decision.model_dump(mode="json", exclude_none=True)
+    matrix = decision.task_matrix
+    if len(matrix) > 5:
         shown["task_matrix"] = [*matrix[:5], f"... ({len(matrix) - 5} more rows)"]
-    return json.dumps(shown, ensure_ascii=False, default=str)[:4000]
+    return json.dumps(shown, ensure_ascii=False)[:4000]
 
 
 class ExperientialMemory:
@@ -65,7 +67,7 @@ class ExperientialMemory:
         vector = self.store.embed([query])[0]
         return retrieve(self.store, self.index, vector, query, self.config, task_id=task_id)
 
-    def project(self, query: str, decision: Mapping[str, Any], retrieval: Retrieval) -> tuple[list[str], str | None]:
+    def project(self, query: str, decision: Decision | None, retrieval: Retrieval) -> tuple[list[str], str | None]:
         """h_s = Φ(q; H_q): the memory model's ≤ max_bullets bullets, or the raw hints.
 
         Returns the guidance and, when Φ failed, why (the caller traces it; nothing is hidden).
@@ -73,10 +75,11 @@ class ExperientialMemory:
         raw = [h.text for h in retrieval.hints]
         if not raw or not self.config.project or self.model is None:
             return raw, None
-        system = memory_prompt("project_system").format(max_bullets=self.config.max_bullets)
-        user = memory_prompt("project_user").format(query=query, decision=_decision_text(decision) if decision else "(none yet)",
-                                           hints="\n".join(f"{k}. {t}" for k, t in enumerate(raw, 1)),
-                                           max_bullets=self.config.max_bullets)
+        system = render_prompt("memory", "project_system", max_bullets=self.config.max_bullets)
+        user = render_prompt("memory", "project_user", query=query,
+                             decision=_decision_text(decision) if decision is not None else "(none yet)",
+                             hints="\n".join(f"{k}. {t}" for k, t in enumerate(raw, 1)),
+                             max_bullets=self.config.max_bullets)
         try:
             bullets = parse_list(ask(self.model, system, user), limit=self.config.max_bullets)
         except Exception as exc:  # noqa: BLE001 - any model failure falls back, and is reported
@@ -87,11 +90,11 @@ class ExperientialMemory:
             return raw, "reply had no list items"
         return bullets, None
 
-    def search(self, query: str, *, decision: Mapping[str, Any] | None = None,
+    def search(self, query: str, *, decision: Decision | None = None,
                task_id: str | None = None) -> tuple[Retrieval, Prior]:
         """What the plan stage would retrieve for `query`, and the prior it would get."""
         retrieval = self.retrieve(query, task_id=task_id)
-        guidance, error = self.project(query, decision or {}, retrieval)
+        guidance, error = self.project(query, decision, retrieval)
         details: dict[str, Any] = {
             "positives": [n.to_json() for n in retrieval.positives],
             "negatives": [n.to_json() for n in retrieval.negatives],
@@ -113,7 +116,7 @@ class ExperientialMemory:
         return self.search(request.query, decision=request.decision, task_id=request.task_id)[1]
 
     # -- write side ------------------------------------------------------------------------
-    def update(self, prior: Prior | None, *, query: str | None = None, decision: Mapping[str, Any] | DecisionSummary,
+    def update(self, prior: Prior | None, *, query: str | None = None, decision: Decision | DecisionSummary,
                metrics: Mapping[str, Any] | None, trace: Mapping[str, Any] | TraceSummary | None = None,
                task_id: str | None = None, failure: str | None = None, record_id: str | None = None,
                auto_distill: bool = True) -> UpdateResult:

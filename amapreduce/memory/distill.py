@@ -24,7 +24,6 @@ from amapreduce.errors import ConfigError, RunError
 from amapreduce.memory.config import MemoryConfig
 from amapreduce.memory.llm import ask
 from amapreduce.memory.parsing import Operation, map_operations, parse_list, parse_operations
-from amapreduce.memory.prompts import memory_prompt
 from amapreduce.memory.records import normalise_query
 from amapreduce.memory.store import (
     MemoryStore,
@@ -38,6 +37,7 @@ from amapreduce.memory.store import (
     set_meta,
     update_hint,
 )
+from amapreduce.prompts import render_prompt
 
 __all__ = ["DistillReport", "cluster_records", "distill"]
 
@@ -198,17 +198,18 @@ def _refine(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Re
         for kind, idx in jobs:
             listed = _cluster_hints(store, [recs[i].id for i in members], config.max_listed_hints)
             rules = "\n".join(f"{k}. {t}" for k, (_, t, _) in enumerate(listed, 1)) or "(no rules yet)"
-            fmt = memory_prompt("operation_format").format(max_ops=config.max_ops)
+            fmt = render_prompt("memory", "operation_format", max_ops=config.max_ops)
             if kind == "compare":
                 good, weak = recs[idx[0]], recs[idx[1]]
-                system, user = memory_prompt("compare_system"), memory_prompt("compare_user").format(
-                    pos_query=good.query, pos_pattern=good.pattern, neg_query=weak.query, neg_pattern=weak.pattern,
-                    rules=rules, format=fmt)
+                system = render_prompt("memory", "compare_system")
+                user = render_prompt("memory", "compare_user", pos_query=good.query, pos_pattern=good.pattern,
+                                     neg_query=weak.query, neg_pattern=weak.pattern, rules=rules, format=fmt)
             else:
                 cases = "\n".join(f"Case {k}: {recs[i].query}\n{recs[i].pattern}" for k, i in enumerate(idx, 1))
-                system, user = memory_prompt("success_system"), memory_prompt("success_user").format(cases=cases, rules=rules, format=fmt)
+                system = render_prompt("memory", "success_system")
+                user = render_prompt("memory", "success_user", cases=cases, rules=rules, format=fmt)
             if len(listed) >= config.max_listed_hints:
-                system += memory_prompt("full_pool_suffix")
+                system += render_prompt("memory", "full_pool_suffix")
             relevant = [recs[i].id for i in idx]
             report.calls.append({"step": kind, "cluster": cluster, "records": relevant,
                                  "hints": [h[0] for h in listed]})
@@ -250,7 +251,8 @@ def _merge(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec
             if report.dry_run:
                 continue
             rules = "\n".join(f"{k}. {h['text']}" for k, h in enumerate(batch, 1))
-            merged = parse_list(ask(model, memory_prompt("merge_system"), memory_prompt("merge_user").format(rules=rules, limit=limit)),
+            merged = parse_list(ask(model, render_prompt("memory", "merge_system"),
+                                      render_prompt("memory", "merge_user", rules=rules, limit=limit)),
                                 limit=limit)
             if not merged:
                 report.rejected.append({"line": f"merge of cluster {cluster}", "reason": "reply had no numbered list"})

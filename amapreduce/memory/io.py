@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from amapreduce._atomic import atomic_open
+from amapreduce.decision.model import Decision
 from amapreduce.errors import UserError
 from amapreduce.memory.records import DecisionSummary, Record, TraceSummary, new_id
 from amapreduce.memory.store import (
@@ -57,13 +58,14 @@ class HeaderLine(_Strict):
 
 
 class RecordLine(_Strict):
-    """One record; `decision` and `trace` are the stored summaries (or a raw decision on hand-written files)."""
+    """One record; `decision` and `trace` are the stored summaries. A hand-written file may give a full
+    decision instead of a summary: it is validated like a decision file and summarised on import."""
 
     type: Literal["record"]
     id: str = Field(min_length=1)
     query: str = Field(min_length=1)
     label: bool
-    decision: dict[str, Any] = Field(default_factory=dict)
+    decision: DecisionSummary | Decision = Field(default_factory=DecisionSummary)
     metrics: dict[str, Any] = Field(default_factory=dict)
     task_id: str | None = None
     trace: dict[str, Any] = Field(default_factory=dict)
@@ -189,7 +191,8 @@ def import_file(store: MemoryStore, path: Path) -> dict[str, int]:
     with store.write() as conn:
         for i, line in enumerate(fresh):
             rec = Record(id=line.id, query=line.query, label=line.label,
-                         decision=DecisionSummary.from_decision(line.decision),
+                         decision=line.decision if isinstance(line.decision, DecisionSummary)
+                         else DecisionSummary.of(line.decision),
                          trace=TraceSummary.model_validate(line.trace), metrics=line.metrics, task_id=line.task_id,
                          created_at=line.created_at or "")
             insert_record(conn, rec, vectors[i])  # type: ignore[index]

@@ -2,7 +2,7 @@
 
 Two families of rules exist and both are offered:
 
-* the reference implementation's hard-coded OR-rules (`widesearch`, `deepwidesearch`; audit §3.3),
+* the reference implementation's hard-coded OR-rules (`widesearch`, `deepwidesearch`; docs/reference-audit.md §3.1),
   the default because published stores were built with them;
 * the paper's "exceeds the average of the reference systems on every metric" rule
   (`reference-average`, with the low/high scalings of Tab. 11).

@@ -1,30 +1,29 @@
-"""One-shot calls to the memory model (any smolagents `Model`): system + user text in, text out."""
+"""One-shot calls to the memory model (any smolagents `Model`): system + user text in, text out.
+
+The call itself is the model layer's `complete`; the memory adds one rule of its own: an empty
+reply is an error (the projection and distillation fall back and report it), not an empty answer.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+from amapreduce.errors import RunError
+from amapreduce.llm.complete import complete
+
+if TYPE_CHECKING:
+    from smolagents import Model
 
 __all__ = ["ask"]
 
 
-def ask(model: Any, system: str, user: str) -> str:
+def ask(model: Model, system: str, user: str) -> str:
     """Send one system and one user message to `model` and return the reply's text.
 
     Raises:
         RunError: the model returned no text.
     """
-    from smolagents.models import ChatMessage, MessageRole
-
-    from amapreduce.errors import RunError
-
-    messages = [
-        ChatMessage(role=MessageRole.SYSTEM, content=[{"type": "text", "text": system}]),
-        ChatMessage(role=MessageRole.USER, content=[{"type": "text", "text": user}]),
-    ]
-    reply = model.generate(messages)
-    content = reply.content
-    if isinstance(content, list):
-        content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    if not content or not str(content).strip():
+    text = complete(model, user, system=system)
+    if not text.strip():
         raise RunError(f"memory model {getattr(model, 'model_id', model)!r} returned an empty reply.")
-    return str(content)
+    return text

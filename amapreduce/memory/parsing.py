@@ -1,7 +1,7 @@
 """Reading the memory model's replies: numbered lists and ADD/EDIT/REMOVE/AGREE operations.
 
 The reference parser silently dropped markdown-bolded operations, any rule not ending with a
-period, and credited the *last* hint when an AGREE's text matched nothing (audit §3.10). Here the
+period, and credited the *last* hint when an AGREE's text matched nothing (docs/reference-audit.md §3.2). Here the
 parser accepts the usual formatting variants, every rejection is reported with its reason, and
 numbered operations are mapped to hints strictly by the number shown to the model; an AGREE whose
 text plainly quotes a different hint is rejected instead of crediting the wrong one.

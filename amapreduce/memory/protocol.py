@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from amapreduce.decision.model import Decision
 from amapreduce.errors import UserError
 from amapreduce.mapreduce.prior import Prior
 from amapreduce.memory.core import ExperientialMemory
@@ -32,7 +33,8 @@ class TrialOutcome:
 
     trial: int
     prior: Prior | None
-    decision: Mapping[str, Any] | DecisionSummary
+    decision: Decision | DecisionSummary
+    """The decision the trial executed (summarised when recorded), or its stored summary."""
     metrics: Mapping[str, Any] | None
     trace: Mapping[str, Any] | TraceSummary | None = None
     failure: str | None = None

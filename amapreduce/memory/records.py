@@ -10,9 +10,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from amapreduce.decision.strategy import ByAttr
+
+if TYPE_CHECKING:
+    from amapreduce.decision.model import Decision
 
 __all__ = ["DecisionSummary", "Record", "TraceSummary", "new_id", "normalise_query"]
 
@@ -25,25 +30,6 @@ def new_id(prefix: str) -> str:
 def normalise_query(query: str) -> str:
     """The key two question strings are matched on (whitespace-insensitive, case-insensitive)."""
     return " ".join(query.split()).casefold()
-
-
-def _strategy_name(strategy: Any) -> str:
-    if isinstance(strategy, Mapping):
-        return str(strategy.get("type") or strategy.get("mode") or "")
-    return str(strategy or "")
-
-
-def _columns(schema: Any) -> tuple[str, ...]:
-    if isinstance(schema, Mapping):
-        props = schema.get("properties")
-        if isinstance(props, Mapping):
-            return tuple(str(k) for k in props)
-        cols = schema.get("columns")
-        if isinstance(cols, list):
-            return tuple(str(c) for c in cols)
-    if isinstance(schema, list):
-        return tuple(str(c) for c in schema)
-    return ()
 
 
 class DecisionSummary(BaseModel):
@@ -62,45 +48,30 @@ class DecisionSummary(BaseModel):
     """A one-line natural-language summary, shown in Δ_q and to the distillation model."""
 
     @classmethod
-    def from_decision(cls, decision: Mapping[str, Any] | DecisionSummary, *,
-                      batches: int | None = None) -> DecisionSummary:
-        """Summarise a raw decision as the plan stage receives it (`task_matrix`, `template`, ...).
+    def of(cls, decision: Decision | DecisionSummary, *, batches: int | None = None) -> DecisionSummary:
+        """Summarise a validated decision Θ: the one place a decision becomes a summary.
 
-        A stored or exported summary (summary fields only, with `pattern` or `rows`) is kept
-        exactly as it is, so an export/import round trip is lossless. Anything else is a decision
-        being recorded now, and gets a `pattern` sentence when it has none, since Δ_q and the
-        distillation prompts show it: that includes a raw decision made only of names a summary
-        also has (`{"template": ..., "batch_size": 5}`), read as a summary to keep every field.
+        `batches` is the size of the batch plan that ran, when known. A summary given instead of
+        a decision (a caller that kept only the summary) is kept as it is. Either way the result
+        has a `pattern` sentence, since Δ_q and the distillation prompts show it. (Summaries read
+        back from the store or an export are validated as they are, without this step, so a
+        round trip is lossless.)
         """
         if isinstance(decision, DecisionSummary):
-            summary = decision
-        elif decision and set(decision) <= set(cls.model_fields):
-            summary = cls.model_validate(dict(decision))
-            if "pattern" in decision or "rows" in decision:
-                return summary
-            if summary.batches is None and batches is not None:
-                summary = summary.model_copy(update={"batches": batches})
-        else:
-            summary = cls._from_raw(decision, batches=batches)
-        return summary if summary.pattern else summary.model_copy(update={"pattern": summary.describe()})
-
-    @classmethod
-    def _from_raw(cls, decision: Mapping[str, Any], *, batches: int | None) -> DecisionSummary:
-        matrix = decision.get("task_matrix") or []
-        rows = len(matrix) if isinstance(matrix, list) else 0
-        cols = max((len(r) for r in matrix if isinstance(r, list)), default=0) if rows else 0
-        template = str(decision.get("template") or "")
-        columns = _columns(decision.get("json_schema"))
-        strategy_raw = decision.get("batch_strategy")
-        strategy = _strategy_name(strategy_raw)
-        size = decision.get("batch_size")
-        if size is None and isinstance(strategy_raw, Mapping):
-            size = strategy_raw.get("max_group_size") or strategy_raw.get("batch_size")
-        batch_size = int(size) if isinstance(size, int | float) and not isinstance(size, bool) else None
-        return cls(
-            rows=rows, cols=cols, template=template[:500], columns=columns, strategy=strategy,
-            batch_size=batch_size, batches=batches,
+            return decision.with_pattern()
+        strategy = decision.batch_strategy
+        size = decision.batch_size
+        if size is None and isinstance(strategy, ByAttr):
+            size = strategy.max_group_size
+        summary = cls(
+            rows=len(decision.task_matrix), cols=len(decision.task_matrix[0]), template=decision.template[:500],
+            columns=decision.columns, strategy=strategy.type, batch_size=size, batches=batches,
         )
+        return summary.with_pattern()
+
+    def with_pattern(self) -> DecisionSummary:
+        """This summary with its `pattern` sentence filled in when it has none."""
+        return self if self.pattern else self.model_copy(update={"pattern": self.describe()})
 
     def describe(self) -> str:
         """Render the summary as one sentence (used when `pattern` is empty)."""

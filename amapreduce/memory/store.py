@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.errors import ConfigError, UserError
+from amapreduce.llm.embed import Encoder, get_encoder
 from amapreduce.memory.config import DEFAULT_ENCODER
-from amapreduce.memory.embed import Encoder, get_encoder
 from amapreduce.memory.records import Record, new_id, normalise_query
 from amapreduce.memory.schema import connect, read_transaction, write_transaction
 

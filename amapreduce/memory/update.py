@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from amapreduce.decision.model import Decision
 from amapreduce.mapreduce.prior import Prior
 from amapreduce.memory.config import MemoryConfig
 from amapreduce.memory.labels import infrastructure_failure_reason, label
@@ -76,7 +77,7 @@ def record_outcome(
     config: MemoryConfig,
     *,
     query: str,
-    decision: Mapping[str, Any] | DecisionSummary,
+    decision: Decision | DecisionSummary,
     metrics: Mapping[str, Any] | None,
     prior: Prior | None = None,
     trace: Mapping[str, Any] | TraceSummary | None = None,
@@ -91,7 +92,7 @@ def record_outcome(
             log_event(conn, "record_skipped", reason=reason, task_id=task_id, query=query[:200])
         return UpdateResult(skipped=reason)
     trace_summary = trace if isinstance(trace, TraceSummary) else TraceSummary.model_validate(dict(trace or {}))
-    summary = DecisionSummary.from_decision(decision, batches=trace_summary.batches)
+    summary = DecisionSummary.of(decision, batches=trace_summary.batches)
     passed = label(metrics, config.label_rule)
     record = Record(id=record_id or new_id("r"), query=query, label=passed, decision=summary, trace=trace_summary,
                     metrics=dict(metrics), task_id=task_id)

@@ -1,1 +1,1 @@
-"""Running things end to end: run directories, wiring, progress, decision execution."""
+"""Running things end to end: the run lifecycle and directories, wiring, progress, `ask` and `mapreduce run`."""

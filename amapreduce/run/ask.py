@@ -8,16 +8,14 @@ a setup error — the run directory gets a `result.json` with what was found (or
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.errors import BudgetExceeded, RunCancelled, UserError, find_cause
-from amapreduce.run.execute import finish_run, recording_failures
+from amapreduce.run.lifecycle import start_run
 from amapreduce.run.progress import RunProgress
-from amapreduce.run.rundir import RunDir
-from amapreduce.run.wiring import InnerFactory, build_parts, new_meter
+from amapreduce.run.wiring import InnerFactory, build_parts
 from amapreduce.settings import Settings
 from amapreduce.table.render import to_markdown
 from amapreduce.table.table import Table
@@ -28,6 +26,7 @@ if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.mapreduce.prior import PriorProvider
     from amapreduce.mapreduce.tool import MapReduceTool
+    from amapreduce.run.rundir import RunDir
 
 __all__ = ["AskOutcome", "check_memory_store", "run_ask"]
 
@@ -83,6 +82,7 @@ def run_ask(
     *,
     inner: InnerFactory | None = None,
     web_tools: list[Tool] | None = None,
+    meter: UsageMeter | None = None,
     prior_provider: PriorProvider | None = None,
     memory_store: Path | None = None,
     task_id: str | None = None,
@@ -95,6 +95,8 @@ def run_ask(
         settings: models, limits, budgets, search backend.
         inner: replaces provider clients (the offline demo's simulated model).
         web_tools: replaces the web tools (e.g. the sandbox corpus).
+        meter: the run's usage meter (default: `new_meter(settings)`; the demo's also prices its
+            simulated model).
         prior_provider: a plan-stage prior provider (overrides `memory_store`).
         memory_store: an experiential-memory folder to draw the plan-stage prior from (opened
             read-only: a run never changes the memory; learning happens after scoring).
@@ -113,17 +115,15 @@ def run_ask(
 
     if prior_provider is None and memory_store is not None:
         check_memory_store(memory_store)
-    started = time.perf_counter()
-    run_dir = RunDir.create(settings.runs_dir, query)
-    meter = new_meter(settings)
     answer: Any = None
     status = "complete"
     interrupted: BaseException | None = None
-    with recording_failures(run_dir, kind="ask", query=query, meter=meter, started=started):
-        with RunProgress(meter, enabled=show_progress) as progress:
+    with start_run(settings, kind="ask", query=query, meter=meter) as run:
+        with RunProgress(run.meter, enabled=show_progress) as progress:
             roles = ("manager", "subagent", "extraction", *(("memory",) if memory_store is not None else ()))
             parts = build_parts(
-                settings, trace=run_dir.trace, meter=meter, progress=progress, inner=inner, web_tools=web_tools, roles=roles
+                settings, trace=run.run_dir.trace, meter=run.meter, progress=progress,
+                on_provider_retry=progress.on_provider_retry, inner=inner, web_tools=web_tools, roles=roles,
             )
             if prior_provider is None and memory_store is not None:
                 from amapreduce.memory import ExperientialMemory
@@ -135,11 +135,10 @@ def run_ask(
                 task_id=task_id,
                 prior_provider=prior_provider,
                 max_calls=settings.max_tool_calls,
-                max_batches=settings.max_batches,
             )
             manager = build_manager(
                 parts.models["manager"], [*parts.web_tools, tool],
-                max_steps=settings.manager_max_steps, max_batches=settings.max_batches, trace=run_dir.trace,
+                max_steps=settings.manager_max_steps, max_batches=settings.max_batches, trace=run.run_dir.trace,
             )
             progress.set_stage("manager")
             try:
@@ -153,9 +152,8 @@ def run_ask(
         if status == "complete":
             status = "no_table" if not len(table) else ("complete" if not table.missing_cells() else "incomplete")
         markdown = to_markdown(table) if len(table) else str(answer or "")
-        record = finish_run(
-            run_dir, table, _completeness(tool, table), kind="ask", query=query, status=status, meter=meter,
-            started=started, executions=[r.summary.timings for r in tool.results],
+        record = run.finish(
+            table, _completeness(tool, table), status=status, executions=[r.summary.timings for r in tool.results],
             extra={
                 "manager_answer": None if answer is None else str(answer),
                 "decisions": [d.model_dump(mode="json") for d in tool.decisions],
@@ -165,4 +163,6 @@ def run_ask(
         )
     if interrupted is not None:
         raise interrupted
-    return AskOutcome(table=table, markdown=markdown, status=status, run_dir=run_dir, meter=meter, record=record, tool=tool)
+    return AskOutcome(
+        table=table, markdown=markdown, status=status, run_dir=run.run_dir, meter=run.meter, record=record, tool=tool
+    )

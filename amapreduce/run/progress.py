@@ -13,13 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
+    from amapreduce.llm.retry import ProviderRetry
     from amapreduce.mapreduce.engine import ProgressEvent
 
 __all__ = ["RunProgress"]
 
 
 class RunProgress:
-    """A rich progress bar fed by engine events and the run's usage meter."""
+    """A rich progress bar fed by engine events, provider retries and the run's usage meter.
+
+    Pass the instance as the engine's progress callback and `on_provider_retry` as the models'
+    retry callback (`build_parts(progress=..., on_provider_retry=...)`).
+    """
 
     def __init__(self, meter: UsageMeter, *, enabled: bool | None = None) -> None:
         self.meter = meter
@@ -66,14 +71,20 @@ class RunProgress:
     def __call__(self, event: ProgressEvent) -> None:
         """Engine progress callback."""
         with self._lock:
-            # Both kinds of retry show in one counter: a batch re-asked and a provider call repeated (429, 5xx).
-            if (event.kind == "attempt" and event.data.get("attempt", 1) > 1) or event.kind == "model_retry":
+            if event.kind == "attempt" and event.data.get("attempt", 1) > 1:
                 self._retries += 1
             if event.kind in ("phase", "batch_done"):
                 self.stage = event.phase
                 self._refresh(completed=event.batches_done, total=event.batches_total)
             else:
                 self._refresh()
+
+    def on_provider_retry(self, retry: ProviderRetry) -> None:
+        """Models' retry callback: a provider call repeated (429, 5xx, ...) counts as a retry,
+        in the same counter as a batch re-asked by the engine."""
+        with self._lock:
+            self._retries += 1
+            self._refresh()
 
     def _refresh(self, **counts: int) -> None:
         if self._progress is None:

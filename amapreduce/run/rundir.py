@@ -18,7 +18,7 @@ from typing import Any
 
 from amapreduce._atomic import atomic_write
 from amapreduce.errors import UserError
-from amapreduce.mapreduce.trace import TraceWriter, redact
+from amapreduce.trace import TraceWriter, redact
 
 __all__ = ["RunDir", "atomic_write", "list_runs", "load_run", "slugify"]
 

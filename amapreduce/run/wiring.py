@@ -1,8 +1,9 @@
 """Build a run's parts from settings: models per role, web tools, the sub-agent solver, the engine.
 
-One place decides which model serves which role and how every part is connected, so `ask`,
-`mapreduce run` and the offline demo differ only in what they plug in (the demo swaps the
-provider clients for a simulated model and the web for the sandbox corpus).
+One place decides how every part of a run is connected, so `ask`, `mapreduce run` and the
+offline demo differ only in what they plug in (the demo swaps the provider clients for a
+simulated model and the web for the sandbox corpus). The models themselves come from the one
+model factory, `amapreduce.llm.factory`, which the memory CLI and the evaluation judges use too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.errors import ConfigError
-from amapreduce.llm.meter import Budget, UsageMeter
+from amapreduce.llm.factory import build_role_model, model_for_role, new_meter
+from amapreduce.llm.meter import UsageMeter
+from amapreduce.llm.retry import ProviderRetryHandler
 from amapreduce.settings import Settings
 
 if TYPE_CHECKING:
@@ -20,9 +23,9 @@ if TYPE_CHECKING:
 
     from amapreduce.llm.models import ManagedModel
     from amapreduce.mapreduce.engine import MapReduceEngine, ProgressEvent
-    from amapreduce.mapreduce.trace import Trace
+    from amapreduce.trace import Trace
 
-__all__ = ["NO_MODEL_HELP", "RunParts", "build_parts", "build_role_model", "model_for_role", "new_meter", "require_model"]
+__all__ = ["NO_MODEL_HELP", "InnerFactory", "RunParts", "build_parts", "require_model"]
 
 NO_MODEL_HELP = (
     "no model is configured. Pass --model, e.g. `--model openai/gpt-5-mini` (with OPENAI_API_KEY set), "
@@ -34,34 +37,11 @@ InnerFactory = Callable[[str], "Model"]
 """Given a role, the provider client to wrap (the demo returns simulated models)."""
 
 
-def new_meter(settings: Settings) -> UsageMeter:
-    """A usage meter with the settings' budget and price overrides."""
-    from amapreduce.llm.meter import PriceTable, load_price_overrides
-
-    overrides = load_price_overrides(settings.prices_file) if settings.prices_file else None
-    return UsageMeter(
-        budget=Budget(max_cost_usd=settings.max_cost_usd, max_tokens=settings.max_tokens),
-        prices=PriceTable(overrides),
-    )
-
-
 def require_model(settings: Settings) -> str:
     """The configured default model id, or a `ConfigError` that says how to set one."""
     if not settings.model:
         raise ConfigError(NO_MODEL_HELP)
     return settings.model
-
-
-def model_for_role(settings: Settings, role: str) -> str | None:
-    """Which model id serves `role` (role override, else the default model; `none` disables)."""
-    override = {
-        "subagent": settings.subagent_model,
-        "extraction": settings.extraction_model,
-        "memory": settings.memory_model,
-        "judge": settings.judge_model,
-    }.get(role)
-    chosen = override or settings.model
-    return None if chosen is None or chosen.lower() == "none" else chosen
 
 
 @dataclass(kw_only=True)
@@ -75,50 +55,13 @@ class RunParts:
     web_usage: Callable[[], dict[str, Any]] = field(default=lambda: {})
 
 
-def build_role_model(
-    settings: Settings,
-    role: str,
-    model_id: str,
-    *,
-    meter: UsageMeter,
-    inner: Any = None,
-    trace: Trace | None = None,
-    on_retry: Callable[[dict[str, Any]], Any] | None = None,
-) -> ManagedModel:
-    """One role's managed model (retries, the provider's rate limits, the run's meter), built
-    the same way for a run's roles and for the memory CLI, so both talk to a provider alike.
-    With `trace`, every call and retry is recorded there (`model_call`, `model_retry` events)."""
-    from amapreduce.llm.models import ModelSpec, build_model
-    from amapreduce.llm.retry import RetryPolicy
-
-    spec = ModelSpec(
-        model_id=model_id,
-        api_base=settings.api_base,
-        api_key=settings.api_key,
-        rpm=settings.model_rpm,
-        tpm=settings.model_tpm,
-    )
-    return build_model(spec, role=role, meter=meter, retry=RetryPolicy(), inner=inner, trace=trace, on_retry=on_retry)
-
-
-def _retry_progress(progress: Callable[[ProgressEvent], None] | None) -> Callable[[dict[str, Any]], Any] | None:
-    """Turn a model's provider retries into `model_retry` progress events (shown as retries)."""
-    if progress is None:
-        return None
-    from amapreduce.mapreduce.engine import ProgressEvent
-
-    def on_retry(fields: dict[str, Any]) -> None:
-        progress(ProgressEvent(kind="model_retry", phase=str(fields.get("role", "")), batches_done=0, batches_total=0, data=fields))
-
-    return on_retry
-
-
 def build_parts(
     settings: Settings,
     *,
     trace: Trace,
     meter: UsageMeter | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
+    on_provider_retry: ProviderRetryHandler | None = None,
     inner: InnerFactory | None = None,
     web_tools: list[Tool] | None = None,
     roles: tuple[str, ...] = ("manager", "subagent", "extraction"),
@@ -129,7 +72,8 @@ def build_parts(
         settings: the run's settings (model ids, limits, budgets, search backend).
         trace: where every call is recorded (model calls and retries included).
         meter: the run's usage meter (default: a new one with the settings' budget).
-        progress: engine progress callback (also told of provider retries, kind `model_retry`).
+        progress: engine progress callback.
+        on_provider_retry: told of every provider retry of the run's models (429s, 5xx, timeouts).
         inner: replaces the provider clients (simulated models in the demo and tests).
         web_tools: replaces the web tools (e.g. a corpus-only set).
         roles: roles that need a model.
@@ -147,7 +91,7 @@ def build_parts(
             continue
         models[role] = build_role_model(
             settings, role, model_id, meter=meter, inner=inner(role) if inner is not None else None,
-            trace=trace, on_retry=_retry_progress(progress),
+            trace=trace, on_retry=on_provider_retry,
         )
     service = None
     if web_tools is None:

@@ -40,7 +40,7 @@ class SandboxWorld(BaseModel):
 
 def _pages_digest(pages: Path) -> str:
     from amapreduce.web.corpus import FORMAT
-    from amapreduce.web.extract import EXTRACTOR_VERSION
+    from amapreduce.web.main_text import EXTRACTOR_VERSION
 
     digest = hashlib.sha256(f"{FORMAT}|{EXTRACTOR_VERSION}|".encode())
     for file in sorted(pages.rglob("*.html")):

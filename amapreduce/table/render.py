@@ -1,7 +1,7 @@
 """Render a table as WideSearch-readable markdown, CSV or JSONL.
 
 The markdown is one ```` ```markdown ```` fenced table written for the official WideSearch
-parser (docs/widesearch-eval.md §3), which splits lines on `|`, strips every cell and reads the
+parser (docs/scorer-rules.md §3), which splits lines on `|`, strips every cell and reads the
 result with `pandas.read_csv(sep="|")`. So:
 
 * a cell never holds a newline (collapsed to a space at projection time, and again here);

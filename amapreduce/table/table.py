@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from amapreduce.decision.columns import Column
 from amapreduce.table.keys import normalize_key, normalize_value
 
 __all__ = ["DEFAULT_MISSING_MARKERS", "Cell", "CellStatus", "Row", "Table"]
@@ -64,12 +63,12 @@ class Table:
 
     def __init__(
         self,
-        columns: Sequence[Column] | Sequence[str],
+        columns: Sequence[str],
         key_columns: Sequence[str],
         *,
         missing_markers: Iterable[str] = DEFAULT_MISSING_MARKERS,
     ) -> None:
-        self.columns: tuple[str, ...] = tuple(c.name if isinstance(c, Column) else c for c in columns)
+        self.columns: tuple[str, ...] = tuple(columns)
         self.key_columns: tuple[str, ...] = tuple(key_columns)
         unknown = [k for k in self.key_columns if k not in self.columns]
         if unknown:

@@ -6,7 +6,7 @@ LLM. It serves `POST /v1/chat/completions` and `GET /v1/models`, can answer the 
 with `429` and a `Retry-After` header, and only ever binds to loopback.
 
 Example:
-    >>> from amapreduce.llm.scripted import FunctionModel
+    >>> from amapreduce.testing.scripted import FunctionModel
     >>> with OpenAICompatibleServer(FunctionModel(lambda m, i: "hi")) as server:
     ...     server.base_url.startswith("http://127.0.0.1:")
     True

@@ -5,10 +5,10 @@ Modules, by concern:
 * `models`: `SearchResult` and `Page`, the one result shape of every backend and of crawls;
 * `policy`: the URL policy (no loopback/private/metadata addresses, domain lists);
 * `fetch`: httpx GET with timeouts, size cap, content-type check and a policy check per redirect hop;
-* `extract`: trafilatura main-text extraction to markdown, tables kept;
+* `main_text`: trafilatura main-text extraction to markdown, tables kept; titles; clipping to a budget;
 * `cache`: the SQLite cache shared by threads and processes;
-* `ratelimit`: per-backend rate limiter and retries with backoff;
-* `backends/`: `ddgs` (default), `searxng`, `serper`, `tavily`, `corpus`;
+* `backends/`: `ddgs` (default), `searxng`, `serper`, `tavily`, `corpus`; remote ones rate-limited
+  (`amapreduce.ratelimit`) and retried with backoff;
 * `corpus`: local tantivy index of folders (`corpus://NAME/path` URLs);
 * `service`: `WebService`, search + crawl with cache, policy and usage counts;
 * `summarize`: optional query-focused extraction through a model;

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from amapreduce.errors import ConfigError, RunError
-from amapreduce.web.extract import extract_main_text
+from amapreduce.web.main_text import extract_main_text
 from amapreduce.web.models import SearchResult
 
 __all__ = [

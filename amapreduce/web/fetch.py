@@ -23,7 +23,7 @@ import httpcore
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from amapreduce import __version__
+from amapreduce._version import __version__
 from amapreduce.errors import RunError
 from amapreduce.web.policy import CheckedUrl, Resolver, UrlPolicy, UrlRefused
 

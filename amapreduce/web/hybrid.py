@@ -2,8 +2,9 @@
 
 Why: keyword search misses paraphrases ("kitten" vs "feline"); embeddings catch them but blur
 exact names and numbers. Reciprocal-rank fusion (RRF, k = 60) keeps both without tuning score
-scales. Vectors come from the memory package's encoders (`minilm` by default: all-MiniLM-L6-v2
-bundled offline) and are stored as a plain `.npy` array (never pickle) next to the keyword index.
+scales. Vectors come from the model layer's encoders (`amapreduce.llm.embed`; `minilm` by
+default: all-MiniLM-L6-v2 bundled offline) and are stored as a plain `.npy` array (never pickle)
+next to the keyword index.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ RRF_K = 60
 
 def embed_documents(encoder_spec: str, texts: Sequence[str], max_chars: int = 2000) -> np.ndarray:
     """Unit-norm vectors of each text's first `max_chars` characters (title plus lead matter)."""
-    from amapreduce.memory.embed import get_encoder
+    from amapreduce.llm.embed import get_encoder
 
     return get_encoder(encoder_spec).encode([t[:max_chars] for t in texts])
 

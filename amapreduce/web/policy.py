@@ -15,12 +15,13 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from amapreduce.errors import RunError, ToolCallRefused
+from amapreduce.settings import normalize_domains
 
 __all__ = [
     "METADATA_ADDRESSES",
@@ -30,7 +31,6 @@ __all__ = [
     "UrlPolicy",
     "UrlRefused",
     "address_problem",
-    "normalize_domains",
     "parse_ip_literal",
     "system_resolver",
 ]
@@ -159,25 +159,6 @@ def _domain_matches(host: str, literal: IPAddress | None, domains: Sequence[str]
     if literal is not None:
         return any(parse_ip_literal(d) == literal for d in domains)
     return any(host == d or host.endswith("." + d) for d in domains)
-
-
-def normalize_domains(value: object) -> tuple[str, ...]:
-    """A domain list from a comma-separated string or a sequence: trimmed, lower case, without a
-    leading `*.`/`.` or a trailing dot, empties dropped, order kept."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        items: list[object] = list(value.split(","))
-    elif isinstance(value, Iterable):
-        items = list(value)
-    else:
-        raise ValueError(f"expected a comma-separated string or a list of domains, got {value!r}")
-    out: list[str] = []
-    for item in items:
-        text = str(item).strip().lower().removeprefix("*.").strip(".")
-        if text and text not in out:
-            out.append(text)
-    return tuple(out)
 
 
 class UrlPolicy(BaseModel):

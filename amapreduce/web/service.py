@@ -18,8 +18,8 @@ from amapreduce.errors import ConfigError
 from amapreduce.web.backends.base import SearchBackend, make_backend
 from amapreduce.web.cache import WebCache, normalize_url
 from amapreduce.web.corpus import CORPUS_SCHEME, CorpusIndex, split_corpus_url
-from amapreduce.web.extract import extract_main_text, truncate
-from amapreduce.web.fetch import FetchLimits, fetch
+from amapreduce.web.fetch import FetchFailed, FetchLimits, fetch
+from amapreduce.web.main_text import clip_page_text, extract_main_text
 from amapreduce.web.models import Page, SearchResult
 from amapreduce.web.policy import CheckedUrl, Resolver, UrlPolicy, UrlRefused
 
@@ -159,9 +159,9 @@ class WebService:
         every redirect hop), then the cache, then a real fetch.
 
         Raises:
-            UrlRefused: the policy refuses the URL or a redirect hop.
-            FetchFailed: the page could not be fetched or is not text.
-            ConfigError: `max_chars` out of range or an unknown corpus.
+            UrlRefused: the policy refuses the URL or a redirect hop, or names an unknown corpus.
+            FetchFailed: the page could not be fetched or is not text, or the corpus has no such page.
+            ConfigError: `max_chars` out of range or a malformed corpus URL.
         """
         if max_chars < 100:
             raise ConfigError(f"`max_chars` must be >= 100, got {max_chars}. Use a larger character budget.")
@@ -179,7 +179,7 @@ class WebService:
             full = Page(url=url, final_url=raw.final_url, title=title, text=text, content_type=raw.content_type)
             if self.cache is not None:
                 self.cache.put("page", key, _CachedPage(page=full, hops=raw.hops).model_dump_json())
-        text, cut = truncate(full.text, max_chars)
+        text, cut = clip_page_text(full.text, max_chars)
         return full.model_copy(update={"text": text, "truncated": cut})
 
     def _cached_page(self, key: str) -> Page | None:
@@ -214,6 +214,6 @@ class WebService:
                              "Use a URL returned by web_search.")
         doc = index.get(url)
         if doc is None:
-            raise UrlRefused(f"no document {url!r} in corpus {name!r}. Use a URL returned by web_search.")
-        text, cut = truncate(doc.text, max_chars)
+            raise FetchFailed(f"no document {url!r} in corpus {name!r}. Use a URL returned by web_search.", url=url)
+        text, cut = clip_page_text(doc.text, max_chars)
         return Page(url=url, final_url=url, title=doc.title, text=text, content_type="text/markdown", truncated=cut)

@@ -1,8 +1,10 @@
 """The sub-agents' smolagents tools, `web_search` and `crawl_page`, and their factory.
 
-Why errors become `ToolCallRefused`: smolagents shows a tool's exception to the model as the
-observation, so every failure (refused URL, network down, missing page) reaches the model as one
-line saying what went wrong and what to try instead, and the agent keeps going.
+Why errors become a `ToolError`: smolagents shows a tool's exception to the model as the
+observation (`ToolCallRefused: ...` or `ToolCallFailed: ...`), so every failure reaches the model
+as one line saying what went wrong and what to try instead, and the agent keeps going. A call the
+tool turns away (an empty query, a refused URL) is a `ToolCallRefused`; a valid call whose work
+fails (network down, missing page, backend error) is a `ToolCallFailed`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from smolagents import Tool
 
-from amapreduce.errors import AmapreduceError, ToolCallRefused
+from amapreduce.errors import AmapreduceError, ToolCallFailed, ToolCallRefused, ToolError, UserError
 from amapreduce.web.models import SearchResult
 from amapreduce.web.service import MAX_RESULTS, WebService
 from amapreduce.web.summarize import focused_extract
@@ -39,10 +41,12 @@ def format_results(query: str, results: list[SearchResult]) -> str:
     return "\n\n".join(blocks)
 
 
-def _refuse(exc: AmapreduceError) -> ToolCallRefused:
-    if isinstance(exc, ToolCallRefused):
+def _as_tool_error(exc: AmapreduceError) -> ToolError:
+    """`exc` as the model should read it: bad arguments are refused, anything else failed."""
+    if isinstance(exc, ToolError):
         return exc
-    return ToolCallRefused(str(exc), cause=type(exc).__name__)
+    kind = ToolCallRefused if isinstance(exc, UserError) else ToolCallFailed
+    return kind(str(exc), cause=type(exc).__name__)
 
 
 class WebSearchTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may be untyped
@@ -68,7 +72,7 @@ class WebSearchTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may
         try:
             results = self.service.search(query, int(n) if n else self.default_n)
         except AmapreduceError as exc:
-            raise _refuse(exc) from exc
+            raise _as_tool_error(exc) from exc
         return format_results(query, results)
 
 
@@ -106,7 +110,7 @@ class CrawlPageTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may
         try:
             page = self.service.crawl(url, self.max_chars)
         except AmapreduceError as exc:
-            raise _refuse(exc) from exc
+            raise _as_tool_error(exc) from exc
         if self.model is not None and self.focused and query and query.strip():
             return focused_extract(self.model, query.strip(), page.final_url, page.text, max_words=self.max_words)
         title = f"Title: {page.title}\n" if page.title else ""

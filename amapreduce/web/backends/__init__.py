@@ -7,6 +7,6 @@ Backend modules import their client libraries lazily.
 
 from __future__ import annotations
 
-from amapreduce.web.backends.base import SearchBackend, make_backend
+from amapreduce.web.backends.base import BackendError, SearchBackend, make_backend
 
-__all__ = ["SearchBackend", "make_backend"]
+__all__ = ["BackendError", "SearchBackend", "make_backend"]

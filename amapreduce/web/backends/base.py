@@ -1,32 +1,65 @@
-"""The backend interface, the shared HTTP/JSON plumbing of remote APIs, and the spec parser."""
+"""The backend interface and its error, the rate limiting and retries of remote backends, the
+shared HTTP/JSON plumbing of remote APIs, and the spec parser.
+
+Why here: every remote backend is spaced by the process-wide `SpacingLimiter` of its name
+(`amapreduce.ratelimit`) and retried by the one retry loop (`amapreduce._retry`) with the same
+capped, jittered, `Retry-After`-aware backoff as model calls; only the number of attempts differs.
+"""
 
 from __future__ import annotations
 
+import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amapreduce.errors import ConfigError
+from amapreduce._retry import RetryPolicy, Transient, parse_retry_after, retry_loop
+from amapreduce.errors import ConfigError, RunError
+from amapreduce.ratelimit import SpacingPolicy, shared_limiter
 from amapreduce.web.models import SearchResult
-from amapreduce.web.ratelimit import BackendError, limiter_for, with_retries
 
 if TYPE_CHECKING:
     import httpx
 
     from amapreduce.settings import Settings
 
-__all__ = ["BACKEND_SPECS", "RemoteBackend", "SearchBackend", "http_json", "make_backend"]
+__all__ = [
+    "BACKEND_SPECS",
+    "SEARCH_RETRY",
+    "BackendError",
+    "KeyedBackend",
+    "RemoteBackend",
+    "SearchBackend",
+    "http_json",
+    "make_backend",
+]
 
 BACKEND_SPECS = "ddgs | searxng[:URL] | serper | tavily | corpus:INDEX"
+
+SEARCH_RETRY = RetryPolicy(max_retries=2)
+"""Three attempts per search; backoff cap, jitter and `Retry-After` limit as for model calls."""
+
+
+class BackendError(RunError):
+    """A search backend failed; its structured fields (keyword arguments) say how."""
+
+    backend: str = ""
+    """The backend's name."""
+    transient: bool = False
+    """Whether a retry may help."""
+    status: int | None = None
+    """The HTTP status, when there was one."""
+    retry_after_s: float | None = None
+    """The wait the server asked for (`Retry-After`), when it said."""
 
 
 class SearchBackend(ABC):
     """A search engine returning `SearchResult`s, best first."""
 
     name: str = "backend"
-    """Identifies the backend in cache keys and result `source` fields."""
+    """Identifies the backend in cache keys, rate limits and result `source` fields."""
 
     @abstractmethod
     def search(self, query: str, n: int) -> list[SearchResult]:
@@ -37,47 +70,65 @@ class SearchBackend(ABC):
         """
 
 
+def _classify(exc: Exception) -> Transient | None:
+    if isinstance(exc, BackendError) and exc.transient:
+        return Transient(kind="backend", retry_after_s=exc.retry_after_s)
+    return None
+
+
 class RemoteBackend(SearchBackend):
     """A backend reached over the network: rate-limited and retried with backoff.
 
     Args:
-        min_interval_s: minimum spacing between calls from this process.
-        attempts: tries per search (transient failures only).
-        base_delay_s: first backoff delay; it doubles each retry.
+        min_interval_s: minimum spacing between calls from this process; every backend of one
+            `name` shares one limiter, so they must all give the same spacing (else the first
+            search raises `ConfigError`, see `amapreduce.ratelimit.shared_limiter`).
+        retry: attempts and backoff for transient failures.
         timeout_s: HTTP timeout of one request.
-        sleep: injected by tests so retries do not wait.
+        sleep, rng: injected by tests so retries neither wait nor vary.
     """
 
     def __init__(
         self,
         *,
         min_interval_s: float = 1.0,
-        attempts: int = 3,
-        base_delay_s: float = 1.0,
+        retry: RetryPolicy = SEARCH_RETRY,
         timeout_s: float = 10.0,
         sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
     ) -> None:
         self.min_interval_s = min_interval_s
-        self.attempts = attempts
-        self.base_delay_s = base_delay_s
+        self.retry = retry
         self.timeout_s = timeout_s
         self._sleep = sleep
+        self._rng = rng
 
     @abstractmethod
     def _search_once(self, query: str, n: int) -> list[SearchResult]:
         """One attempt; raise `BackendError(transient=...)` on failure."""
 
     def search(self, query: str, n: int) -> list[SearchResult]:
-        limiter = limiter_for(self.name, self.min_interval_s)
+        """Return at most `n` results for `query`, retrying transient failures per `retry`.
+
+        Raises:
+            BackendError: a permanent failure, or the last transient one (its message then says
+                how many attempts were made).
+            ConfigError: another backend of this name set a different `min_interval_s`.
+        """
+        limiter = shared_limiter(self.name, SpacingPolicy(self.min_interval_s))
+        what = f"`{self.name}` search"
 
         def attempt() -> list[SearchResult]:
             limiter.acquire()
             return self._search_once(query, n)
 
-        return with_retries(
-            attempt, what=f"`{self.name}` search", attempts=self.attempts,
-            base_delay_s=self.base_delay_s, sleep=self._sleep,
-        )
+        def give_up(exc: Exception, tries: int, transient: Transient | None) -> BaseException:
+            if isinstance(exc, BackendError) and tries > 1:
+                return BackendError(f"{exc.message} (after {tries} attempts of {what})", **exc.fields)
+            return exc
+
+        return retry_loop(attempt, policy=self.retry, classify=_classify, give_up=give_up,
+                          sleep=self._sleep, rng=self._rng)
 
 
 class KeyedBackend(RemoteBackend):
@@ -116,8 +167,9 @@ def http_json(
 ) -> Any:
     """Make one JSON API request and map every failure to a `BackendError`.
 
-    Connection errors, timeouts, 429 and 5xx are transient (retried); 401/403 say the key is
-    wrong; other 4xx and unreadable bodies are permanent.
+    Connection errors, timeouts, 429 and 5xx are transient (retried, after the reply's
+    `Retry-After` when it has one); 401/403 say the key is wrong; other 4xx and unreadable
+    bodies are permanent.
     """
     import httpx
 
@@ -141,7 +193,8 @@ def http_json(
                            backend=backend, transient=False, status=status)
     if status == 429 or status >= 500:
         raise BackendError(f"`{backend}` answered HTTP {status}. Retry later or lower the request rate.",
-                           backend=backend, transient=True, status=status)
+                           backend=backend, transient=True, status=status,
+                           retry_after_s=parse_retry_after(response.headers))
     if status >= 400:
         raise BackendError(f"`{backend}` rejected the request (HTTP {status}): {response.text[:200]}",
                            backend=backend, transient=False, status=status)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from amapreduce.web.backends.base import RemoteBackend
+from amapreduce.web.backends.base import BackendError, RemoteBackend
 from amapreduce.web.models import SearchResult
-from amapreduce.web.ratelimit import BackendError
 
 __all__ = ["DdgsBackend"]
 

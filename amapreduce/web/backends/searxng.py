@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from amapreduce.web.backends.base import RemoteBackend, http_json
+from amapreduce.web.backends.base import BackendError, RemoteBackend, http_json
 from amapreduce.web.models import SearchResult
-from amapreduce.web.ratelimit import BackendError
 
 if TYPE_CHECKING:
     import httpx

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from amapreduce.web.backends.base import KeyedBackend, http_json
+from amapreduce.web.backends.base import BackendError, KeyedBackend, http_json
 from amapreduce.web.models import SearchResult
-from amapreduce.web.ratelimit import BackendError
 
 __all__ = ["TAVILY_URL", "TavilyBackend"]
 

@@ -5,7 +5,7 @@ provider, while every reply is decided by code (pydantic-ai's `FunctionModel` id
 benchmarks and the offline demo use them; the model-request guard never blocks them.
 
 Example:
-    >>> from amapreduce.llm.scripted import FunctionModel, final_answer
+    >>> from amapreduce.testing.scripted import FunctionModel, final_answer
     >>> model = FunctionModel(lambda messages, info: final_answer("Paris"))
     >>> model.generate([]).tool_calls[0].function.name
     'final_answer'
@@ -16,8 +16,9 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeAlias
 
 from smolagents.models import (
@@ -30,19 +31,25 @@ from smolagents.models import (
 from smolagents.monitoring import TokenUsage
 
 from amapreduce.errors import RunError
+from amapreduce.llm.messages import estimate_tokens, message_text
+from amapreduce.llm.meter import Price
 
 __all__ = [
     "FunctionModel",
     "ModelInfo",
     "Reply",
+    "SIMULATED_PRICES",
     "ScriptExhausted",
     "ScriptedModel",
     "ToolCall",
-    "estimate_tokens",
     "final_answer",
-    "message_text",
     "tool_call",
 ]
+
+
+SIMULATED_PRICES: Mapping[str, Price] = MappingProxyType({"simulated/": Price(input=0.0, output=0.0)})
+"""The price rule of simulated models: every `simulated/...` model id costs nothing. A meter that
+meters them is given it as `PriceTable(by_prefix=SIMULATED_PRICES)`; without it they are unpriced."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,21 +93,6 @@ def tool_call(name: str, /, **arguments: Any) -> ToolCall:
 def final_answer(answer: Any) -> ToolCall:
     """Build the `final_answer` tool call that ends a smolagents run."""
     return ToolCall(name="final_answer", arguments={"answer": answer})
-
-
-def message_text(message: ChatMessage | dict[str, Any]) -> str:
-    """The plain text of a message, whether its content is a string or a list of parts."""
-    content = message.get("content") if isinstance(message, dict) else message.content
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-
-
-def estimate_tokens(text: str) -> int:
-    """A cheap, deterministic token estimate (about 4 characters per token)."""
-    return (len(text) + 3) // 4
 
 
 _call_ids = itertools.count(1)

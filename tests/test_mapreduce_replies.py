@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from amapreduce.mapreduce.extract import cell_text, parse_reply, project_row
+from amapreduce.mapreduce.replies import cell_text, parse_reply, project_row
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Main-text extraction: HTML to markdown with tables kept, via trafilatura.
+"""A page's main text: HTML to markdown with tables kept (via trafilatura), its title, its clip.
 
 Why trafilatura: it drops navigation, footers and boilerplate and keeps tables as markdown, so a
 sub-agent reads facts instead of menus. Its thresholds are lowered here because infobox-style
@@ -14,7 +14,7 @@ from configparser import ConfigParser
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
-__all__ = ["EXTRACTOR_VERSION", "Extracted", "extract_main_text", "title_of", "truncate"]
+__all__ = ["EXTRACTOR_VERSION", "ClippedText", "Extracted", "clip_page_text", "extract_main_text", "title_of"]
 
 EXTRACTOR_VERSION = "2"
 """Bumped whenever extraction output changes, so derived indexes (the sandbox's) are rebuilt."""
@@ -32,6 +32,13 @@ class Extracted(NamedTuple):
 
     title: str
     text: str
+
+
+class ClippedText(NamedTuple):
+    """A page's text cut to a character budget, and whether anything was cut."""
+
+    text: str
+    truncated: bool
 
 
 @functools.lru_cache(maxsize=1)
@@ -119,12 +126,12 @@ def extract_main_text(
     return Extracted(title, text)
 
 
-def truncate(text: str, max_chars: int) -> tuple[str, bool]:
-    """Cut `text` to `max_chars` at a line or word boundary when one is near; say if it was cut."""
+def clip_page_text(text: str, max_chars: int) -> ClippedText:
+    """`text` cut to `max_chars` at a line or word boundary when one is near, marked `...(truncated)`."""
     if len(text) <= max_chars:
-        return text, False
+        return ClippedText(text, truncated=False)
     cut = text[:max_chars]
     boundary = max(cut.rfind("\n"), cut.rfind(" "))
     if boundary > max_chars * 0.8:
         cut = cut[:boundary]
-    return cut.rstrip() + "\n...(truncated)", True
+    return ClippedText(cut.rstrip() + "\n...(truncated)", truncated=True)

@@ -1,8 +1,10 @@
 """An append-only JSONL trace of every call, batch and attempt.
 
-One line per event, written under a lock so threads never interleave lines. Secrets are
-removed before anything is written: keys that look like credentials are replaced by
-`[REDACTED]` at any depth.
+It sits in the foundation layer because every layer above writes to it (model calls and
+retries from `llm`, batches and attempts from `mapreduce`, the run directory from `run`);
+it imports nothing from the package. One line per event, written under a lock so threads
+never interleave lines. Secrets are removed before anything is written: keys that look like
+credentials are replaced by `[REDACTED]` at any depth.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Main-text extraction keeps content and tables, drops boilerplate, finds titles."""
+"""Main-text extraction keeps content and tables, drops boilerplate, finds titles; clipping marks the cut."""
 
 from __future__ import annotations
 
-from amapreduce.web.extract import extract_main_text, title_of, truncate
+from amapreduce.web.main_text import clip_page_text, extract_main_text, title_of
 
 HTML = (
     "<html><head><title>Atlas: Testland</title></head><body>"
@@ -40,11 +40,11 @@ def test_title_of_takes_the_first_heading() -> None:
     assert title_of("no heading", "name.md") == "name.md"
 
 
-def test_truncate_marks_the_cut() -> None:
+def test_clip_page_text_marks_the_cut() -> None:
     text = "word " * 100
-    cut, was_cut = truncate(text, 103)
+    cut, was_cut = clip_page_text(text, 103)
     assert was_cut and cut.endswith("...(truncated)") and len(cut) <= 103 + len("\n...(truncated)")
-    assert truncate("short", 100) == ("short", False)
+    assert clip_page_text("short", 100) == ("short", False)
 
 
 def test_meta_charset_is_honoured_without_a_header_charset() -> None:

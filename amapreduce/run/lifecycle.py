@@ -1,0 +1,140 @@
+"""The lifecycle every run command shares: open a run directory, record how the run ended, close it.
+
+Why one place: `ask` (and the demo, which runs `ask`) and `mapreduce run` must leave the same
+record. Each run gets a fresh `runs/<timestamp>-<slug>/` and a usage meter; a run that finishes
+writes `table.md`, `table.csv` and `result.json` with one shape of `timings`; a run that raises
+before that still writes `result.json` (status `failed`, or `stopped: interrupted` for Ctrl-C)
+with the error, because a run directory without one is invisible to `runs list` and says nothing
+about what went wrong. The commands themselves live in `run/ask.py` and `run/mapreduce_run.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from amapreduce.llm.factory import new_meter
+from amapreduce.run.rundir import RunDir
+from amapreduce.table.render import to_csv, to_markdown
+
+if TYPE_CHECKING:
+    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.settings import Settings
+    from amapreduce.table.table import Table
+
+__all__ = ["ActiveRun", "run_timings", "start_run"]
+
+
+def run_timings(started: float, executions: Sequence[Mapping[str, float]] = ()) -> dict[str, Any]:
+    """The `timings` object of every `result.json`: one shape for `ask`, `demo` and `mapreduce run`.
+
+    `wall_s` is the whole run (setup, manager, every execution, writing the table) measured from
+    `started` (a `time.perf_counter()` value); `executions` holds each engine execution's own
+    `map_s` / `patch_s` / `wall_s`, in order.
+    """
+    return {
+        "wall_s": round(max(time.perf_counter() - started, 0.0), 6),
+        "executions": [dict(t) for t in executions],
+    }
+
+
+@dataclass(kw_only=True)
+class ActiveRun:
+    """A run in progress: its directory, its usage meter, and what `result.json` records it as."""
+
+    kind: str
+    """`ask` or `mapreduce_run`: the `kind` of `result.json`."""
+    query: str
+    """The question (or the decision file's name): the `query` of `result.json`."""
+    run_dir: RunDir
+    meter: UsageMeter
+    """Usage and cost of the run, by role."""
+    started: float
+    """When the run started (`time.perf_counter()`), for `timings.wall_s`."""
+
+    def finish(
+        self,
+        table: Table,
+        completeness: dict[str, Any],
+        *,
+        status: str,
+        executions: Sequence[Mapping[str, float]] = (),
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Write `table.md`, `table.csv` and `result.json`; return the recorded object.
+
+        `completeness` is the engine's summary (rows, missing cells, rounds, retries);
+        `executions` holds each engine execution's timings (see `run_timings`); `extra` adds
+        command-specific fields (the decision, the manager's answer, web usage).
+        """
+        self.run_dir.write_table(to_markdown(table), to_csv(table))
+        record = {
+            "kind": self.kind,
+            "query": self.query,
+            "status": status,
+            "completeness": completeness,
+            "table": table.to_json(),
+            "usage": self.meter.to_json(),
+            **(extra or {}),
+            "timings": run_timings(self.started, executions),
+        }
+        self.run_dir.write_result(record)
+        self.run_dir.trace.write("run_finished", status=status, usage=self.meter.to_json())
+        return record
+
+    def record_failure(self, exc: BaseException) -> None:
+        """Write a `failed` (or `stopped: interrupted`) `result.json` for `exc`, unless one exists.
+
+        A failure to record the failure (disk full ...) must not hide `exc`: it rides along as a note.
+        """
+        if (self.run_dir.path / "result.json").exists():
+            return
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        status = "stopped: interrupted" if interrupted else "failed"
+        error = "interrupted" if interrupted else (str(exc) or type(exc).__name__)
+        try:
+            self.run_dir.write_result(
+                {
+                    "kind": self.kind,
+                    "query": self.query,
+                    "status": status,
+                    "error": error,
+                    "error_type": type(exc).__name__,
+                    "completeness": {"rows": 0, "complete": False},
+                    "usage": self.meter.to_json(),
+                    "timings": run_timings(self.started),
+                }
+            )
+            self.run_dir.trace.write("run_finished", status=status, error=error, usage=self.meter.to_json())
+        except Exception as record_exc:
+            exc.add_note(
+                f"(also: could not write the failed result.json in {self.run_dir.path}: {record_exc})"
+            )
+
+
+@contextlib.contextmanager
+def start_run(
+    settings: Settings, *, kind: str, query: str, meter: UsageMeter | None = None
+) -> Iterator[ActiveRun]:
+    """Open a run: a new run directory under `settings.runs_dir`, named after `query`, and its usage
+    meter (`meter`, else a fresh `new_meter(settings)`); on the way out, close the directory.
+
+    If the body raises before `ActiveRun.finish` wrote `result.json`, a `failed` one is written
+    (see `ActiveRun.record_failure`) and the exception is re-raised.
+    """
+    started = time.perf_counter()
+    if meter is None:  # before the directory: a bad price file is a usage error and leaves no run behind
+        meter = new_meter(settings)
+    run = ActiveRun(
+        kind=kind, query=query, run_dir=RunDir.create(settings.runs_dir, query), meter=meter, started=started
+    )
+    try:
+        yield run
+    except (Exception, KeyboardInterrupt) as exc:
+        run.record_failure(exc)
+        raise
+    finally:
+        run.run_dir.close()
