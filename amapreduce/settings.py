@@ -5,6 +5,11 @@ when the CLI (or a caller) asks for it. Nothing is read at import time.
 
 Precedence (highest first): explicit overrides (CLI flags) > environment (`AMAPREDUCE_*`) >
 the defaults below.
+
+Every default of a run's limits is written once, here: library objects that have their own
+defaults (`mapreduce.engine.EngineConfig`, `mapreduce.batching.plan_batches`, the manager's
+instructions) take them from `Settings` with `default_setting`, and the retry fields take theirs
+from `RetryPolicy`, the retry loop's own model.
 """
 
 from __future__ import annotations
@@ -12,15 +17,29 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from amapreduce._retry import RetryPolicy
 from amapreduce.errors import ConfigError
 
-__all__ = ["ENV_ALIASES", "ENV_PREFIX", "Settings", "load_settings", "normalize_domains"]
+__all__ = [
+    "ENV_ALIASES",
+    "ENV_PREFIX",
+    "DecisionAuthor",
+    "Settings",
+    "default_setting",
+    "load_settings",
+    "normalize_domains",
+]
 
 ENV_PREFIX = "AMAPREDUCE_"
+
+DecisionAuthor = Literal["manager", "user"]
+"""Who wrote a decision: `ask`'s manager agent, or the user (`mapreduce run`/`plan`)."""
+
+_RETRY_DEFAULTS = RetryPolicy()
 
 # Conventional provider variable names, read only when the `AMAPREDUCE_*` one is unset, so a
 # user who already exports `SERPER_API_KEY` for other tools needs nothing new.
@@ -69,7 +88,18 @@ class Settings(BaseModel):
     patch_rounds: int = Field(default=2, ge=0, le=10)
     """Delta-patch rounds after the map (`AMAPREDUCE_PATCH_ROUNDS`)."""
     max_batches: int = Field(default=50, ge=1)
-    """Largest batch plan accepted, as the paper's prompt demands (`AMAPREDUCE_MAX_BATCHES`)."""
+    """Largest batch plan accepted (`AMAPREDUCE_MAX_BATCHES`, `--max-batches`). The default is
+    the paper's cap on plans a manager writes (`ask`); a decision the user wrote (`mapreduce
+    run`/`plan`) is capped only when this is set explicitly. See `batch_cap`."""
+    retry_max_retries: int = Field(default=_RETRY_DEFAULTS.max_retries, ge=0)
+    """Retries of a failed model call (429, 5xx, timeout) after its first try
+    (`AMAPREDUCE_RETRY_MAX_RETRIES`). Model calls only: search backends keep their own, shorter
+    policy (`web.backends.base.SEARCH_RETRY`)."""
+    retry_base_delay_s: float = Field(default=_RETRY_DEFAULTS.base_delay_s, ge=0, allow_inf_nan=False)
+    """First backoff of a model-call retry in seconds, doubled each retry (`AMAPREDUCE_RETRY_BASE_DELAY_S`)."""
+    retry_max_delay_s: float = Field(default=_RETRY_DEFAULTS.max_delay_s, ge=0, allow_inf_nan=False)
+    """Cap on one model-call backoff in seconds; a longer `Retry-After` from the provider is still
+    honoured (`AMAPREDUCE_RETRY_MAX_DELAY_S`)."""
     max_tool_calls: int = Field(default=4, ge=1)
     """`mapreduce` tool calls allowed per manager run (`AMAPREDUCE_MAX_TOOL_CALLS`)."""
     runs_dir: Path = Path("runs")
@@ -142,6 +172,32 @@ class Settings(BaseModel):
     def _split_domains(cls, value: object) -> tuple[str, ...]:
         # Environment values arrive as one comma-separated string.
         return normalize_domains(value)
+
+    def batch_cap(self, author: DecisionAuthor) -> int | None:
+        """The largest batch plan accepted for a decision written by `author` (None: no cap).
+
+        The paper's cap exists so that a manager LLM cannot fan out an absurd plan, so plans a
+        manager writes are always capped at `max_batches`. A user who wrote a 100-row `per_atom`
+        decision asked for 100 batches: their decision is capped only when they set
+        `max_batches` themselves (`--max-batches` or `AMAPREDUCE_MAX_BATCHES`).
+        """
+        if author == "manager" or "max_batches" in self.model_fields_set:
+            return self.max_batches
+        return None
+
+    def model_retry_policy(self) -> RetryPolicy:
+        """How model calls are retried: the `retry_*` settings, the rest from `RetryPolicy`."""
+        return RetryPolicy(
+            max_retries=self.retry_max_retries,
+            base_delay_s=self.retry_base_delay_s,
+            max_delay_s=self.retry_max_delay_s,
+        )
+
+
+def default_setting(name: str) -> Any:
+    """The default of the setting `name`, for library objects whose own defaults must agree with
+    the settings' (`EngineConfig`, `plan_batches`, the manager's instructions)."""
+    return Settings.model_fields[name].default
 
 
 def load_settings(

@@ -1,9 +1,12 @@
-"""`amapreduce mapreduce plan`: the --json contract and exit code 2 with a one-line reason."""
+"""`amapreduce mapreduce plan` and `run`: the --json contract, exit code 2 with a one-line reason, and the
+batch cap (flag > `AMAPREDUCE_MAX_BATCHES` > no cap on a decision the user wrote)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,3 +120,88 @@ def test_utf8_bom_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"task_matrix": [["a"]], "template": "__0__", "json_schema": ["a"]}).encode())
     assert main(["mapreduce", "plan", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["num_rows"] == 1
+
+
+def per_atom_decision(tmp_path: Path, rows: int) -> Path:
+    """A user's own `per_atom` decision: one batch per row."""
+    path = tmp_path / f"per_atom_{rows}.json"
+    path.write_text(json.dumps({
+        "task_matrix": [[f"item{i:03d}"] for i in range(rows)],
+        "template": "What is the code of __0__?",
+        "json_schema": {"type": "object", "properties": {"item": {}, "code": {"description": "the item's code"}}},
+        "batch_strategy": {"type": "per_atom", "rationale": "independent look-ups"},
+    }), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("env", "flag", "cap"),
+    [
+        (None, None, None),  # default: a decision the user wrote is not capped
+        ("50", None, 50),  # the environment caps it
+        ("50", "70", 70),  # the flag wins over the environment
+        (None, "70", 70),
+    ],
+)
+def test_plan_max_batches_flag_then_environment_then_no_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, env: str | None, flag: str | None, cap: int | None
+) -> None:
+    if env is not None:
+        monkeypatch.setenv("AMAPREDUCE_MAX_BATCHES", env)
+    argv = ["mapreduce", "plan", str(per_atom_decision(tmp_path, 100)), "--json", *(["--max-batches", flag] if flag else [])]
+    if cap is None:
+        assert main(argv) == 0
+        assert len(json.loads(capsys.readouterr().out)["batches"]) == 100
+    else:
+        assert main(argv) == 2
+        assert f"100 batches, more than `max_batches`={cap}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("env", "flag", "cap"), [("50", None, 50), ("50", "70", 70), (None, "70", 70)])
+def test_run_max_batches_flag_then_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, env: str | None, flag: str | None, cap: int
+) -> None:
+    """The cap is checked when the plan is made, before any model call: no server is needed."""
+    monkeypatch.setenv("AMAPREDUCE_RUNS_DIR", str(tmp_path / "runs"))
+    if env is not None:
+        monkeypatch.setenv("AMAPREDUCE_MAX_BATCHES", env)
+    argv = ["mapreduce", "run", str(per_atom_decision(tmp_path, 100)), "--model", "sim-model",
+            "--api-base", "http://127.0.0.1:9/v1", "--json", *(["--max-batches", flag] if flag else [])]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"100 batches, more than `max_batches`={cap}" in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+def test_run_without_a_cap_runs_a_100_row_per_atom_decision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The measured refusal of issue 10: a user's 100-row per_atom decision is 100 batches, and it runs."""
+    from amapreduce.llm.guard import allow_model_requests
+    from amapreduce.llm.messages import message_text
+    from amapreduce.testing.openai_server import OpenAICompatibleServer
+    from amapreduce.testing.scripted import FunctionModel, ModelInfo, final_answer
+
+    def sub_agent(messages: list[Any], info: ModelInfo) -> Any:
+        asked = re.findall(r"code of (item\d{3})\?", "\n".join(message_text(m) for m in messages).rsplit("Sub-questions:", 1)[-1])
+        return final_answer(json.dumps([{"task": 1, "item": item, "code": item.upper()} for item in asked]))
+
+    monkeypatch.setenv("AMAPREDUCE_RUNS_DIR", str(tmp_path / "runs"))
+    with OpenAICompatibleServer(FunctionModel(sub_agent, model_id="sim-model")) as server, allow_model_requests():
+        code = main(["mapreduce", "run", str(per_atom_decision(tmp_path, 100)), "--model", "sim-model",
+                     "--api-base", server.base_url, "--workers", "8", "--json"])
+        out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    assert out["status"] == "complete" and out["rows"] == 100 and out["missing_cells"] == 0
+    assert "| item099 | ITEM099 |" in out["table_markdown"]
+    assert out["usage"]["requests"] == 100  # one sub-agent call per batch: 100 batches, nothing refused or retried
+
+
+def test_bad_retry_setting_exits_2_naming_the_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMAPREDUCE_RETRY_BASE_DELAY_S", "-1")
+    assert main(["mapreduce", "run", str(per_atom_decision(tmp_path, 2)), "--model", "sim-model", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert "`AMAPREDUCE_RETRY_BASE_DELAY_S`" in captured.err and "got '-1'" in captured.err

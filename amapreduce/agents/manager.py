@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.prompts import render_prompt
+from amapreduce.settings import default_setting
 
 if TYPE_CHECKING:
     from smolagents import Model, Tool, ToolCallingAgent
@@ -58,7 +59,7 @@ def build_manager(
     tools: Sequence[Tool],
     *,
     max_steps: int = 30,
-    max_batches: int = 50,
+    max_batches: int = default_setting("max_batches"),
     trace: Trace | None = None,
     observation_chars: int = MAX_OBSERVATION_CHARS,
 ) -> ToolCallingAgent:

@@ -1,4 +1,8 @@
-"""`amapreduce mapreduce ...`: validate a decision file, print its batch plan, or run it."""
+"""`amapreduce mapreduce ...`: validate a decision file, print its batch plan, or run it.
+
+Both commands read the user's own decision, so neither caps its batch plan unless asked to
+(`--max-batches` or `AMAPREDUCE_MAX_BATCHES`; see `Settings.batch_cap`).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +15,17 @@ __all__ = ["app"]
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
+MAX_BATCHES_HELP = (
+    "Refuse a batch plan with more batches than this (default: AMAPREDUCE_MAX_BATCHES, else no cap: "
+    "a decision you wrote runs as written)."
+)
+
 
 @app.command("plan")
 def plan(
     decision_file: str = typer.Argument(..., metavar="DECISION.json", help="Decision file to validate."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
-    max_batches: int = typer.Option(50, "--max-batches", min=1, help="Largest batch plan accepted."),
+    max_batches: int | None = typer.Option(None, "--max-batches", min=1, help=MAX_BATCHES_HELP),
 ) -> None:
     """Validate a decision file and print its batch plan.
 
@@ -24,9 +33,11 @@ def plan(
     """
     from amapreduce.decision.model import load_decision
     from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.settings import load_settings
 
+    settings = load_settings(max_batches=max_batches)
     decision = load_decision(decision_file)
-    batch_plan = plan_batches(decision, max_batches=max_batches)
+    batch_plan = plan_batches(decision, max_batches=settings.batch_cap("user"))
     if as_json:
         typer.echo(json.dumps(batch_plan.to_json(), ensure_ascii=False))
         return
@@ -58,6 +69,7 @@ def run(
     api_base: str | None = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."),
     search: str | None = typer.Option(None, "--search", help="ddgs | searxng:URL | serper | tavily | corpus:INDEX"),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once."),
+    max_batches: int | None = typer.Option(None, "--max-batches", min=1, help=MAX_BATCHES_HELP),
     out: Path | None = typer.Option(None, "--out", help="Also write the markdown table here."),
     csv_out: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV here."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
@@ -73,7 +85,9 @@ def run(
     from amapreduce.settings import load_settings
 
     decision = load_decision(decision_file)
-    settings = load_settings(model=model, api_base=api_base, search_backend=search, workers=workers)
+    settings = load_settings(
+        model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches
+    )
     require_model(settings)
     outcome = run_decision(decision, settings, label=Path(decision_file).stem, show_progress=None if not as_json else False)
     result = outcome.result

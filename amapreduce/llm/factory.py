@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from amapreduce.llm.meter import Budget, Price, PriceTable, UsageMeter, load_price_overrides
 from amapreduce.llm.models import ManagedModel, ModelSpec, build_model
-from amapreduce.llm.retry import ProviderRetryHandler, RetryPolicy
+from amapreduce.llm.retry import ProviderRetryHandler
 
 if TYPE_CHECKING:
     from smolagents import Model
@@ -57,11 +57,12 @@ def build_role_model(
     trace: Trace | None = None,
     on_retry: ProviderRetryHandler | None = None,
 ) -> ManagedModel:
-    """One role's managed model: the settings' endpoint, key and provider rate limits, the
-    default retry policy, and `meter` (with its budget) charged for every call.
+    """One role's managed model: the settings' endpoint, key, provider rate limits and retry
+    policy, and `meter` (with its budget) charged for every call.
 
     Args:
-        settings: where the endpoint (`api_base`), key and `model_rpm`/`model_tpm` come from.
+        settings: where the endpoint (`api_base`), key, `model_rpm`/`model_tpm` and the
+            `retry_*` policy come from.
         role: one of `ROLES`.
         model_id: the model serving the role (see `model_for_role`).
         meter: the usage meter the calls are charged to (see `new_meter`).
@@ -77,5 +78,11 @@ def build_role_model(
         tpm=settings.model_tpm,
     )
     return build_model(
-        spec, role=role, meter=meter, retry=RetryPolicy(), inner=inner, trace=trace, on_retry=on_retry
+        spec,
+        role=role,
+        meter=meter,
+        retry=settings.model_retry_policy(),
+        inner=inner,
+        trace=trace,
+        on_retry=on_retry,
     )

@@ -16,6 +16,7 @@ from typing import Any
 from amapreduce.decision.model import Decision
 from amapreduce.decision.strategy import ByAttr, OpenStrategy, PerAtom
 from amapreduce.errors import DecisionError
+from amapreduce.settings import default_setting
 
 __all__ = ["Batch", "BatchPlan", "plan_batches"]
 
@@ -127,7 +128,9 @@ def _open(d: Decision, s: OpenStrategy) -> list[tuple[list[int], str, dict[str, 
     return out
 
 
-def plan_batches(decision: Decision, *, max_batches: int | None = 50, id_prefix: str = "") -> BatchPlan:
+def plan_batches(
+    decision: Decision, *, max_batches: int | None = default_setting("max_batches"), id_prefix: str = ""
+) -> BatchPlan:
     """Split `decision` into batches according to its strategy.
 
     Args:

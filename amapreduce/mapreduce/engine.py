@@ -35,6 +35,7 @@ from amapreduce.mapreduce.result import AttemptRecord, MapReduceResult, RunSumma
 from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply
 from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps, merge_rows
 from amapreduce.prompts import render_prompt
+from amapreduce.settings import DecisionAuthor, Settings, default_setting
 from amapreduce.table.table import DEFAULT_MISSING_MARKERS, Table
 from amapreduce.trace import NullTrace, Trace
 
@@ -44,22 +45,35 @@ _POLL_S = 0.05
 
 
 class EngineConfig(BaseModel):
-    """Engine limits. Defaults follow the paper/reference (2 retries, 2 patch rounds, 50 batches)."""
+    """Engine limits. The defaults are `Settings`' (the paper's: 2 retries, 2 patch rounds, 50
+    batches); a run builds its config with `from_settings`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workers: int = Field(default=8, ge=1)
+    workers: int = Field(default=default_setting("workers"), ge=1)
     """Attempts in flight at once."""
-    max_attempts: int = Field(default=3, ge=1)
+    max_attempts: int = Field(default=default_setting("max_attempts"), ge=1)
     """Attempts per batch: the first plus retries."""
-    batch_timeout_s: float = Field(default=900.0, gt=0)
+    batch_timeout_s: float = Field(default=default_setting("batch_timeout_s"), gt=0)
     """Deadline of one attempt, from its start."""
-    patch_rounds: int = Field(default=2, ge=0)
-    max_batches: int | None = Field(default=50, ge=1)
+    patch_rounds: int = Field(default=default_setting("patch_rounds"), ge=0)
+    max_batches: int | None = Field(default=default_setting("max_batches"), ge=1)
     """Largest batch plan accepted for the map (None: no cap)."""
     threads: int | None = Field(default=None, ge=1)
     """Executor threads (default: `workers` plus headroom for abandoned attempts)."""
     missing_markers: frozenset[str] = DEFAULT_MISSING_MARKERS
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, decisions_by: DecisionAuthor) -> EngineConfig:
+        """The limits `settings` give an engine whose decisions are written by `decisions_by`
+        (the batch cap depends on it: see `Settings.batch_cap`)."""
+        return cls(
+            workers=settings.workers,
+            max_attempts=settings.max_attempts,
+            batch_timeout_s=settings.batch_timeout_s,
+            patch_rounds=settings.patch_rounds,
+            max_batches=settings.batch_cap(decisions_by),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -427,7 +441,9 @@ class MapReduceEngine:
                 item = items[number - 1]
                 dropped += merge_rows(tables[item.task_index], item, answer)
             outcome = "ok" if parsed.error is None else "parse_error"
-            if parsed.error is not None:
+            if parsed.truncated:  # only its closed rows were kept; cut values stay missing
+                problem = "the reply was cut off before its end, so only its complete rows were kept"
+            elif parsed.error is not None:
                 problem = f"the reply was not a JSON array of rows ({parsed.error})"
         # What the meter charged the sub-agent model for this attempt, failed ones included; a
         # solver whose model is not metered (scripted tests) reports its own usage.

@@ -53,7 +53,8 @@ def run_decision(
     """Execute `decision` with sub-agents from `settings`; always leaves a complete run directory.
 
     A budget stop or Ctrl-C keeps the partial table (status `stopped: ...`). `label` names the
-    run directory and is recorded as the run's `query`.
+    run directory and is recorded as the run's `query`. The decision is the user's, so its batch
+    plan is capped only when `settings` set `max_batches` explicitly (`Settings.batch_cap`).
     """
     with start_run(settings, kind="mapreduce_run", query=label) as run:
         with RunProgress(run.meter, enabled=show_progress) as progress:

@@ -103,13 +103,8 @@ def build_parts(
     solver = SmolagentsSolver(model=models["subagent"], tools=web_tools, max_steps=settings.subagent_max_steps)
     engine = MapReduceEngine(
         solver,
-        config=EngineConfig(
-            workers=settings.workers,
-            max_attempts=settings.max_attempts,
-            batch_timeout_s=settings.batch_timeout_s,
-            patch_rounds=settings.patch_rounds,
-            max_batches=settings.max_batches,
-        ),
+        # With a manager, the engine runs the decisions the manager writes; without one, the user's.
+        config=EngineConfig.from_settings(settings, decisions_by="manager" if "manager" in roles else "user"),
         trace=trace,
         progress=progress,
     )
