@@ -9,6 +9,7 @@ AmapreduceError                 base of everything we raise on purpose
 │   ├── SolverError             one sub-agent attempt failed (crash, bad reply)
 │   ├── BatchTimeout            one sub-agent attempt ran past its deadline
 │   ├── BudgetExceeded          the run's cost or token budget is spent; the run stops cleanly
+│   ├── ProviderUnavailable     a model provider's circuit breaker is open: the provider is down; the run stops
 │   └── RunCancelled            the run was cancelled (Ctrl-C or `cancel()`); holds the partial result
 └── ToolError                   model-facing: a tool call did not succeed; the message tells the model what to do
     ├── ToolCallRefused         the tool turned the call away on purpose (bad arguments, URL policy, call limits)
@@ -32,6 +33,7 @@ __all__ = [
     "BudgetExceeded",
     "ConfigError",
     "DecisionError",
+    "ProviderUnavailable",
     "RunCancelled",
     "RunError",
     "SolverError",
@@ -95,6 +97,19 @@ class BatchTimeout(RunError):
 
 class BudgetExceeded(RunError):
     """The run's cost or token budget is spent; the run stops and keeps what it has."""
+
+
+class ProviderUnavailable(RunError):
+    """A model provider is down: its circuit breaker (`amapreduce.llm.breaker`) is open and the
+    outage has lasted longer than a run waits. Nothing was sent; the run stops and keeps what it has.
+
+    The message is the one-line reason; the fields are `provider` (the provider key), `failures`
+    (failed requests in a row) and `last_error` (the last one, credentials redacted).
+    """
+
+    provider: str
+    failures: int
+    last_error: str | None
 
 
 class RunCancelled(RunError):

@@ -27,7 +27,14 @@ from typing import overload
 
 from amapreduce.errors import ConfigError
 
-__all__ = ["SpacingLimiter", "SpacingPolicy", "WindowLimiter", "WindowPolicy", "shared_limiter"]
+__all__ = [
+    "SpacingLimiter",
+    "SpacingPolicy",
+    "WindowLimiter",
+    "WindowPolicy",
+    "forget_shared_limiters",
+    "shared_limiter",
+]
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
@@ -182,3 +189,14 @@ def shared_limiter(key: str, policy: SpacingPolicy | WindowPolicy) -> SpacingLim
                 key=key,
             )
         return limiter
+
+
+def forget_shared_limiters() -> None:
+    """Drop every process-wide limiter, so the next `shared_limiter` call may set new limits.
+
+    For a long-lived process that changes its limits between runs (a notebook, a server: the
+    same-key rule would otherwise refuse the new policy), and for test isolation; limiters
+    already handed out keep working for their holders.
+    """
+    with _REGISTRY_LOCK:
+        _REGISTRY.clear()

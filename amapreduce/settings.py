@@ -100,6 +100,16 @@ class Settings(BaseModel):
     retry_max_delay_s: float = Field(default=_RETRY_DEFAULTS.max_delay_s, ge=0, allow_inf_nan=False)
     """Cap on one model-call backoff in seconds; a longer `Retry-After` from the provider is still
     honoured (`AMAPREDUCE_RETRY_MAX_DELAY_S`)."""
+    breaker_failures: int = Field(default=5, ge=1)
+    """Model requests in a row that failed because the provider did not answer (5xx, timeout,
+    connection error) before the provider's circuit breaker opens and stops sending
+    (`AMAPREDUCE_BREAKER_FAILURES`). Shared by the whole process; any answer resets the count."""
+    breaker_cooldown_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
+    """Seconds an open breaker sends nothing before one probe request (`AMAPREDUCE_BREAKER_COOLDOWN_S`)."""
+    breaker_max_wait_s: float = Field(default=120.0, ge=0, allow_inf_nan=False)
+    """Seconds after a provider's outage began that a model call still waits for it; then calls
+    raise `ProviderUnavailable` at once and the run ends `failed` (`AMAPREDUCE_BREAKER_MAX_WAIT_S`;
+    0: fail at once while the breaker is open)."""
     max_tool_calls: int = Field(default=4, ge=1)
     """`mapreduce` tool calls allowed per manager run (`AMAPREDUCE_MAX_TOOL_CALLS`)."""
     runs_dir: Path = Path("runs")

@@ -43,6 +43,21 @@ def _no_user_settings(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_shared_limits() -> Iterator[None]:
+    """Rate limiters and circuit breakers are process-wide, keyed by provider (`127.0.0.1:PORT` for
+    the loopback servers): without this, an open breaker or a policy of one test would meet a later
+    test that happens to get the same port."""
+    from amapreduce.llm.breaker import forget_shared_breakers
+    from amapreduce.ratelimit import forget_shared_limiters
+
+    forget_shared_breakers()
+    forget_shared_limiters()
+    yield
+    forget_shared_breakers()
+    forget_shared_limiters()
+
+
 @pytest.fixture()
 def python_sigint() -> Iterator[None]:
     """Python's own Ctrl-C handler for tests that simulate Ctrl-C with `_thread.interrupt_main()`.

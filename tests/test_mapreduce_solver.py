@@ -103,3 +103,129 @@ def test_attempt_usage_is_what_the_meter_charged_failed_attempts_included() -> N
     assert result.summary.usage.requests == charged.requests == 3
     assert result.summary.usage.cost_usd == pytest.approx(charged.cost_usd)
     assert result.summary.usage.input_tokens == charged.input_tokens
+
+
+def _capitals_request(attempt: int = 1) -> BatchRequest:
+    prompt = "Find the capitals.\n\nSub-questions:\n1. capital of France\n2. capital of Japan"
+    return BatchRequest(batch_id="batch-001", attempt=attempt, prompt=prompt, tasks=("France", "Japan"), column_specs=())
+
+
+def test_the_sub_agent_system_prompt_is_ours_rendered_once_per_solver(monkeypatch: pytest.MonkeyPatch) -> None:
+    import smolagents.agents
+
+    import amapreduce.mapreduce.solver as solver_module
+    from amapreduce.prompts import render_prompt
+
+    renders: list[tuple[str, str]] = []
+    real_render = solver_module.render_prompt
+
+    def counting_render(name: str, key: str, **variables: object) -> str:
+        renders.append((name, key))
+        return real_render(name, key, **variables)
+
+    monkeypatch.setattr(solver_module, "render_prompt", counting_render)
+    system_prompts: list[str] = []
+
+    def recording_sub_agent(messages: list, info: ModelInfo) -> object:
+        system_prompts.append(message_text(messages[0]))
+        return sub_agent(messages, info)
+
+    solver = SmolagentsSolver(model=FunctionModel(recording_sub_agent), tools=[lookup_capital], max_steps=4)
+    assert renders == [("search_agent", "instructions"), ("search_agent", "system_prompt")]
+    # From here on nothing is rendered, compiled or parsed per attempt: not our prompt, not
+    # smolagents' Jinja system prompt, not its template YAML.
+    compiles: list[str] = []
+    monkeypatch.setattr(smolagents.agents, "populate_template", lambda template, variables: compiles.append(template))
+    monkeypatch.setattr(smolagents.agents.yaml, "safe_load", lambda text: compiles.append(text))
+    for attempt in (1, 2, 3):
+        reply = solver.solve(_capitals_request(attempt))
+        assert json.loads(reply.output)[1]["capital"] == "Tokyo" and reply.trace["state"] == "success"
+    assert len(renders) == 2 and compiles == []
+    expected = render_prompt("search_agent", "system_prompt", instructions=render_prompt("search_agent", "instructions"))
+    assert solver.system_prompt == expected
+    assert system_prompts == [expected] * 6
+    assert "You are an expert assistant who can solve any task" not in expected  # not smolagents' default
+
+
+def test_caller_instructions_replace_the_default_guidance() -> None:
+    solver = SmolagentsSolver(model=FunctionModel(sub_agent), instructions="Only use the gazetteer.")
+    assert "Only use the gazetteer." in solver.system_prompt
+    assert "crawl_page" not in solver.system_prompt
+    assert solver.system_prompt.startswith("You are a research sub-agent that acts only through tool calls")
+
+
+def test_structured_final_answer_comes_back_as_json_text_with_the_steps_traced() -> None:
+    rows = [{"task": 1, "country": "France", "capital": "Paris"}, {"task": 2, "country": "Japan", "capital": "Tokyo"}]
+
+    def structured(messages: list, info: ModelInfo) -> object:
+        if info.call_index == 0:
+            return [tool_call("lookup_capital", country="France"), tool_call("lookup_capital", country="Japan")]
+        return final_answer(rows)  # a list, not JSON text
+
+    reply = SmolagentsSolver(model=FunctionModel(structured), tools=[lookup_capital], max_steps=4).solve(_capitals_request())
+    assert type(reply.output) is str and json.loads(reply.output) == rows
+    assert reply.steps == 2 and reply.usage.requests == 2
+    assert [call["name"] for call in reply.trace["tool_calls"]] == ["lookup_capital", "lookup_capital", "final_answer"]
+    assert reply.trace["tool_calls"][0]["arguments"] == {"country": "France"}
+
+
+def test_a_sub_agent_that_runs_out_of_steps_says_so_in_its_trace() -> None:
+    def never_done(messages: list, info: ModelInfo) -> object:
+        if not any(message_text(m).startswith("An agent tried to answer") for m in messages):
+            return tool_call("lookup_capital", country="France")
+        return '[{"task": 1, "country": "France", "capital": "Paris"}]'  # the max-steps answer, no tools
+
+    reply = SmolagentsSolver(model=FunctionModel(never_done), tools=[lookup_capital], max_steps=2).solve(_capitals_request())
+    assert reply.trace["state"] == "max_steps_error" and reply.steps == 3
+    assert json.loads(reply.output)[0]["capital"] == "Paris"
+
+
+# A whole engine run in a fresh interpreter: which modules the run itself imports (inside its
+# worker threads), after the solver was built.
+RUN_IMPORTS = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from test_mapreduce_solver import lookup_capital
+from amapreduce.decision import Decision
+from amapreduce.llm.meter import UsageMeter
+from amapreduce.llm.models import ManagedModel
+from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
+from amapreduce.mapreduce.solver import SmolagentsSolver
+from amapreduce.testing.scripted import FunctionModel, final_answer, tool_call
+
+def sub_agent(messages, info):
+    if info.call_index % 2 == 0:
+        return tool_call("lookup_capital", country="France")
+    return final_answer([{{"task": 1, "country": "France", "capital": "Paris"}}])  # structured rows
+
+assert "litellm" not in sys.modules
+model = ManagedModel(FunctionModel(sub_agent, model_id="openai/gpt-4o-mini"), role="subagent", meter=UsageMeter())
+solver = SmolagentsSolver(model=model, tools=[lookup_capital], max_steps=4)
+from smolagents import OpenAIModel
+assert "openai.resources.chat" not in sys.modules
+client = OpenAIModel(model_id="m", api_base="http://127.0.0.1:9/v1", api_key="x")  # never called
+SmolagentsSolver(model=ManagedModel(client, role="subagent", meter=UsageMeter()))
+built = set(sys.modules)
+d = Decision.parse({{"task_matrix": [["France"]], "template": "Capital of __0__", "json_schema": ["country", "capital"]}})
+result = MapReduceEngine(solver, config=EngineConfig(workers=4)).run(d)
+print(json.dumps({{"records": result.table.records(), "at_build": sorted(m for m in built if m in ("litellm", "torch", "openai.resources.chat")),
+                  "during_run": sorted(set(sys.modules) - built)}}))
+"""
+
+
+def test_a_run_imports_nothing_heavy_in_its_worker_threads(repo_root: Path) -> None:
+    import importlib.util
+    import subprocess
+    import sys
+
+    code = RUN_IMPORTS.format(tests=str(repo_root / "tests"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["records"] == [{"country": "France", "capital": "Paris"}]
+    # What the first call would import is imported when the solver is built, before the fan-out:
+    # the meter's LiteLLM price map and the OpenAI client's chat resources.
+    litellm = ["litellm"] if importlib.util.find_spec("litellm") else []
+    assert report["at_build"] == [*litellm, "openai.resources.chat"]
+    # torch (which smolagents imports to check a structured answer for a tensor) is never imported.
+    heavy = [m for m in report["during_run"] if m.split(".")[0] in {"torch", "litellm", "jinja2", "yaml"}]
+    assert heavy == [] and "torch" not in report["at_build"]

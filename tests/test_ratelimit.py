@@ -9,7 +9,14 @@ import pytest
 from fake_clock import FakeTime
 
 from amapreduce.errors import ConfigError
-from amapreduce.ratelimit import SpacingLimiter, SpacingPolicy, WindowLimiter, WindowPolicy, shared_limiter
+from amapreduce.ratelimit import (
+    SpacingLimiter,
+    SpacingPolicy,
+    WindowLimiter,
+    WindowPolicy,
+    forget_shared_limiters,
+    shared_limiter,
+)
 
 
 def test_spacing_limiter_spaces_calls() -> None:
@@ -100,3 +107,11 @@ def test_spacing_and_window_limiters_of_one_name_do_not_clash() -> None:
     window = shared_limiter("test-ratelimit-both", WindowPolicy(rpm=5))
     assert shared_limiter("test-ratelimit-both", SpacingPolicy(1.0)) is spacing
     assert shared_limiter("test-ratelimit-both", WindowPolicy(rpm=5)) is window
+
+
+def test_forgetting_the_shared_limiters_lets_a_long_lived_process_set_new_limits() -> None:
+    first = shared_limiter("test-ratelimit-forget", SpacingPolicy(1.0))
+    forget_shared_limiters()
+    second = shared_limiter("test-ratelimit-forget", SpacingPolicy(3.0))  # no conflict: the old one is gone
+    assert second is not first and second.policy.min_interval_s == 3.0
+    assert first.policy.min_interval_s == 1.0  # a holder of the old limiter keeps it as it was

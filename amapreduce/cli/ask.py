@@ -65,6 +65,7 @@ def ask(
                     "status": outcome.status,
                     "rows": completeness["rows"],
                     "missing_cells": completeness["missing_cells"],
+                    "completeness": completeness,
                     "table_markdown": outcome.markdown,
                     "usage": usage_json(outcome.meter),
                     "run_dir": str(outcome.run_dir.path),
@@ -79,7 +80,7 @@ def ask(
             f"${outcome.meter.total().cost_usd:.4f}. Run directory: {outcome.run_dir.path}",
             err=True,
         )
-    if outcome.status.startswith("stopped"):
+    if outcome.ending.status.ended_early:
         raise typer.Exit(1)
 
 

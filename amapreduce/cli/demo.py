@@ -49,7 +49,7 @@ def demo(
             f"row F1 {s['f1_by_row']:.3f}."
         )
         typer.echo(f"Model: simulated (not an LLM). Run directory: {outcome.ask.run_dir.path}")
-    if outcome.ask.status.startswith("stopped"):
+    if outcome.ask.ending.status.ended_early:
         raise typer.Exit(1)
 
 

@@ -98,11 +98,13 @@ def run(
                 {
                     "rows": result.summary.rows,
                     "missing_cells": result.summary.missing_cells,
+                    "completeness": outcome.record["completeness"],
                     "table_markdown": result.markdown(),
                     "usage": usage_json(outcome.meter),
                     "timings": {"wall_s": result.summary.timings.get("wall_s", 0.0)},
                     "run_dir": str(outcome.run_dir.path),
                     "status": outcome.status,
+                    **({"error": outcome.ending.error} if outcome.ending.error else {}),
                 },
                 ensure_ascii=False,
             )
@@ -112,9 +114,10 @@ def run(
         s = result.summary
         typer.echo(
             f"{s.rows} rows, {s.missing_cells} missing cells, {s.patch_rounds} patch rounds, {s.retries} retries "
-            f"({outcome.status}). Run directory: {outcome.run_dir.path}",
+            f"({outcome.status}{f': {outcome.ending.error}' if outcome.ending.error else ''}). "
+            f"Run directory: {outcome.run_dir.path}",
             err=True,
         )
-    if outcome.status.startswith("stopped"):
+    if outcome.ending.status.ended_early:
         raise typer.Exit(1)
 

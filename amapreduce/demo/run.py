@@ -42,8 +42,10 @@ class DemoOutcome:
         completeness = self.ask.record["completeness"]
         return {
             "task_id": self.task_id,
+            "status": self.ask.status,
             "rows": completeness["rows"],
             "missing_cells": completeness["missing_cells"],
+            "completeness": completeness,
             "score": self.score,
             "run_dir": str(self.ask.run_dir.path),
             "table_markdown": self.ask.markdown,

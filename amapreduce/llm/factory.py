@@ -2,7 +2,7 @@
 
 Every part of the program that talks to a model (a run's manager, sub-agents and extraction,
 the experiential memory, the evaluation judges) gets its model here, from `Settings`, so each
-one comes with the same retries, the provider's shared rate limits, a budget and a usage
+one comes with the same retries, the provider's shared rate limits and circuit breaker, a budget and a usage
 meter. It lives in the model layer rather than with the runs so that layers below `run` (the
 evaluation scorer, the memory CLI) use the very same factory instead of building their own.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from amapreduce.llm.breaker import BreakerPolicy
 from amapreduce.llm.meter import Budget, Price, PriceTable, UsageMeter, load_price_overrides
 from amapreduce.llm.models import ManagedModel, ModelSpec, build_model
 from amapreduce.llm.retry import ProviderRetryHandler
@@ -57,12 +58,12 @@ def build_role_model(
     trace: Trace | None = None,
     on_retry: ProviderRetryHandler | None = None,
 ) -> ManagedModel:
-    """One role's managed model: the settings' endpoint, key, provider rate limits and retry
-    policy, and `meter` (with its budget) charged for every call.
+    """One role's managed model: the settings' endpoint, key, provider rate limits, circuit
+    breaker and retry policy, and `meter` (with its budget) charged for every call.
 
     Args:
-        settings: where the endpoint (`api_base`), key, `model_rpm`/`model_tpm` and the
-            `retry_*` policy come from.
+        settings: where the endpoint (`api_base`), key, `model_rpm`/`model_tpm`, the
+            `breaker_*` policy and the `retry_*` policy come from.
         role: one of `ROLES`.
         model_id: the model serving the role (see `model_for_role`).
         meter: the usage meter the calls are charged to (see `new_meter`).
@@ -85,4 +86,9 @@ def build_role_model(
         inner=inner,
         trace=trace,
         on_retry=on_retry,
+        breaker=BreakerPolicy(
+            failures=settings.breaker_failures,
+            cooldown_s=settings.breaker_cooldown_s,
+            max_wait_s=settings.breaker_max_wait_s,
+        ),
     )

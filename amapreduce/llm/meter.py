@@ -143,6 +143,13 @@ class PriceTable:
                 )
         return None
 
+    def preload(self) -> None:
+        """Load LiteLLM's price map now if this table falls back to it. A run calls this before it
+        fans out, so the first priced call does not import litellm (about a second of CPU) inside
+        a worker thread while the other workers wait on the import lock."""
+        if self.use_litellm:
+            _litellm_prices()
+
     def cost(self, model_id: str, usage: Usage) -> float | None:
         """Dollars for `usage` on `model_id`, or None when the price is unknown."""
         price = self.price(model_id)

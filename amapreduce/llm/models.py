@@ -8,8 +8,8 @@ smolagents `Model` for:
 * any OpenAI-compatible endpoint (vLLM, llama.cpp server, Ollama) when `api_base` is set.
 
 It is wrapped in `ManagedModel`, which every call goes through: the budget check, the
-provider's process-wide rate limiter (one ticket per HTTP attempt, retries included), retries
-with backoff that honour `Retry-After`, usage and cost accounting by role (cached prompt tokens
+provider's process-wide circuit breaker and rate limiter (both per HTTP attempt, retries
+included), retries with backoff that honour `Retry-After`, usage and cost accounting by role (cached prompt tokens
 included), and a `model_call` trace event per call. Reasoning models get no `temperature`/`max_tokens` (their APIs
 reject them). The provider clients' own retries (openai's `max_retries`, LiteLLM's
 `num_retries`, smolagents' `retryer`) are switched off so exactly one policy applies.
@@ -27,7 +27,8 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from smolagents.models import ChatMessage, Model
 
-from amapreduce.errors import ConfigError
+from amapreduce.errors import ConfigError, ProviderUnavailable
+from amapreduce.llm.breaker import BreakerPolicy, CircuitBreaker, is_outage, shared_breaker
 from amapreduce.llm.messages import estimate_tokens, message_text
 from amapreduce.llm.meter import UsageMeter, litellm_offline
 from amapreduce.llm.retry import (
@@ -80,7 +81,7 @@ def is_reasoning_model(model_id: str) -> bool:
 
 
 def provider_of(spec: ModelSpec) -> str:
-    """The rate-limit bucket of a spec: the endpoint's host, or the LiteLLM provider prefix."""
+    """The rate-limit and circuit-breaker key of a spec: the endpoint's host, or the LiteLLM provider prefix."""
     if spec.api_base:
         return urlparse(spec.api_base).netloc or spec.api_base
     return spec.model_id.split("/", 1)[0] if "/" in spec.model_id else "openai"
@@ -158,12 +159,17 @@ class _Call:
     attempts: int = 0
     error: BaseException | None = None
     ticket: list[float] | None = None
+    probe: bool = False
+    """Whether the attempt in flight is its provider's half-open breaker probe."""
 
 
 class ManagedModel(Model):
-    """A model whose every call is budgeted, rate-limited, retried, metered and traced.
+    """A model whose every call is budgeted, guarded by a circuit breaker, rate-limited, retried,
+    metered and traced.
 
-    Each HTTP attempt — the first and every retry — takes its own ticket from the provider's
+    Each HTTP attempt — the first and every retry, after its backoff — is first admitted by the
+    provider's circuit breaker (it may wait while the breaker is open, or raise
+    `ProviderUnavailable` without sending anything) and reports its outcome to it. Each HTTP attempt — the first and every retry — takes its own ticket from the provider's
     limiter, since each one is a request the provider counts. Each call writes one `model_call`
     trace event (role, model id, tokens, latency, retries, error) and each retry one
     `model_retry` event, tagged with the batch and attempt of the open `usage_scope`.
@@ -173,6 +179,7 @@ class ManagedModel(Model):
         role: what the model is used for (`manager`, `subagent`, ...), for usage by role.
         meter: the run's usage meter (and budget).
         limiter: the provider's shared limiter (None: unlimited).
+        breaker: the provider's shared circuit breaker (None: none).
         retry: the retry policy.
         sleep: replaces `time.sleep` between retries (tests).
         trace: where call and retry events go (None: not traced).
@@ -186,6 +193,7 @@ class ManagedModel(Model):
         role: str,
         meter: UsageMeter,
         limiter: WindowLimiter | None = None,
+        breaker: CircuitBreaker | None = None,
         retry: RetryPolicy | None = None,
         sleep: Any = None,
         trace: Trace | None = None,
@@ -196,6 +204,7 @@ class ManagedModel(Model):
         self.role = role
         self.meter = meter
         self.limiter = limiter
+        self.breaker = breaker
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
         self.trace = trace
@@ -228,12 +237,21 @@ class ManagedModel(Model):
         self.meter.check()
         estimate = sum(estimate_tokens(message_text(m)) for m in messages)
         state = _Call()
+        breaker = self.breaker
+        pause = self._sleep or time.sleep
+
+        def admit() -> None:
+            state.probe = breaker.admit() if breaker is not None else False
+
+        def pause_then_admit(delay_s: float) -> None:  # the retry loop's sleep: a retry is admitted like the first attempt
+            pause(delay_s)
+            admit()
 
         def call() -> ChatMessage:
             state.ticket = self.limiter.acquire(estimate) if self.limiter is not None else None
             state.attempts += 1
             try:
-                return self.inner.generate(
+                reply = self.inner.generate(
                     messages,
                     stop_sequences=stop_sequences,
                     response_format=response_format,
@@ -242,7 +260,16 @@ class ManagedModel(Model):
                 )
             except Exception as exc:
                 state.error = exc  # a failed request keeps its ticket: the provider counted it
+                if breaker is not None:
+                    breaker.record(state.probe, self._describe(exc) if is_outage(exc) else None)
                 raise
+            except BaseException:
+                if breaker is not None:
+                    breaker.release(state.probe)
+                raise
+            if breaker is not None:
+                breaker.record(state.probe, None)
+            return reply
 
         def retried(attempt: int, transient: Transient, delay_s: float) -> None:
             event = ProviderRetry(
@@ -253,13 +280,14 @@ class ManagedModel(Model):
             if self.on_retry is not None:
                 self.on_retry(event)
 
-        extra = {"sleep": self._sleep} if self._sleep is not None else {}
         started = time.monotonic()
         try:
+            admit()
             reply = call_with_retries(
-                call, what=f"{self.role} model {self.model_id!r}", policy=self.retry, on_retry=retried, **extra
+                call, what=f"{self.role} model {self.model_id!r}", policy=self.retry, on_retry=retried,
+                sleep=pause_then_admit,
             )
-        except ModelCallError as exc:
+        except (ModelCallError, ProviderUnavailable) as exc:
             self._write(
                 "model_call", latency_s=round(time.monotonic() - started, 6), retries=max(0, state.attempts - 1),
                 usage=None, error=self._describe(exc),
@@ -291,12 +319,16 @@ def build_model(
     inner: Model | None = None,
     trace: Trace | None = None,
     on_retry: ProviderRetryHandler | None = None,
+    breaker: BreakerPolicy | None = None,
 ) -> ManagedModel:
     """The managed model for `role` (`inner` replaces the provider client, e.g. a simulated model;
-    `trace` and `on_retry` as in `ManagedModel`)."""
+    `trace` and `on_retry` as in `ManagedModel`; `breaker`: the policy of the provider's shared
+    circuit breaker, None for none)."""
     if role not in ROLES:
         raise ConfigError(f"unknown model role {role!r}; roles are {', '.join(ROLES)}.")
     limiter = shared_limiter(provider_of(spec), WindowPolicy(rpm=spec.rpm, tpm=spec.tpm)) if (spec.rpm or spec.tpm) else None
     return ManagedModel(
-        inner or _inner_model(spec), role=role, meter=meter, limiter=limiter, retry=retry, trace=trace, on_retry=on_retry
+        inner or _inner_model(spec), role=role, meter=meter, limiter=limiter,
+        breaker=shared_breaker(provider_of(spec), breaker) if breaker is not None else None,
+        retry=retry, trace=trace, on_retry=on_retry,
     )

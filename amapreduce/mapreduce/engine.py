@@ -1,11 +1,14 @@
 """The MapReduce engine: run a decision's batches on fresh sub-agents, reduce in code, patch.
 
-One loop in the calling thread owns all state (no locks around tables): it keeps at most
+Each `run` call owns its state (an `EngineRun` of `mapreduce.run_state`: slots, attempts in flight, finished queue, stop
+reason), so runs sharing an engine are independent; one loop in the calling thread owns the
+run's tables (no locks around them): it keeps at most
 `workers` attempts in flight on the executor, merges each reply as it completes (completion
 order), retries a batch with a continuation prompt that names exactly what is missing
 (results of earlier attempts are kept), abandons attempts that pass their deadline, and
 finally reduces the per-task tables into one table in matrix order. Then Algorithm 1's delta
-patch runs bounded rounds over only the rows and cells still missing.
+patch runs bounded rounds over only the rows and cells still missing. A budget stop (or any
+of `RUN_STOPPING_ERRORS`) ends only the run whose attempt raised it.
 """
 
 from __future__ import annotations
@@ -24,14 +27,22 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from amapreduce.decision.model import Decision
-from amapreduce.errors import BatchTimeout, BudgetExceeded, RunCancelled
+from amapreduce.errors import BatchTimeout, RunCancelled
 from amapreduce.llm.scope import UsageScope, usage_scope
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
 from amapreduce.mapreduce.executor import Executor, ThreadExecutor
 from amapreduce.mapreduce.patch import build_patch
 from amapreduce.mapreduce.replies import parse_reply, project_row
-from amapreduce.mapreduce.result import AttemptRecord, MapReduceResult, RunSummary
+from amapreduce.mapreduce.result import (
+    RUN_STOPPING_ERRORS,
+    AttemptRecord,
+    MapReduceResult,
+    RunEnding,
+    RunSummary,
+    stop_ending,
+)
+from amapreduce.mapreduce.run_state import CANCELLED, INTERRUPTED, BatchJob, BatchState, EngineRun
 from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply
 from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps, merge_rows
 from amapreduce.prompts import render_prompt
@@ -88,35 +99,17 @@ class ProgressEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(eq=False)
-class _BatchState:
-    work: WorkBatch
-    prompt_vars: dict[str, Any]
-    first_prompt: str = ""
-    attempt: int = 0
-
-
-@dataclass(eq=False)
-class _Job:
-    state: _BatchState
-    request: BatchRequest | None
-    """None until the attempt starts: a first prompt is rendered on the worker, not the engine loop."""
-    started_at: float | None = None
-    future: Future[SolverReply] | None = None
-    holds_slot: bool = False
-    scope: UsageScope | None = None
-    """The metered model calls of the running attempt (billed even when the attempt fails)."""
-    outcome: tuple[SolverReply | None, BaseException | None] | None = None
-    """Set by the worker when the solver returns, before its slot is freed: a stop never loses it."""
-
-
 class MapReduceEngine:
     """Runs decisions through a `BatchSolver`.
+
+    The engine holds configuration and collaborators only; each `run` call keeps its own state,
+    so one engine may run several decisions at once.
 
     Args:
         solver: makes one fresh sub-agent attempt per call.
         config: limits; see `EngineConfig`.
-        executor: where attempts run (default: a thread pool sized from the config).
+        executor: where attempts run (default: a thread pool per run, sized from the config). A
+            given executor is shut down when a run using it is stopped.
         trace: receives every phase, attempt (prompt, raw output, rows, timing, usage) and summary.
         progress: called in the engine's thread on each event.
     """
@@ -137,21 +130,16 @@ class MapReduceEngine:
         self.trace = trace or NullTrace()
         self._progress = progress
         self._clock = clock
-        self._cancel = threading.Event()
-        self._prompt_lock = threading.Lock()
-        self._gate = threading.Lock()  # guards `_running` and slot hand-back
-        self._running: set[_Job] = set()
-        self._slots = threading.Semaphore(self.config.workers)
-        self._prompt_cache: dict[str, str] = {}
-        self._stop_reason = "the MapReduce run was cancelled"
-        # Finished futures arrive here through done-callbacks: O(1) per completion, however
-        # many attempts are in flight. `None` is the wake-up sent by `cancel()`.
-        self._done: queue.SimpleQueue[Future[SolverReply] | None] = queue.SimpleQueue()
+        self._runs_lock = threading.Lock()
+        self._runs: set[EngineRun] = set()
 
     def cancel(self) -> None:
-        """Stop the current run soon (thread-safe); `run` then raises `RunCancelled`."""
-        self._cancel.set()
-        self._done.put(None)
+        """Stop the runs in flight soon (thread-safe); each `run` then raises `RunCancelled`.
+        A later `run` starts afresh."""
+        with self._runs_lock:
+            runs = list(self._runs)
+        for run in runs:
+            run.stop(CANCELLED)
 
     def run(self, decision: Decision, *, plan: BatchPlan | None = None) -> MapReduceResult:
         """Execute `decision`: map, reduce, then delta-patch rounds.
@@ -163,8 +151,8 @@ class MapReduceEngine:
 
         Raises:
             DecisionError: the batch plan exceeds `max_batches`.
-            RunCancelled: `cancel()` was called or Ctrl-C was pressed; `.partial` holds the
-                result so far.
+            RunCancelled: `cancel()` was called, an attempt raised one of `RUN_STOPPING_ERRORS`,
+                or Ctrl-C was pressed; `.partial` holds the result so far, its `ending` says why.
         """
         cfg = self.config
         start = self._clock()
@@ -191,12 +179,14 @@ class MapReduceEngine:
         work = [WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), column_specs=decision.column_specs) for b in plan.batches]
         self.trace.write("run_start", num_rows=len(items), strategy=plan.strategy, batches=[b.manifest() for b in plan.batches])
         records: list[AttemptRecord] = []
+        run = EngineRun(cfg.workers)
+        with self._runs_lock:
+            self._runs.add(run)
         executor = self._executor or ThreadExecutor(cfg.threads or cfg.workers + max(2, cfg.workers // 4))
         rounds_run, batches_run, timings = 0, len(work), {"map_s": 0.0, "patch_s": 0.0}
-        cancelled = False
         table: Table | None = None
         try:
-            self._run_phase("map", work, decision, tables, records, executor)
+            self._run_phase(run, "map", work, decision, tables, records, executor)
             timings["map_s"] = self._clock() - start
             table = self._reduce(decision, tables)
             for round_no in range(1, cfg.patch_rounds + 1):
@@ -205,32 +195,34 @@ class MapReduceEngine:
                     break
                 rounds_run, batches_run = round_no, batches_run + len(patch)
                 self.trace.write("patch_round", round=round_no, batches=[w.batch.manifest() for w in patch])
-                self._run_phase(f"patch{round_no}", patch, decision, tables, records, executor)
+                self._run_phase(run, f"patch{round_no}", patch, decision, tables, records, executor)
                 table = self._reduce(decision, tables)
             timings["patch_s"] = self._clock() - start - timings["map_s"]
-        except (RunCancelled, KeyboardInterrupt):
-            cancelled = True
+        except KeyboardInterrupt:
+            run.stop(INTERRUPTED)
+        except RunCancelled:
+            run.stop(CANCELLED)  # keeps the reason already given
         finally:
-            executor_owned = self._executor is None
-            if executor_owned or cancelled:
+            with self._runs_lock:
+                self._runs.discard(run)
+            if self._executor is None or run.ending is not None:
                 executor.shutdown(cancel=True)
-        if cancelled or table is None:
+        if run.ending is not None or table is None:
             table = self._reduce(decision, tables)
         timings["wall_s"] = self._clock() - start
-        per_task = None if decision.one_row_per_task else decision.rows_per_task or 1
-        summary = RunSummary.of(
-            table, tables, records, rows_per_task=per_task, rounds=rounds_run, batches=batches_run, timings=timings
-        )
-        result = MapReduceResult(table=table, summary=summary, plan=plan, attempts=tuple(records), cancelled=cancelled)
-        self.trace.write("run_end", summary=summary.to_json(), cancelled=cancelled)
-        if cancelled:
-            raise RunCancelled(f"{self._stop_reason}; `partial` holds the rows found so far", partial=result)
+        summary = RunSummary.of(table, decision, records, rounds=rounds_run, batches=batches_run, timings=timings)
+        ending = run.ending or RunEnding(summary.completeness.status)
+        result = MapReduceResult(table=table, summary=summary, plan=plan, attempts=tuple(records), ending=ending)
+        self.trace.write("run_end", summary=summary.to_json(), cancelled=result.cancelled, status=ending.label)
+        if run.ending is not None:
+            raise RunCancelled(f"{run.ending.reason}; `partial` holds the rows found so far", partial=result)
         return result
 
     # -- one phase (map or a patch round) ------------------------------------------------------
 
     def _run_phase(
         self,
+        run: EngineRun,
         phase: str,
         work: list[WorkBatch],
         decision: Decision,
@@ -240,9 +232,9 @@ class MapReduceEngine:
     ) -> None:
         cfg = self.config
         many = not decision.one_row_per_task
-        pending: deque[_Job] = deque()
+        pending: deque[BatchJob] = deque()
         for w in work:
-            state = _BatchState(
+            state = BatchState(
                 work=w,
                 prompt_vars={
                     "rationale": w.batch.rationale,
@@ -252,139 +244,139 @@ class MapReduceEngine:
                     "many_rows": many and not all(i.single_row for i in w.items),
                 },
             )
-            pending.append(_Job(state=state, request=None))
+            pending.append(BatchJob(state=state, request=None))
         done_batches, total = 0, len(work)
         self._emit("phase", phase, 0, total)
-        inflight: dict[Future[SolverReply], _Job] = {}
+        inflight: dict[Future[SolverReply], BatchJob] = {}
         try:
-            self._submit(pending, inflight, executor)
+            self._submit(run, pending, inflight, executor)
             while inflight:
-                if self._cancel.is_set():
+                if run.stopping.is_set():
                     raise RunCancelled("cancelled")
-                finished: list[tuple[_Job, SolverReply | None, BaseException | None]] = []
-                for fut in self._finished(inflight):
+                finished: list[tuple[BatchJob, SolverReply | None, BaseException | None]] = []
+                for fut in self._finished(run, inflight):
                     job = inflight.pop(fut)
-                    self._leave(job)
+                    self._leave(run, job)
                     exc = fut.exception()
                     finished.append((job, None if exc else fut.result(), exc))
                 now = self._clock()
-                for job in self._overdue(now):
+                for job in self._overdue(run, now):
                     if job.future is not None:
                         inflight.pop(job.future, None)
-                    self._abandon(job)  # its slot goes to the next attempt; a late result is ignored
+                    self._abandon(run, job)  # its slot goes to the next attempt; a late result is ignored
                     executor.replace_stuck_thread()  # the hung thread must not starve queued attempts
                     finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
                 for job, reply, exc in finished:
-                    if isinstance(exc, BudgetExceeded):
-                        self._stop_reason = str(exc)
-                        self.cancel()
-                    follow = self._settle(job, phase, reply, exc, tables, records)
+                    if isinstance(exc, RUN_STOPPING_ERRORS):
+                        run.stop(stop_ending(exc))
+                    follow = self._settle(run, job, phase, reply, exc, tables, records)
                     if follow is not None:
-                        self._submit(deque([follow]), inflight, executor)
+                        self._submit(run, deque([follow]), inflight, executor)
                     else:
                         done_batches += 1
                         self._emit("batch_done", phase, done_batches, total, batch_id=job.state.work.batch.batch_id)
-            if self._cancel.is_set():
+            if run.stopping.is_set():
                 raise RunCancelled("cancelled")
-        except (KeyboardInterrupt, RunCancelled):
-            self._cancel.set()  # queued attempts waiting for a slot must not start after Ctrl-C
+        except (KeyboardInterrupt, RunCancelled) as exc:
+            # queued attempts waiting for a slot must not start after Ctrl-C
+            run.stop(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else CANCELLED)
             for job in list(inflight.values()):
                 if job.outcome is not None:  # answered before the stop: keep (and count) its rows
-                    self._settle(job, phase, *job.outcome, tables, records)
+                    self._settle(run, job, phase, *job.outcome, tables, records)
                 elif job.request is not None:
                     job.request.cancel.set()
             raise
 
-    def _submit(self, jobs: deque[_Job], inflight: dict[Future[SolverReply], _Job], executor: Executor) -> None:
+    def _submit(self, run: EngineRun, jobs: deque[BatchJob], inflight: dict[Future[SolverReply], BatchJob], executor: Executor) -> None:
         """Hand attempts to the executor at once; each waits inside for one of the `workers`
         slots, so a freed slot is taken by a waiting thread without a round trip through this loop."""
-        while jobs and not self._cancel.is_set():
+        while jobs and not run.stopping.is_set():
             job = jobs.popleft()
-            future = executor.submit(functools.partial(self._execute, job))
+            future = executor.submit(functools.partial(self._execute, run, job))
             job.future = future
             inflight[future] = job
-            future.add_done_callback(self._done.put)
+            future.add_done_callback(run.done.put)
 
-    def _release(self, job: _Job) -> None:
+    def _release(self, run: EngineRun, job: BatchJob) -> None:
         """Give back the job's slot once (by the worker when done, or by the loop on abandon)."""
-        with self._gate:
+        with run.gate:
             held, job.holds_slot = job.holds_slot, False
         if held:
-            self._slots.release()
+            run.slots.release()
 
-    def _leave(self, job: _Job) -> None:
-        with self._gate:
-            self._running.discard(job)
+    def _leave(self, run: EngineRun, job: BatchJob) -> None:
+        with run.gate:
+            run.running.discard(job)
 
-    def _abandon(self, job: _Job) -> None:
-        self._leave(job)
-        self._release(job)
+    def _abandon(self, run: EngineRun, job: BatchJob) -> None:
+        self._leave(run, job)
+        self._release(run, job)
         if job.request is not None:
             job.request.cancel.set()
 
-    def _overdue(self, now: float) -> list[_Job]:
+    def _overdue(self, run: EngineRun, now: float) -> list[BatchJob]:
         limit = self.config.batch_timeout_s
-        with self._gate:
-            return [j for j in self._running if j.started_at is not None and now - j.started_at > limit]
+        with run.gate:
+            return [j for j in run.running if j.started_at is not None and now - j.started_at > limit]
 
-    def _first_prompt(self, state: _BatchState) -> str:
+    def _first_prompt(self, run: EngineRun, state: BatchState) -> str:
         """The batch prompt: the shared part (`prompts/mapreduce.yaml`, `batch`) is rendered once
         per distinct batch context (most batches of a phase share it), then the batch's numbered
         sub-questions follow it, one per line."""
         v = state.prompt_vars
         key = repr((v["rationale"], sorted(v["shared_context"].items()), v["columns"], v["rows_per_task"], v["many_rows"]))
-        with self._prompt_lock:
-            header = self._prompt_cache.get(key)
+        with run.prompt_lock:
+            header = run.prompt_headers.get(key)
         if header is None:
             header = render_prompt("mapreduce", "batch", **v)
-            with self._prompt_lock:
-                self._prompt_cache[key] = header
+            with run.prompt_lock:
+                run.prompt_headers[key] = header
         tasks = "\n".join(f"{k}. {item.text}" for k, item in enumerate(state.work.items, 1))
         return f"{header}\n{tasks}"
 
-    def _finished(self, inflight: dict[Future[SolverReply], _Job]) -> list[Future[SolverReply]]:
+    def _finished(self, run: EngineRun, inflight: dict[Future[SolverReply], BatchJob]) -> list[Future[SolverReply]]:
         """In-flight futures that finished, in completion order (waits until the first one,
-        the next deadline, or a cancel). Late results of abandoned attempts are ignored."""
+        the next deadline, or a stop). Late results of abandoned attempts are ignored."""
         try:
-            first = self._done.get(timeout=self._wait_s(inflight))
+            first = run.done.get(timeout=self._wait_s(run, inflight))
         except queue.Empty:
             return []
         got = [first]
         while True:
             try:
-                got.append(self._done.get_nowait())
+                got.append(run.done.get_nowait())
             except queue.Empty:
                 break
         return [f for f in got if f is not None and f in inflight]
 
-    def _wait_s(self, inflight: dict[Future[SolverReply], _Job]) -> float:
+    def _wait_s(self, run: EngineRun, inflight: dict[Future[SolverReply], BatchJob]) -> float:
         """Sleep until the nearest deadline of a running attempt; poll while some have not started."""
         now = self._clock()
-        with self._gate:
-            starts = [j.started_at for j in self._running if j.started_at is not None]
-            waiting = len(inflight) > len(self._running)
+        with run.gate:
+            starts = [j.started_at for j in run.running if j.started_at is not None]
+            waiting = len(inflight) > len(run.running)
         wait_s = min((s + self.config.batch_timeout_s - now for s in starts), default=_POLL_S * 20)
         if waiting:
             wait_s = min(wait_s, _POLL_S)
         return max(0.0, wait_s)
 
-    def _execute(self, job: _Job) -> SolverReply:
-        while not self._slots.acquire(timeout=_POLL_S):
-            if self._cancel.is_set():
+    def _execute(self, run: EngineRun, job: BatchJob) -> SolverReply:
+        while not run.slots.acquire(timeout=_POLL_S):
+            if run.stopping.is_set():
                 raise RunCancelled("cancelled before the attempt started")
         job.holds_slot = True
         try:
-            if self._cancel.is_set():
+            if run.stopping.is_set():
                 raise RunCancelled("cancelled before the attempt started")
             if job.request is None:  # a first attempt renders its prompt here, off the engine's loop
-                job.request = self._request(job.state, self._first_prompt(job.state))
+                job.request = self._request(job.state, self._first_prompt(run, job.state))
             now = self._clock()
             request = dataclasses.replace(job.request, deadline=now + self.config.batch_timeout_s, clock=self._clock)
             job.request = request
             job.scope = UsageScope({"batch_id": request.batch_id, "attempt": request.attempt})
-            with self._gate:
+            with run.gate:
                 job.started_at = now
-                self._running.add(job)
+                run.running.add(job)
             with usage_scope(job.scope):
                 try:
                     reply = self.solver.solve(request)
@@ -394,9 +386,9 @@ class MapReduceEngine:
             job.outcome = (reply, None)
             return reply
         finally:
-            self._release(job)
+            self._release(run, job)
 
-    def _request(self, state: _BatchState, prompt: str) -> BatchRequest:
+    def _request(self, state: BatchState, prompt: str) -> BatchRequest:
         """The request of the batch's next attempt (the first prompt is kept for continuations)."""
         state.attempt += 1
         if state.attempt == 1:
@@ -414,13 +406,14 @@ class MapReduceEngine:
 
     def _settle(
         self,
-        job: _Job,
+        run: EngineRun,
+        job: BatchJob,
         phase: str,
         reply: SolverReply | None,
         exc: BaseException | None,
         tables: dict[int, Table],
         records: list[AttemptRecord],
-    ) -> _Job | None:
+    ) -> BatchJob | None:
         """Merge one finished attempt; return the retry job, or None when the batch is done."""
         state, items = job.state, job.state.work.items
         elapsed = self._clock() - (job.started_at or self._clock())
@@ -459,15 +452,15 @@ class MapReduceEngine:
         self._emit("attempt", phase, 0, 0, batch_id=record.batch_id, attempt=state.attempt, outcome=outcome)
         gaps = [(k, item_gaps(tables[item.task_index], item)) for k, item in enumerate(items, 1)]
         missing = [{"number": k, "what": g} for k, g in gaps if g]
-        if not missing or state.attempt >= self.config.max_attempts or self._cancel.is_set():
+        if not missing or state.attempt >= self.config.max_attempts or run.stopping.is_set():
             return None
         prompt = render_prompt(
             "mapreduce", "continuation", original=state.first_prompt, attempt=state.attempt + 1,
             max_attempts=self.config.max_attempts, problem=problem, missing=missing,
         )
-        return _Job(state=state, request=self._request(state, prompt))
+        return BatchJob(state=state, request=self._request(state, prompt))
 
-    def _trace_attempt(self, job: _Job, record: AttemptRecord, reply: SolverReply | None, parsed_rows: list[Any]) -> None:
+    def _trace_attempt(self, job: BatchJob, record: AttemptRecord, reply: SolverReply | None, parsed_rows: list[Any]) -> None:
         self.trace.write(
             "attempt",
             batch_id=record.batch_id,

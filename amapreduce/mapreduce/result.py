@@ -1,17 +1,166 @@
-"""What a MapReduce run returns: the reduced table, a summary, and every attempt."""
+"""What a MapReduce run returns, and the one vocabulary every command uses to say how a run ended.
+
+Why one module: `ask`, `mapreduce run`, `demo`, `result.json` and the `mapreduce` tool's summary
+must agree on what "complete" means and on the status strings users read. `Completeness` is the
+one definition (a task that yields fewer than `rows_per_task` rows is incomplete, everywhere);
+`RunStatus` is the one status enum, and `RunEnding` pairs it with the reason a run stopped and
+writes the `status` string of `result.json`; `completeness_record` is the one JSON shape of a
+run's `completeness`.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
+from amapreduce.decision.model import Decision
+from amapreduce.errors import BudgetExceeded, ProviderUnavailable
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import BatchPlan
+from amapreduce.table.keys import normalize_value
 from amapreduce.table.render import to_csv, to_jsonl, to_markdown
 from amapreduce.table.table import Table
 
-__all__ = ["AttemptRecord", "MapReduceResult", "RunSummary"]
+__all__ = [
+    "RUN_STOPPING_ERRORS",
+    "AttemptRecord",
+    "Completeness",
+    "MapReduceResult",
+    "RunEnding",
+    "RunStatus",
+    "RunSummary",
+    "completeness_record",
+    "stop_ending",
+]
+
+
+class RunStatus(StrEnum):
+    """How a run ended. Code compares these members, never the strings users read."""
+
+    COMPLETE = "complete"
+    """Every expected row is there and no cell is missing."""
+    INCOMPLETE = "incomplete"
+    """The run finished, but cells are missing or some task yielded too few rows."""
+    NO_TABLE = "no_table"
+    """`ask` only: the manager answered without ever executing a decision."""
+    STOPPED = "stopped"
+    """A budget stop, `cancel()`, or a run-stopping error; the partial table is kept."""
+    INTERRUPTED = "interrupted"
+    """Ctrl-C; the partial table is kept."""
+    FAILED = "failed"
+    """The run raised; `result.json` records the error."""
+
+    @property
+    def ended_early(self) -> bool:
+        """True when the run did not finish (the commands then exit 1)."""
+        return self in (RunStatus.STOPPED, RunStatus.INTERRUPTED, RunStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class RunEnding:
+    """A run's status and, when it ended early, why."""
+
+    status: RunStatus
+    reason: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The `status` string of `result.json` and the commands' `--json`: the status, or
+        `stopped: <reason>` for a stop and `stopped: interrupted` for Ctrl-C (strings users
+        and scripts already read)."""
+        if self.status is RunStatus.INTERRUPTED:
+            return "stopped: interrupted"
+        if self.status is RunStatus.STOPPED:
+            return f"stopped: {self.reason or 'cancelled'}"
+        return self.status.value
+
+    @property
+    def error(self) -> str | None:
+        """Why a `failed` run failed (the `error` of `result.json` and `--json`); None otherwise."""
+        return self.reason if self.status is RunStatus.FAILED else None
+
+
+RUN_STOPPING_ERRORS: tuple[type[Exception], ...] = (BudgetExceeded, ProviderUnavailable)
+"""Errors of one attempt that stop its whole run and keep its partial table (other runs of the
+engine go on): a spent budget ends it `stopped`, a provider that stays down (its circuit breaker
+gave up) ends it `failed`; the error's one-line message is the reason. See `stop_ending`."""
+
+
+def stop_ending(exc: BaseException) -> RunEnding:
+    """How a run stopped by `exc` (one of `RUN_STOPPING_ERRORS`) ended."""
+    status = RunStatus.FAILED if isinstance(exc, ProviderUnavailable) else RunStatus.STOPPED
+    return RunEnding(status, str(exc))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Completeness:
+    """How much of the asked-for table a run holds: the one definition of "complete".
+
+    A task's rows are the table's rows whose cells equal the task's matrix values. A task needs
+    one row when the matrix fills its key, else `rows_per_task` rows (at least one); a task with
+    fewer is incomplete. Tasks with the same matrix values (context-only cells, or a follow-up
+    that asks again) cannot be told apart by their rows, so they count as one group that needs
+    the most rows any one decision asked of it.
+    """
+
+    rows: int
+    expected_rows: int | None
+    """Rows the decisions ask for (None: no decision ran)."""
+    missing_cells: int
+    incomplete_tasks: int
+    """Tasks that yielded fewer rows than they need (short tasks)."""
+
+    @property
+    def complete(self) -> bool:
+        """Rows were found, no cell is missing and no task is short."""
+        return self.rows > 0 and self.missing_cells == 0 and self.incomplete_tasks == 0
+
+    @property
+    def status(self) -> RunStatus:
+        """`COMPLETE` or `INCOMPLETE`: the status of a run that finished."""
+        return RunStatus.COMPLETE if self.complete else RunStatus.INCOMPLETE
+
+    @classmethod
+    def nothing(cls) -> Completeness:
+        """The completeness of a run that produced no table (it failed before one existed)."""
+        return cls(rows=0, expected_rows=None, missing_cells=0, incomplete_tasks=0)
+
+    @classmethod
+    def of(cls, table: Table, decisions: Sequence[Decision]) -> Completeness:
+        """The completeness of `table` as the answer to every decision in `decisions`."""
+        need: dict[tuple[tuple[str, str], ...], int] = {}
+        for decision in decisions:
+            per_task = 1 if decision.one_row_per_task else decision.rows_per_task or 1
+            asked: Counter[tuple[tuple[str, str], ...]] = Counter()
+            for i in range(len(decision.task_matrix)):
+                forced = decision.forced_values(i)
+                asked[tuple(sorted((c, normalize_value(str(v))) for c, v in forced.items()))] += per_task
+            for group, rows in asked.items():
+                need[group] = max(need.get(group, 0), rows)
+        found: Counter[tuple[tuple[str, str], ...]] = Counter()
+        for columns in {tuple(c for c, _ in group) for group in need}:
+            for row in table.rows:
+                if all(c in row.cells for c in columns):
+                    found[tuple((c, normalize_value(row.cells[c].value)) for c in columns)] += 1
+        return cls(
+            rows=len(table),
+            expected_rows=sum(need.values()) if decisions else None,
+            missing_cells=len(table.missing_cells()),
+            incomplete_tasks=sum(1 for group, rows in need.items() if found[group] < rows),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """`rows`, `expected_rows`, `missing_cells`, `incomplete_tasks`, `complete`."""
+        return {
+            "rows": self.rows,
+            "expected_rows": self.expected_rows,
+            "missing_cells": self.missing_cells,
+            "incomplete_tasks": self.incomplete_tasks,
+            "complete": self.complete,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,14 +183,10 @@ class AttemptRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class RunSummary:
-    """Completeness and cost of a run."""
+    """Completeness and cost of one engine execution."""
 
-    rows: int
-    missing_cells: int
-    incomplete_tasks: int
-    """Multi-row tasks that yielded fewer rows than required."""
+    completeness: Completeness
     conflicts: int
-    complete: bool
     patch_rounds: int
     batches: int
     attempts: int
@@ -53,27 +198,41 @@ class RunSummary:
     timings: Mapping[str, float]
     """`map_s`, `patch_s`, `wall_s`."""
 
+    @property
+    def rows(self) -> int:
+        """Rows of the reduced table."""
+        return self.completeness.rows
+
+    @property
+    def missing_cells(self) -> int:
+        """Cells still missing in the reduced table."""
+        return self.completeness.missing_cells
+
+    @property
+    def incomplete_tasks(self) -> int:
+        """Tasks that yielded fewer rows than they need."""
+        return self.completeness.incomplete_tasks
+
+    @property
+    def complete(self) -> bool:
+        """See `Completeness.complete`."""
+        return self.completeness.complete
+
     @classmethod
     def of(
         cls,
         table: Table,
-        task_tables: Mapping[int, Table],
+        decision: Decision,
         records: Sequence[AttemptRecord],
         *,
-        rows_per_task: int | None,
         rounds: int,
         batches: int,
         timings: Mapping[str, float],
     ) -> RunSummary:
-        """The summary of a reduced `table`; `rows_per_task` is None when each task is one row."""
-        incomplete = sum(1 for t in task_tables.values() if len(t) < (rows_per_task or 0))
-        missing = len(table.missing_cells())
+        """The summary of `table`, the reduced answer to `decision`."""
         return cls(
-            rows=len(table),
-            missing_cells=missing,
-            incomplete_tasks=incomplete,
+            completeness=Completeness.of(table, [decision]),
             conflicts=sum(1 for row in table.rows for cell in row.cells.values() if cell.alternatives),
-            complete=missing == 0 and incomplete == 0,
             patch_rounds=rounds,
             batches=batches,
             attempts=len(records),
@@ -85,13 +244,10 @@ class RunSummary:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON fields."""
+        """Plain JSON fields: the completeness fields, then the effort, usage and timings."""
         return {
-            "rows": self.rows,
-            "missing_cells": self.missing_cells,
-            "incomplete_tasks": self.incomplete_tasks,
+            **self.completeness.to_json(),
             "conflicts": self.conflicts,
-            "complete": self.complete,
             "patch_rounds": self.patch_rounds,
             "batches": self.batches,
             "attempts": self.attempts,
@@ -103,6 +259,26 @@ class RunSummary:
         }
 
 
+def completeness_record(
+    completeness: Completeness, executions: Sequence[RunSummary], *, mapreduce_calls: int | None = None
+) -> dict[str, Any]:
+    """The `completeness` object of `result.json` and of the commands' `--json`: one shape for
+    `ask`, `demo` and `mapreduce run` — the `Completeness` fields, then the effort summed over the
+    run's engine executions. `mapreduce_calls` is the manager's tool calls (null without a manager).
+    """
+    return {
+        **completeness.to_json(),
+        "mapreduce_calls": mapreduce_calls,
+        "executions": len(executions),
+        "batches": sum(s.batches for s in executions),
+        "patch_rounds": sum(s.patch_rounds for s in executions),
+        "attempts": sum(s.attempts for s in executions),
+        "retries": sum(s.retries for s in executions),
+        "timeouts": sum(s.timeouts for s in executions),
+        "failures": sum(s.failures for s in executions),
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class MapReduceResult:
     """The reduced table and how it was obtained."""
@@ -111,7 +287,14 @@ class MapReduceResult:
     summary: RunSummary
     plan: BatchPlan
     attempts: tuple[AttemptRecord, ...]
-    cancelled: bool = False
+    ending: RunEnding
+    """`COMPLETE` / `INCOMPLETE` for a run that finished; `STOPPED` or `INTERRUPTED` (with the
+    reason) for the partial result a stopped run carries."""
+
+    @property
+    def cancelled(self) -> bool:
+        """True when the run was stopped before it finished."""
+        return self.ending.status.ended_early
 
     def markdown(self) -> str:
         """The table as WideSearch-readable fenced markdown."""

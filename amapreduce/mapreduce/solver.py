@@ -4,22 +4,43 @@ The engine hands a solver a `BatchRequest` (the prompt plus what the batch is ab
 back the sub-agent's final answer and its usage. The default solver runs a smolagents
 `ToolCallingAgent` (never a CodeAgent: no model-written code is executed); tests and
 benchmarks plug in scripted solvers with the same interface.
+
+Attempts run by the hundred on many threads, so everything an attempt would otherwise redo is
+done once, when the solver is built, before the engine fans out: the sub-agent's system prompt
+is ours (`prompts/search_agent.yaml`, rendered once instead of smolagents' long default prompt
+compiled by Jinja for every agent), smolagents' remaining templates are parsed once, the agents
+share one silent logger and one `final_answer` tool, and the LiteLLM price map a metered model
+needs is loaded up front. Work left for the first attempt would run inside a worker thread,
+holding the import lock while every other worker waits.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.resources
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import yaml
+from smolagents import FinalAnswerTool, Model, OpenAIModel, ToolCallingAgent
+from smolagents.memory import ActionStep
+from smolagents.monitoring import AgentLogger, LogLevel
+from smolagents.utils import AgentError, AgentMaxStepsError
 
 from amapreduce.decision.columns import ColumnSpec
-from amapreduce.errors import BatchTimeout, BudgetExceeded, SolverError, find_cause
+from amapreduce.errors import BatchTimeout, SolverError, find_cause
+from amapreduce.llm.models import ManagedModel
 from amapreduce.llm.usage import Usage
+from amapreduce.mapreduce.result import RUN_STOPPING_ERRORS
+from amapreduce.prompts import render_prompt
 
 if TYPE_CHECKING:
-    from smolagents import Model, Tool
+    from smolagents import Tool
+    from smolagents.agents import PromptTemplates
 
 __all__ = ["BatchRequest", "BatchSolver", "SmolagentsSolver", "SolverReply"]
 
@@ -74,6 +95,49 @@ class BatchSolver(Protocol):
         ...
 
 
+@functools.cache
+def _smolagents_templates() -> PromptTemplates:
+    """smolagents' own ToolCallingAgent templates, parsed once per process: it renders the
+    max-steps `final_answer` messages itself, and an agent without them would re-parse the YAML."""
+    text = importlib.resources.files("smolagents.prompts").joinpath("toolcalling_agent.yaml").read_text()
+    return cast("PromptTemplates", yaml.safe_load(text))
+
+
+class _TextFinalAnswerTool(FinalAnswerTool):  # type: ignore[misc,unused-ignore]  # smolagents may be untyped
+    """`final_answer` whose output is always text: rows given as JSON come back as JSON text.
+
+    smolagents passes every non-text output through `handle_agent_output_types`, which imports
+    torch (whenever it is installed) to check for a tensor: seconds of CPU under the import lock
+    inside a worker thread. Text never reaches that check, and the engine reads JSON text anyway.
+    """
+
+    output_type = "string"
+
+    def forward(self, answer: Any) -> str:
+        return answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False, default=str)
+
+
+class _SearchAgent(ToolCallingAgent):  # type: ignore[misc,unused-ignore]  # smolagents may be untyped
+    """A `ToolCallingAgent` with a system prompt rendered beforehand, not recompiled per agent."""
+
+    def __init__(self, *, system_prompt: str, **kwargs: Any) -> None:
+        self._rendered_system_prompt = system_prompt  # read by `MultiStepAgent.__init__`
+        super().__init__(**kwargs)
+
+    def initialize_system_prompt(self) -> str:
+        return self._rendered_system_prompt
+
+
+def _load_what_calls_need(model: Model | Callable[[], Model]) -> None:
+    """Import now what a managed model's first call would import inside a worker thread: the
+    meter's LiteLLM price map and the OpenAI client's chat resources (imported on first use)."""
+    if not isinstance(model, ManagedModel):
+        return
+    model.meter.prices.preload()
+    if isinstance(model.inner, OpenAIModel):
+        _ = model.inner.client.chat.completions
+
+
 class SmolagentsSolver:
     """The default solver: a fresh smolagents `ToolCallingAgent` per attempt.
 
@@ -82,7 +146,8 @@ class SmolagentsSolver:
             thread-safe), or a factory returning one per attempt.
         tools: the sub-agent's tools (e.g. `web_search`, `crawl_page`), or a factory.
         max_steps: agent steps per attempt.
-        instructions: extra system instructions; default `prompts/search_agent.yaml`.
+        instructions: the search guidance in the sub-agent's system prompt; default the
+            `instructions` of `prompts/search_agent.yaml`.
     """
 
     def __init__(
@@ -98,31 +163,29 @@ class SmolagentsSolver:
         self._model = model
         self._tools = tools
         self.max_steps = max_steps
-        if instructions is None:
-            from amapreduce.prompts import render_prompt
-
-            instructions = render_prompt("search_agent", "instructions")
-        self.instructions = instructions
+        self.instructions = render_prompt("search_agent", "instructions") if instructions is None else instructions
+        self.system_prompt = render_prompt("search_agent", "system_prompt", instructions=self.instructions)
+        """The sub-agents' system prompt, the same for every attempt."""
+        self._prompt_templates: PromptTemplates = {**_smolagents_templates(), "system_prompt": self.system_prompt}
+        self._final_answer = _TextFinalAnswerTool()
+        self._logger = AgentLogger(level=LogLevel.OFF)
+        _load_what_calls_need(model)
 
     def _resolve_model(self) -> Model:
-        from smolagents import Model
-
         return self._model if isinstance(self._model, Model) else self._model()
 
     def solve(self, request: BatchRequest) -> SolverReply:
         """Run a fresh `ToolCallingAgent` on the request's prompt."""
-        from smolagents import ToolCallingAgent
-        from smolagents.memory import ActionStep
-        from smolagents.utils import AgentError
-
         tools = list(self._tools() if callable(self._tools) else self._tools)
-        model = self._resolve_model()
-        agent = ToolCallingAgent(
+        if all(tool.name != self._final_answer.name for tool in tools):
+            tools.append(self._final_answer)
+        agent = _SearchAgent(
+            system_prompt=self.system_prompt,
             tools=tools,
-            model=model,
+            model=self._resolve_model(),
+            prompt_templates=self._prompt_templates,
             max_steps=self.max_steps,
-            instructions=self.instructions,
-            verbosity_level=-1,
+            logger=self._logger,
         )
 
         def check_deadline(step: ActionStep, **_: Any) -> None:
@@ -131,11 +194,12 @@ class SmolagentsSolver:
 
         agent.step_callbacks.register(ActionStep, check_deadline)
         try:
-            result = agent.run(request.prompt, return_full_result=True)
+            # The output only: a full `RunResult` would serialise every step's input messages.
+            output = agent.run(request.prompt)
         except AgentError as exc:
-            budget = find_cause(exc, BudgetExceeded)
-            if budget is not None:
-                raise budget from None
+            stopping = find_cause(exc, *RUN_STOPPING_ERRORS)
+            if stopping is not None:  # the whole run stops (budget spent, provider down): not this attempt's failure
+                raise stopping from None
             if request.expired():
                 raise BatchTimeout(
                     f"sub-agent for {request.batch_id} attempt {request.attempt} was stopped at its deadline",
@@ -147,24 +211,19 @@ class SmolagentsSolver:
                 batch_id=request.batch_id,
                 attempt=request.attempt,
             ) from None
-        steps = [s for s in result.steps or [] if isinstance(s, dict) and s.get("step_number") is not None]
+        steps = [step for step in agent.memory.steps if isinstance(step, ActionStep)]
         # smolagents' own token count. A metered model's calls are counted once, by the engine's
         # usage scope around the attempt (priced, failed attempts included), which is preferred.
-        tokens = result.token_usage
         usage = Usage(
             requests=len(steps) or 1,
-            input_tokens=tokens.input_tokens if tokens else 0,
-            output_tokens=tokens.output_tokens if tokens else 0,
+            input_tokens=sum(step.token_usage.input_tokens for step in steps if step.token_usage),
+            output_tokens=sum(step.token_usage.output_tokens for step in steps if step.token_usage),
         )
-        tool_calls = [
-            {"name": call.get("function", {}).get("name"), "arguments": call.get("function", {}).get("arguments")}
-            for s in steps
-            for call in s.get("tool_calls") or []
-            if isinstance(call, dict)
-        ]
+        state = "max_steps_error" if steps and isinstance(steps[-1].error, AgentMaxStepsError) else "success"
+        tool_calls = [{"name": call.name, "arguments": call.arguments} for step in steps for call in step.tool_calls or []]
         return SolverReply(
-            output=result.output,
+            output=str(output) if isinstance(output, str) else output,
             usage=usage,
             steps=len(steps),
-            trace={"state": result.state, "tool_calls": tool_calls},
+            trace={"state": state, "tool_calls": tool_calls},
         )

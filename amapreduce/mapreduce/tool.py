@@ -9,6 +9,12 @@ rows merge into the same table, which the manager's final answer is rendered fro
 Guards: at most `max_calls` accepted calls per run (plan included), identical execute
 arguments refused, invalid decisions refused with the exact problem (they do not use up a
 call). Every call is traced.
+
+Safe under concurrency: smolagents runs a step's tool calls in parallel, so the guards and the
+run's table are changed under one lock, and each execution is its own engine run. The table's
+columns and key are fixed by the first executed call: a follow-up with other key columns, whose
+rows could not merge into it, is refused with a message saying so, before it runs, rather than
+replacing the table and losing the rows already found (columns the table lacks are ignored).
 """
 
 from __future__ import annotations
@@ -111,6 +117,8 @@ class MapReduceTool(Tool):
         self.decisions: list[Decision] = []
         self.results: list[MapReduceResult] = []
         self.table: Table | None = None
+        self._shape: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        """(columns, key columns) of the run's table, fixed by the first executed call."""
 
     def forward(
         self,
@@ -154,12 +162,16 @@ class MapReduceTool(Tool):
                     "these exact arguments were already executed. To fill gaps, call mapreduce with a matrix of "
                     "ONLY the rows still missing, or finish with the table as it is."
                 )
+            elif stage == "execute" and (mismatch := self._shape_mismatch(decision)) is not None:
+                refusal = "other_columns", mismatch
             else:
                 self.calls += 1
                 if stage == "plan":
                     self._planned = True
                 else:
                     self._executed.add(signature)
+                    if self._shape is None:
+                        self._shape = (tuple(decision.columns), tuple(decision.resolved_key_columns))
         if refusal is not None:
             # Traced like the invalid-decision refusal: a run's trace must show every call the
             # manager made, including the ones the guards turned away.
@@ -169,6 +181,20 @@ class MapReduceTool(Tool):
         if stage == "plan":
             return self._plan(raw, decision, plan)
         return self._execute(raw, decision, plan)
+
+    def _shape_mismatch(self, decision: Decision) -> str | None:
+        """Why `decision`'s rows could not merge into the run's table (None: they can; columns
+        the table lacks are ignored when merging, so only the key columns must match)."""
+        if self._shape is None:
+            return None
+        columns, keys = self._shape
+        if tuple(decision.resolved_key_columns) == keys:
+            return None
+        return (
+            f"this run's table has columns {list(columns)} keyed by {list(keys)}; a follow-up must use the same "
+            f"key columns (this call is keyed by {list(decision.resolved_key_columns)}) so that its rows fill "
+            "the same table. Call mapreduce again with those key columns, or finish with the table as it is."
+        )
 
     def _plan(self, raw: dict[str, Any], decision: Decision, plan: BatchPlan) -> str:
         request = PriorRequest(query=self.query or decision.template, decision=decision, task_id=self.task_id)
@@ -210,23 +236,18 @@ class MapReduceTool(Tool):
         try:
             result = self.engine.run(decision, plan=plan)
         except RunCancelled as exc:
-            self._accumulate(exc.partial.table)  # a stopped run still keeps the rows it found
-            self.results.append(exc.partial)
+            self._accumulate(decision, exc.partial)  # a stopped run still keeps the rows it found
             raise
-        self.decisions.append(decision)
-        self.results.append(result)
-        self._accumulate(result.table)
+        table_rows_total = self._accumulate(decision, result)
         summary = result.summary
         head = {
             "call_stage": "execute",
-            "rows": summary.rows,
-            "missing_cells": summary.missing_cells,
-            "incomplete_tasks": summary.incomplete_tasks,
-            "complete": summary.complete,
+            "status": result.ending.label,
+            **summary.completeness.to_json(),
             "patch_rounds": summary.patch_rounds,
             "retries": summary.retries,
             "batches": summary.batches,
-            "table_rows_total": len(self.table) if self.table is not None else summary.rows,
+            "table_rows_total": table_rows_total,
         }
         missing = [
             {"key": {k: row.cells[k].value for k in result.table.key_columns}, "missing": row.missing()}
@@ -239,9 +260,15 @@ class MapReduceTool(Tool):
         self.trace.write("tool_call", tool=self.name, stage="execute", args=raw, output=head)
         return "\n".join(line for line in lines if line)
 
-    def _accumulate(self, table: Table) -> None:
-        """Merge a call's rows into the run's table (delta follow-ups fill the same rows)."""
-        if self.table is None or not set(table.key_columns) <= set(self.table.columns):
-            self.table = Table(table.columns, table.key_columns, missing_markers=table.missing_markers)
-        for row in table.rows:
-            self.table.merge_row(row)
+    def _accumulate(self, decision: Decision, result: MapReduceResult) -> int:
+        """Record an execution and merge its rows into the run's table (delta follow-ups fill the
+        same rows; `forward` refused any whose rows could not merge). Returns the table's rows."""
+        table = result.table
+        with self._lock:
+            self.decisions.append(decision)
+            self.results.append(result)
+            if self.table is None:
+                self.table = Table(table.columns, table.key_columns, missing_markers=table.missing_markers)
+            for row in table.rows:
+                self.table.merge_row(row)
+            return len(self.table)

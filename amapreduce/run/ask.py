@@ -12,7 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amapreduce.errors import BudgetExceeded, RunCancelled, UserError, find_cause
+from amapreduce.errors import RunCancelled, UserError, find_cause
+from amapreduce.mapreduce.result import (
+    RUN_STOPPING_ERRORS,
+    Completeness,
+    MapReduceResult,
+    RunEnding,
+    RunStatus,
+    completeness_record,
+    stop_ending,
+)
 from amapreduce.run.lifecycle import start_run
 from amapreduce.run.progress import RunProgress
 from amapreduce.run.wiring import InnerFactory, build_parts
@@ -38,26 +47,29 @@ class AskOutcome:
     table: Table
     markdown: str
     """The table as WideSearch-readable markdown (or the manager's own answer when no table was built)."""
-    status: str
-    """`complete`, `incomplete`, `no_table`, or `stopped: <reason>`."""
+    ending: RunEnding
+    """`COMPLETE`, `INCOMPLETE`, `NO_TABLE`, `STOPPED` or `INTERRUPTED`, with the reason of a stop."""
+    completeness: Completeness
+    """The final table against every decision the manager executed."""
     run_dir: RunDir
     meter: UsageMeter
     record: dict[str, Any]
     tool: MapReduceTool
 
+    @property
+    def status(self) -> str:
+        """The `status` string of `result.json` (`ending.label`)."""
+        return self.ending.label
 
-def _completeness(tool: MapReduceTool, table: Table) -> dict[str, Any]:
-    runs = [r.summary for r in tool.results]
-    return {
-        "rows": len(table),
-        "missing_cells": len(table.missing_cells()),
-        "complete": bool(len(table)) and not table.missing_cells(),
-        "mapreduce_calls": tool.calls,
-        "executions": len(runs),
-        "patch_rounds": sum(s.patch_rounds for s in runs),
-        "retries": sum(s.retries for s in runs),
-        "batches": sum(s.batches for s in runs),
-    }
+
+def _manager_stop_ending(exc: BaseException) -> RunEnding:
+    """How a manager run that raised `exc` (smolagents' wrapper of a tool's or model's error) ended."""
+    cause = find_cause(exc, RunCancelled, *RUN_STOPPING_ERRORS)
+    if isinstance(cause, RunCancelled) and isinstance(cause.partial, MapReduceResult):
+        return cause.partial.ending  # the engine knows why it stopped: budget, cancel or Ctrl-C
+    if cause is not None:
+        return stop_ending(cause)
+    return RunEnding(RunStatus.STOPPED, f"manager failed: {exc}")
 
 
 def check_memory_store(store: Path) -> None:
@@ -116,7 +128,7 @@ def run_ask(
     if prior_provider is None and memory_store is not None:
         check_memory_store(memory_store)
     answer: Any = None
-    status = "complete"
+    stopped: RunEnding | None = None
     interrupted: BaseException | None = None
     with start_run(settings, kind="ask", query=query, meter=meter) as run:
         with RunProgress(run.meter, enabled=show_progress) as progress:
@@ -144,16 +156,20 @@ def run_ask(
             try:
                 answer = manager.run(query)
             except AgentError as exc:
-                reason = find_cause(exc, BudgetExceeded, RunCancelled)
-                status = f"stopped: {reason}" if reason is not None else f"stopped: manager failed: {exc}"
+                stopped = _manager_stop_ending(exc)
             except KeyboardInterrupt as exc:
-                status, interrupted = "stopped: interrupted", exc
+                stopped, interrupted = RunEnding(RunStatus.INTERRUPTED, "interrupted"), exc
         table = tool.table if tool.table is not None else Table(["answer"], ["answer"])
-        if status == "complete":
-            status = "no_table" if not len(table) else ("complete" if not table.missing_cells() else "incomplete")
+        completeness = Completeness.of(table, tool.decisions)
+        if stopped is not None:
+            ending = stopped
+        else:
+            ending = RunEnding(completeness.status if len(table) else RunStatus.NO_TABLE)
         markdown = to_markdown(table) if len(table) else str(answer or "")
+        summaries = [r.summary for r in tool.results]
         record = run.finish(
-            table, _completeness(tool, table), status=status, executions=[r.summary.timings for r in tool.results],
+            table, completeness_record(completeness, summaries, mapreduce_calls=tool.calls), ending=ending,
+            executions=[s.timings for s in summaries],
             extra={
                 "manager_answer": None if answer is None else str(answer),
                 "decisions": [d.model_dump(mode="json") for d in tool.decisions],
@@ -164,5 +180,6 @@ def run_ask(
     if interrupted is not None:
         raise interrupted
     return AskOutcome(
-        table=table, markdown=markdown, status=status, run_dir=run.run_dir, meter=run.meter, record=record, tool=tool
+        table=table, markdown=markdown, ending=ending, completeness=completeness, run_dir=run.run_dir,
+        meter=run.meter, record=record, tool=tool,
     )

@@ -3,8 +3,8 @@
 Why one place: `ask` (and the demo, which runs `ask`) and `mapreduce run` must leave the same
 record. Each run gets a fresh `runs/<timestamp>-<slug>/` and a usage meter; a run that finishes
 writes `table.md`, `table.csv` and `result.json` with one shape of `timings`; a run that raises
-before that still writes `result.json` (status `failed`, or `stopped: interrupted` for Ctrl-C)
-with the error, because a run directory without one is invisible to `runs list` and says nothing
+before that still writes `result.json` (status `failed`, or `stopped: interrupted` for Ctrl-C:
+`RunEnding.label`) with the error, because a run directory without one is invisible to `runs list` and says nothing
 about what went wrong. The commands themselves live in `run/ask.py` and `run/mapreduce_run.py`.
 """
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.llm.factory import new_meter
+from amapreduce.mapreduce.result import Completeness, RunEnding, RunStatus, completeness_record
 from amapreduce.run.rundir import RunDir
 from amapreduce.table.render import to_csv, to_markdown
 
@@ -58,15 +59,16 @@ class ActiveRun:
     def finish(
         self,
         table: Table,
-        completeness: dict[str, Any],
+        completeness: Mapping[str, Any],
         *,
-        status: str,
+        ending: RunEnding,
         executions: Sequence[Mapping[str, float]] = (),
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Write `table.md`, `table.csv` and `result.json`; return the recorded object.
 
-        `completeness` is the engine's summary (rows, missing cells, rounds, retries);
+        `completeness` is the run's `completeness_record`; `ending` its status (`result.json`'s
+        `status` is its `label`);
         `executions` holds each engine execution's timings (see `run_timings`); `extra` adds
         command-specific fields (the decision, the manager's answer, web usage).
         """
@@ -74,15 +76,16 @@ class ActiveRun:
         record = {
             "kind": self.kind,
             "query": self.query,
-            "status": status,
-            "completeness": completeness,
+            "status": ending.label,
+            **({"error": ending.error} if ending.error else {}),
+            "completeness": dict(completeness),
             "table": table.to_json(),
             "usage": self.meter.to_json(),
             **(extra or {}),
             "timings": run_timings(self.started, executions),
         }
         self.run_dir.write_result(record)
-        self.run_dir.trace.write("run_finished", status=status, usage=self.meter.to_json())
+        self.run_dir.trace.write("run_finished", status=ending.label, usage=self.meter.to_json())
         return record
 
     def record_failure(self, exc: BaseException) -> None:
@@ -93,8 +96,8 @@ class ActiveRun:
         if (self.run_dir.path / "result.json").exists():
             return
         interrupted = isinstance(exc, KeyboardInterrupt)
-        status = "stopped: interrupted" if interrupted else "failed"
         error = "interrupted" if interrupted else (str(exc) or type(exc).__name__)
+        status = RunEnding(RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED, error).label
         try:
             self.run_dir.write_result(
                 {
@@ -103,7 +106,7 @@ class ActiveRun:
                     "status": status,
                     "error": error,
                     "error_type": type(exc).__name__,
-                    "completeness": {"rows": 0, "complete": False},
+                    "completeness": completeness_record(Completeness.nothing(), ()),
                     "usage": self.meter.to_json(),
                     "timings": run_timings(self.started),
                 }

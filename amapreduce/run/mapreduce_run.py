@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.errors import RunCancelled
+from amapreduce.mapreduce.result import RunEnding, completeness_record
 from amapreduce.run.lifecycle import start_run
 from amapreduce.run.progress import RunProgress
 from amapreduce.run.wiring import InnerFactory, build_parts
@@ -33,12 +34,20 @@ class MapReduceRunOutcome:
 
     result: MapReduceResult
     run_dir: RunDir
-    status: str
-    """`complete`, `incomplete` (cells still missing), or `stopped: <reason>`."""
     record: dict[str, Any]
     """The content of `result.json`."""
     meter: UsageMeter
     """Usage and cost of the run, by role."""
+
+    @property
+    def ending(self) -> RunEnding:
+        """`COMPLETE`, `INCOMPLETE` (cells missing or tasks short), `STOPPED` or `INTERRUPTED`."""
+        return self.result.ending
+
+    @property
+    def status(self) -> str:
+        """The `status` string of `result.json` (`ending.label`)."""
+        return self.ending.label
 
 
 def run_decision(
@@ -52,7 +61,8 @@ def run_decision(
 ) -> MapReduceRunOutcome:
     """Execute `decision` with sub-agents from `settings`; always leaves a complete run directory.
 
-    A budget stop or Ctrl-C keeps the partial table (status `stopped: ...`). `label` names the
+    A budget stop or Ctrl-C keeps the partial table (status `stopped: <reason>` or
+    `stopped: interrupted`). `label` names the
     run directory and is recorded as the run's `query`. The decision is the user's, so its batch
     plan is capped only when `settings` set `max_batches` explicitly (`Settings.batch_cap`).
     """
@@ -70,17 +80,13 @@ def run_decision(
             )
             try:
                 result = parts.engine.run(decision)
-                status = "complete" if result.summary.complete else "incomplete"
             except RunCancelled as exc:
                 result = exc.partial
-                status = f"stopped: {exc}"
         record = run.finish(
             result.table,
-            result.summary.to_json(),
-            status=status,
+            completeness_record(result.summary.completeness, [result.summary]),
+            ending=result.ending,
             executions=[result.summary.timings],
             extra={"decision": decision.model_dump(mode="json"), "web": parts.web_usage()},
         )
-    return MapReduceRunOutcome(
-        result=result, run_dir=run.run_dir, status=status, record=record, meter=run.meter
-    )
+    return MapReduceRunOutcome(result=result, run_dir=run.run_dir, record=record, meter=run.meter)
