@@ -229,3 +229,17 @@ def test_a_run_imports_nothing_heavy_in_its_worker_threads(repo_root: Path) -> N
     # torch (which smolagents imports to check a structured answer for a tensor) is never imported.
     heavy = [m for m in report["during_run"] if m.split(".")[0] in {"torch", "litellm", "jinja2", "yaml"}]
     assert heavy == [] and "torch" not in report["at_build"]
+
+
+def test_building_a_solver_on_an_openai_compatible_model_sends_nothing() -> None:
+    from smolagents import OpenAIModel
+
+    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.llm.models import ManagedModel
+    from amapreduce.testing.openai_server import OpenAICompatibleServer
+
+    with OpenAICompatibleServer(FunctionModel(lambda messages, info: "hi")) as server:
+        meter = UsageMeter()
+        client = OpenAIModel(model_id="m", api_base=server.base_url, api_key="x")
+        SmolagentsSolver(model=ManagedModel(client, role="subagent", meter=meter))  # warms the SDK offline
+        assert server.requests == [] and meter.total().requests == 0

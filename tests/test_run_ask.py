@@ -63,7 +63,7 @@ def test_ask_end_to_end_over_http(server: OpenAICompatibleServer, tmp_path: Path
     assert server.requests[0]["model"] == "sim-model"
     assert server.authorization[-1] == f"Bearer {SECRET}"
     folder = outcome.run_dir.path
-    assert {p.name for p in folder.iterdir()} == {"table.md", "table.csv", "result.json", "trace.jsonl"}
+    assert {p.name for p in folder.iterdir()} == {"table.md", "table.csv", "result.json", "trace.jsonl", "journal.jsonl"}
     for f in folder.iterdir():
         assert SECRET not in f.read_text(encoding="utf-8")
     events = [json.loads(x)["event"] for x in (folder / "trace.jsonl").read_text().splitlines()]

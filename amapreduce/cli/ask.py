@@ -1,11 +1,15 @@
-"""`amapreduce ask` and `amapreduce runs`: answer a question; inspect past runs."""
+"""`amapreduce ask` and `amapreduce runs`: answer a question; inspect, filter and resume runs."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from amapreduce.run.ask import AskOutcome
 
 __all__ = ["register", "runs_app"]
 
@@ -40,7 +44,6 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Answer a wide-search question with a table (manager + parallel search sub-agents)."""
-    from amapreduce.cli.output import usage_json, write_table_copies
     from amapreduce.run.ask import run_ask
     from amapreduce.run.wiring import require_model
     from amapreduce.settings import load_settings
@@ -55,13 +58,22 @@ def ask(
         query, settings, memory_store=_memory_store(memory, no_memory, settings.memory_store),
         show_progress=None if not as_json else False,
     )
+    report_ask(outcome, as_json=as_json, out=out, csv_out=csv_out)
+
+
+def report_ask(outcome: AskOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None) -> None:
+    """Hand a finished (or stopped) `ask` run to the user: the table copies asked for, the `--json`
+    object or the table and a summary line, and exit 1 when it ended early. One output contract
+    for `ask` and for `runs resume` of an `ask` run."""
+    from amapreduce.cli.output import usage_json, write_table_copies
+
     write_table_copies(outcome.table, outcome.markdown, out=out, csv_out=csv_out)
     completeness = outcome.record["completeness"]
     if as_json:
         typer.echo(
             json.dumps(
                 {
-                    "query": query,
+                    "query": outcome.record["query"],
                     "status": outcome.status,
                     "rows": completeness["rows"],
                     "missing_cells": completeness["missing_cells"],
@@ -87,13 +99,18 @@ def ask(
 @runs_app.command("list")
 def runs_list(
     runs_dir: Path | None = typer.Option(None, "--runs-dir", help="Folder of run directories (default: runs/)."),
+    status: str | None = typer.Option(None, "--status", help=(
+        "Only runs in this state: running, complete, incomplete, failed, interrupted (a Ctrl-C, or a process "
+        "that died), stopped or no_table.")),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:
     """List past runs, newest first."""
-    from amapreduce.run.rundir import list_runs
+    from amapreduce.run.rundir import RUN_STATES, list_runs
     from amapreduce.settings import load_settings
 
-    rows = list_runs(runs_dir or load_settings().runs_dir)
+    if status is not None and status not in RUN_STATES:
+        raise typer.BadParameter(f"--status must be one of {', '.join(RUN_STATES)}, got {status!r}")
+    rows = list_runs(runs_dir or load_settings().runs_dir, state=status)
     if as_json:
         typer.echo(json.dumps(rows, ensure_ascii=False))
         return
@@ -153,11 +170,51 @@ def runs_show(
     typer.echo(f"{data.get('kind')}: {data.get('query')}\nstatus: {data.get('status')}")
     if data.get("error"):
         typer.echo(f"error: {data['error']}")
-    typer.echo(f"completeness: {json.dumps(data.get('completeness'))}")
+    if data.get("progress"):
+        p = data["progress"]
+        typer.echo(f"batches: {p['batches_done']}/{p['batches_total']} done, {p['patch_batches_done']} patch batches done")
+    if data.get("completeness") is not None:
+        typer.echo(f"completeness: {json.dumps(data.get('completeness'))}")
     typer.echo(f"usage: {json.dumps((data.get('usage') or {}).get('total'))}")
     table = folder / "table.md"
     if table.is_file():
         typer.echo(table.read_text(encoding="utf-8"))
+
+
+@runs_app.command("resume")
+def runs_resume(
+    run: str = typer.Argument(..., help="Run folder name (from `runs list`) or path."),
+    runs_dir: Path | None = typer.Option(None, "--runs-dir", help="Folder of run directories (default: runs/)."),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once (default: the run's)."),
+    as_json: bool = typer.Option(False, "--json", help=(
+        "Print exactly one JSON object on stdout (as `mapreduce run --json`, or `ask --json` for an `ask` run).")),
+) -> None:
+    """Finish a killed or interrupted `mapreduce run` or `ask` in its own run directory.
+
+    Batches the run's journal marks done are not run again; the rest, the patch rounds and the
+    final table follow, with the run's own settings. For `ask`, the decisions the manager had
+    executed are reused: the manager is not asked again. A run that already finished is left as
+    it is (exit 0, a message on stderr, nothing on stdout); a folder without a journal exits 2.
+    """
+    from amapreduce.cli.mapreduce import report_run
+    from amapreduce.run.ask import resume_ask_run
+    from amapreduce.run.mapreduce_run import resume_decision_run
+    from amapreduce.run.resume import resume_settings, saved_run
+    from amapreduce.run.rundir import run_path
+    from amapreduce.settings import load_settings
+
+    path = run_path(runs_dir or load_settings().runs_dir, run)
+    saved = saved_run(path)
+    if saved.finished:
+        status = saved.ended.label if saved.ended is not None else ""
+        typer.echo(f"the run in {path} already finished ({status}); there is nothing to resume.", err=True)
+        return
+    settings = resume_settings(saved, workers=workers)
+    show_progress = None if not as_json else False
+    if saved.first.command == "ask":
+        report_ask(resume_ask_run(path, saved, settings, show_progress=show_progress), as_json=as_json)
+    else:
+        report_run(resume_decision_run(path, saved, settings, show_progress=show_progress), as_json=as_json)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-__all__ = ["app"]
+if TYPE_CHECKING:
+    from amapreduce.run.mapreduce_run import MapReduceRunOutcome
+
+__all__ = ["app", "report_run"]
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -78,7 +82,6 @@ def run(
 
     For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/.
     """
-    from amapreduce.cli.output import usage_json, write_table_copies
     from amapreduce.decision.model import load_decision
     from amapreduce.run.mapreduce_run import run_decision
     from amapreduce.run.wiring import require_model
@@ -90,6 +93,16 @@ def run(
     )
     require_model(settings)
     outcome = run_decision(decision, settings, label=Path(decision_file).stem, show_progress=None if not as_json else False)
+    report_run(outcome, as_json=as_json, out=out, csv_out=csv_out)
+
+
+def report_run(outcome: MapReduceRunOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None) -> None:
+    """Hand a finished (or stopped) `mapreduce run` to the user: the table copies asked for, the
+    `--json` object or the table and a summary line, and exit 1 when it ended early. One output
+    contract for `mapreduce run` and `runs resume`.
+    """
+    from amapreduce.cli.output import usage_json, write_table_copies
+
     result = outcome.result
     write_table_copies(result.table, result.markdown(), out=out, csv_out=csv_out)
     if as_json:
@@ -120,4 +133,3 @@ def run(
         )
     if outcome.ending.status.ended_early:
         raise typer.Exit(1)
-

@@ -9,13 +9,16 @@ order), retries a batch with a continuation prompt that names exactly what is mi
 finally reduces the per-task tables into one table in matrix order. Then Algorithm 1's delta
 patch runs bounded rounds over only the rows and cells still missing. A budget stop (or any
 of `RUN_STOPPING_ERRORS`) ends only the run whose attempt raised it.
+
+With a `Checkpoint` (`mapreduce.checkpoint`), every settled attempt is journaled before its batch
+counts as done, and a run resumed over a journal replays the saved attempts' rows and runs only
+the batches not done.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import queue
 import threading
 import time
 from collections import deque
@@ -31,6 +34,7 @@ from amapreduce.errors import BatchTimeout, RunCancelled
 from amapreduce.llm.scope import UsageScope, usage_scope
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
+from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint, ExecutionCheckpoint, MergedRow
 from amapreduce.mapreduce.executor import Executor, ThreadExecutor
 from amapreduce.mapreduce.patch import build_patch
 from amapreduce.mapreduce.replies import parse_reply, project_row
@@ -42,9 +46,9 @@ from amapreduce.mapreduce.result import (
     RunSummary,
     stop_ending,
 )
-from amapreduce.mapreduce.run_state import CANCELLED, INTERRUPTED, BatchJob, BatchState, EngineRun
+from amapreduce.mapreduce.run_state import CANCELLED, INTERRUPTED, POLL_S, BatchJob, BatchState, EngineRun
 from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply
-from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps, merge_rows
+from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps
 from amapreduce.prompts import render_prompt
 from amapreduce.settings import DecisionAuthor, Settings, default_setting
 from amapreduce.table.table import DEFAULT_MISSING_MARKERS, Table
@@ -52,7 +56,6 @@ from amapreduce.trace import NullTrace, Trace
 
 __all__ = ["EngineConfig", "MapReduceEngine", "ProgressEvent"]
 
-_POLL_S = 0.05
 
 
 class EngineConfig(BaseModel):
@@ -141,16 +144,22 @@ class MapReduceEngine:
         for run in runs:
             run.stop(CANCELLED)
 
-    def run(self, decision: Decision, *, plan: BatchPlan | None = None) -> MapReduceResult:
+    def run(
+        self, decision: Decision, *, plan: BatchPlan | None = None, checkpoint: Checkpoint | None = None
+    ) -> MapReduceResult:
         """Execute `decision`: map, reduce, then delta-patch rounds.
 
         Args:
             decision: the validated decision Θ.
             plan: its batch plan, when the caller already made it (the `mapreduce` tool plans
                 once, to show it and to run it); default: planned here under `max_batches`.
+            checkpoint: the run's journal: the execution and every settled attempt are recorded
+                there; when it holds a saved execution of `decision`, that one is continued (its
+                merged rows replayed, its finished batches not run again).
 
         Raises:
             DecisionError: the batch plan exceeds `max_batches`.
+            UserError: `checkpoint` holds this decision with another batch plan.
             RunCancelled: `cancel()` was called, an attempt raised one of `RUN_STOPPING_ERRORS`,
                 or Ctrl-C was pressed; `.partial` holds the result so far, its `ending` says why.
         """
@@ -178,15 +187,16 @@ class MapReduceEngine:
             )
         work = [WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), column_specs=decision.column_specs) for b in plan.batches]
         self.trace.write("run_start", num_rows=len(items), strategy=plan.strategy, batches=[b.manifest() for b in plan.batches])
+        execution = checkpoint.begin(decision, plan) if checkpoint is not None else None
         records: list[AttemptRecord] = []
-        run = EngineRun(cfg.workers)
+        run = EngineRun(cfg.workers, batch_timeout_s=cfg.batch_timeout_s, clock=self._clock)
         with self._runs_lock:
             self._runs.add(run)
         executor = self._executor or ThreadExecutor(cfg.threads or cfg.workers + max(2, cfg.workers // 4))
         rounds_run, batches_run, timings = 0, len(work), {"map_s": 0.0, "patch_s": 0.0}
         table: Table | None = None
         try:
-            self._run_phase(run, "map", work, decision, tables, records, executor)
+            self._run_phase(run, "map", work, decision, tables, records, executor, execution)
             timings["map_s"] = self._clock() - start
             table = self._reduce(decision, tables)
             for round_no in range(1, cfg.patch_rounds + 1):
@@ -195,7 +205,7 @@ class MapReduceEngine:
                     break
                 rounds_run, batches_run = round_no, batches_run + len(patch)
                 self.trace.write("patch_round", round=round_no, batches=[w.batch.manifest() for w in patch])
-                self._run_phase(run, f"patch{round_no}", patch, decision, tables, records, executor)
+                self._run_phase(run, f"patch{round_no}", patch, decision, tables, records, executor, execution)
                 table = self._reduce(decision, tables)
             timings["patch_s"] = self._clock() - start - timings["map_s"]
         except KeyboardInterrupt:
@@ -229,10 +239,13 @@ class MapReduceEngine:
         tables: dict[int, Table],
         records: list[AttemptRecord],
         executor: Executor,
+        execution: ExecutionCheckpoint | None,
     ) -> None:
         cfg = self.config
         many = not decision.one_row_per_task
         pending: deque[BatchJob] = deque()
+        saved = execution.replay(phase, [w.batch.batch_id for w in work], tables, records) if execution else {}
+        done_batches, total = 0, len(work)
         for w in work:
             state = BatchState(
                 work=w,
@@ -244,9 +257,19 @@ class MapReduceEngine:
                     "many_rows": many and not all(i.single_row for i in w.items),
                 },
             )
-            pending.append(BatchJob(state=state, request=None))
-        done_batches, total = 0, len(work)
-        self._emit("phase", phase, 0, total)
+            last = saved.get(w.batch.batch_id)
+            if last is None:
+                pending.append(BatchJob(state=state, request=None))
+                continue
+            # A batch a previous process attempted: done, or continued like a retry.
+            state.attempt = last.attempt
+            state.first_prompt = self._first_prompt(run, state)
+            follow = None if last.done else self._follow_up(state, last.error, tables)
+            if follow is None:
+                done_batches += 1
+            else:
+                pending.append(follow)
+        self._emit("phase", phase, done_batches, total)
         inflight: dict[Future[SolverReply], BatchJob] = {}
         try:
             self._submit(run, pending, inflight, executor)
@@ -254,22 +277,22 @@ class MapReduceEngine:
                 if run.stopping.is_set():
                     raise RunCancelled("cancelled")
                 finished: list[tuple[BatchJob, SolverReply | None, BaseException | None]] = []
-                for fut in self._finished(run, inflight):
+                for fut in run.finished(inflight):
                     job = inflight.pop(fut)
-                    self._leave(run, job)
+                    run.leave(job)
                     exc = fut.exception()
                     finished.append((job, None if exc else fut.result(), exc))
                 now = self._clock()
-                for job in self._overdue(run, now):
+                for job in run.overdue(now):
                     if job.future is not None:
                         inflight.pop(job.future, None)
-                    self._abandon(run, job)  # its slot goes to the next attempt; a late result is ignored
+                    run.abandon(job)  # its slot goes to the next attempt; a late result is ignored
                     executor.replace_stuck_thread()  # the hung thread must not starve queued attempts
                     finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
                 for job, reply, exc in finished:
                     if isinstance(exc, RUN_STOPPING_ERRORS):
                         run.stop(stop_ending(exc))
-                    follow = self._settle(run, job, phase, reply, exc, tables, records)
+                    follow = self._settle(run, job, phase, reply, exc, tables, records, execution)
                     if follow is not None:
                         self._submit(run, deque([follow]), inflight, executor)
                     else:
@@ -282,7 +305,7 @@ class MapReduceEngine:
             run.stop(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else CANCELLED)
             for job in list(inflight.values()):
                 if job.outcome is not None:  # answered before the stop: keep (and count) its rows
-                    self._settle(run, job, phase, *job.outcome, tables, records)
+                    self._settle(run, job, phase, *job.outcome, tables, records, execution)
                 elif job.request is not None:
                     job.request.cancel.set()
             raise
@@ -296,28 +319,6 @@ class MapReduceEngine:
             job.future = future
             inflight[future] = job
             future.add_done_callback(run.done.put)
-
-    def _release(self, run: EngineRun, job: BatchJob) -> None:
-        """Give back the job's slot once (by the worker when done, or by the loop on abandon)."""
-        with run.gate:
-            held, job.holds_slot = job.holds_slot, False
-        if held:
-            run.slots.release()
-
-    def _leave(self, run: EngineRun, job: BatchJob) -> None:
-        with run.gate:
-            run.running.discard(job)
-
-    def _abandon(self, run: EngineRun, job: BatchJob) -> None:
-        self._leave(run, job)
-        self._release(run, job)
-        if job.request is not None:
-            job.request.cancel.set()
-
-    def _overdue(self, run: EngineRun, now: float) -> list[BatchJob]:
-        limit = self.config.batch_timeout_s
-        with run.gate:
-            return [j for j in run.running if j.started_at is not None and now - j.started_at > limit]
 
     def _first_prompt(self, run: EngineRun, state: BatchState) -> str:
         """The batch prompt: the shared part (`prompts/mapreduce.yaml`, `batch`) is rendered once
@@ -334,34 +335,8 @@ class MapReduceEngine:
         tasks = "\n".join(f"{k}. {item.text}" for k, item in enumerate(state.work.items, 1))
         return f"{header}\n{tasks}"
 
-    def _finished(self, run: EngineRun, inflight: dict[Future[SolverReply], BatchJob]) -> list[Future[SolverReply]]:
-        """In-flight futures that finished, in completion order (waits until the first one,
-        the next deadline, or a stop). Late results of abandoned attempts are ignored."""
-        try:
-            first = run.done.get(timeout=self._wait_s(run, inflight))
-        except queue.Empty:
-            return []
-        got = [first]
-        while True:
-            try:
-                got.append(run.done.get_nowait())
-            except queue.Empty:
-                break
-        return [f for f in got if f is not None and f in inflight]
-
-    def _wait_s(self, run: EngineRun, inflight: dict[Future[SolverReply], BatchJob]) -> float:
-        """Sleep until the nearest deadline of a running attempt; poll while some have not started."""
-        now = self._clock()
-        with run.gate:
-            starts = [j.started_at for j in run.running if j.started_at is not None]
-            waiting = len(inflight) > len(run.running)
-        wait_s = min((s + self.config.batch_timeout_s - now for s in starts), default=_POLL_S * 20)
-        if waiting:
-            wait_s = min(wait_s, _POLL_S)
-        return max(0.0, wait_s)
-
     def _execute(self, run: EngineRun, job: BatchJob) -> SolverReply:
-        while not run.slots.acquire(timeout=_POLL_S):
+        while not run.slots.acquire(timeout=POLL_S):
             if run.stopping.is_set():
                 raise RunCancelled("cancelled before the attempt started")
         job.holds_slot = True
@@ -386,7 +361,7 @@ class MapReduceEngine:
             job.outcome = (reply, None)
             return reply
         finally:
-            self._release(run, job)
+            run.release(job)
 
     def _request(self, state: BatchState, prompt: str) -> BatchRequest:
         """The request of the batch's next attempt (the first prompt is kept for continuations)."""
@@ -413,12 +388,15 @@ class MapReduceEngine:
         exc: BaseException | None,
         tables: dict[int, Table],
         records: list[AttemptRecord],
+        execution: ExecutionCheckpoint | None,
     ) -> BatchJob | None:
-        """Merge one finished attempt; return the retry job, or None when the batch is done."""
+        """Merge one finished attempt and journal it; return the retry job, or None when the batch
+        is done (or the run stops)."""
         state, items = job.state, job.state.work.items
         elapsed = self._clock() - (job.started_at or self._clock())
         names = [c.name for c in state.work.column_specs]
         rows, dropped, problem, parsed_rows = 0, 0, None, []
+        merged: list[MergedRow] = []
         outcome = "error"
         if exc is not None:
             outcome = "timeout" if isinstance(exc, BatchTimeout) else "error"
@@ -432,7 +410,9 @@ class MapReduceEngine:
             by_number, dropped = assign_rows(projected, items)
             for number, answer in by_number.items():
                 item = items[number - 1]
-                dropped += merge_rows(tables[item.task_index], item, answer)
+                for row in answer:
+                    merged.append(MergedRow.of(item, row))
+                    dropped += not merged[-1].apply(tables)  # a row with no usable key is not placed
             outcome = "ok" if parsed.error is None else "parse_error"
             if parsed.truncated:  # only its closed rows were kept; cut values stay missing
                 problem = "the reply was cut off before its end, so only its complete rows were kept"
@@ -450,9 +430,25 @@ class MapReduceEngine:
         if self.trace.enabled:
             self._trace_attempt(job, record, reply, parsed_rows)
         self._emit("attempt", phase, 0, 0, batch_id=record.batch_id, attempt=state.attempt, outcome=outcome)
+        attempt_no = state.attempt
+        follow = self._follow_up(state, problem, tables)
+        if execution is not None:  # on disk before the batch counts as done
+            execution.record(
+                BatchAttempt(
+                    execution=execution.number, batch_id=record.batch_id, phase=phase, attempt=attempt_no,
+                    outcome=outcome, done=follow is None, rows=tuple(merged), parsed_rows=rows,
+                    dropped_rows=dropped, error=problem, elapsed_s=record.elapsed_s, usage=usage,
+                )
+            )
+        return None if run.stopping.is_set() else follow
+
+    def _follow_up(self, state: BatchState, problem: str | None, tables: dict[int, Table]) -> BatchJob | None:
+        """The batch's next attempt, a continuation that names what is still missing; None when
+        nothing is missing or its attempts are spent."""
+        items = state.work.items
         gaps = [(k, item_gaps(tables[item.task_index], item)) for k, item in enumerate(items, 1)]
         missing = [{"number": k, "what": g} for k, g in gaps if g]
-        if not missing or state.attempt >= self.config.max_attempts or run.stopping.is_set():
+        if not missing or state.attempt >= self.config.max_attempts:
             return None
         prompt = render_prompt(
             "mapreduce", "continuation", original=state.first_prompt, attempt=state.attempt + 1,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,10 @@ from amapreduce.mapreduce.result import RunEnding, RunStatus
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.mapreduce.work import WorkBatch
 
-__all__ = ["CANCELLED", "INTERRUPTED", "BatchJob", "BatchState", "EngineRun"]
+__all__ = ["CANCELLED", "INTERRUPTED", "POLL_S", "BatchJob", "BatchState", "EngineRun"]
+
+POLL_S = 0.05
+"""How often a waiting worker or the engine loop looks again (slots, attempts not yet started)."""
 
 
 @dataclass(eq=False)
@@ -55,7 +59,9 @@ class EngineRun:
     """The state of one `MapReduceEngine.run` call, so that runs sharing an engine (two tool calls
     in one manager step, two runs in one process) never see each other's attempts, slots or stop."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, *, batch_timeout_s: float, clock: Callable[[], float]) -> None:
+        self.batch_timeout_s = batch_timeout_s
+        self.clock = clock
         self.slots = threading.Semaphore(workers)
         self.gate = threading.Lock()  # guards `running`, slot hand-back and `ending`
         self.running: set[BatchJob] = set()
@@ -75,3 +81,55 @@ class EngineRun:
                 self.ending = ending
         self.stopping.set()
         self.done.put(None)
+
+    # -- attempts in flight: slots, deadlines and completions ---------------------------------
+
+    def release(self, job: BatchJob) -> None:
+        """Give back the job's slot once (by the worker when done, or by the loop on abandon)."""
+        with self.gate:
+            held, job.holds_slot = job.holds_slot, False
+        if held:
+            self.slots.release()
+
+    def leave(self, job: BatchJob) -> None:
+        """The job no longer runs (it finished, or was abandoned)."""
+        with self.gate:
+            self.running.discard(job)
+
+    def abandon(self, job: BatchJob) -> None:
+        """Give up on a running job: its slot goes to the next attempt, a late result is ignored."""
+        self.leave(job)
+        self.release(job)
+        if job.request is not None:
+            job.request.cancel.set()
+
+    def overdue(self, now: float) -> list[BatchJob]:
+        """Running jobs past their deadline at `now`."""
+        with self.gate:
+            return [j for j in self.running if j.started_at is not None and now - j.started_at > self.batch_timeout_s]
+
+    def finished(self, inflight: Mapping[Future[SolverReply], BatchJob]) -> list[Future[SolverReply]]:
+        """In-flight futures that finished, in completion order (waits until the first one,
+        the next deadline, or a stop). Late results of abandoned attempts are ignored."""
+        try:
+            first = self.done.get(timeout=self._wait_s(inflight))
+        except queue.Empty:
+            return []
+        got = [first]
+        while True:
+            try:
+                got.append(self.done.get_nowait())
+            except queue.Empty:
+                break
+        return [f for f in got if f is not None and f in inflight]
+
+    def _wait_s(self, inflight: Mapping[Future[SolverReply], BatchJob]) -> float:
+        """Sleep until the nearest deadline of a running attempt; poll while some have not started."""
+        now = self.clock()
+        with self.gate:
+            starts = [j.started_at for j in self.running if j.started_at is not None]
+            waiting = len(inflight) > len(self.running)
+        wait_s = min((s + self.batch_timeout_s - now for s in starts), default=POLL_S * 20)
+        if waiting:
+            wait_s = min(wait_s, POLL_S)
+        return max(0.0, wait_s)

@@ -28,6 +28,7 @@ from smolagents import Tool
 from amapreduce.decision.model import Decision
 from amapreduce.errors import AmapreduceError, DecisionError, RunCancelled, ToolCallRefused
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
+from amapreduce.mapreduce.checkpoint import Checkpoint
 from amapreduce.mapreduce.engine import MapReduceEngine
 from amapreduce.mapreduce.prior import NoPrior, Prior, PriorProvider, PriorRequest
 from amapreduce.mapreduce.result import MapReduceResult
@@ -97,6 +98,7 @@ class MapReduceTool(Tool):
         max_calls: int = 4,
         trace: Trace | None = None,
         preview_rows: int = 5,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
         super().__init__()
         if max_calls < 1:
@@ -109,6 +111,9 @@ class MapReduceTool(Tool):
         self.max_calls = max_calls
         self.trace = trace or engine.trace  # one JSONL for calls, batches and attempts
         self.preview_rows = preview_rows
+        self.checkpoint = checkpoint
+        """The run's journal: each execution's decision and settled attempts are saved there, so
+        `amapreduce runs resume` can finish a killed run without asking the manager again."""
         self._lock = threading.Lock()
         self.calls = 0
         self._planned = False
@@ -232,13 +237,23 @@ class MapReduceTool(Tool):
         self.trace.write("tool_call", tool=self.name, stage="plan", args=raw, output=payload)
         return json.dumps(payload, ensure_ascii=False)
 
-    def _execute(self, raw: dict[str, Any], decision: Decision, plan: BatchPlan) -> str:
+    def execute(self, decision: Decision, plan: BatchPlan) -> tuple[MapReduceResult, int]:
+        """Run `decision` on `plan` (journaled when the tool has a checkpoint) and merge its rows
+        into the run's table; return the result and the table's rows. `forward` calls it for the
+        manager, `runs resume` for the executions a killed run had begun.
+
+        Raises:
+            RunCancelled: the execution stopped; its rows are merged all the same.
+        """
         try:
-            result = self.engine.run(decision, plan=plan)
+            result = self.engine.run(decision, plan=plan, checkpoint=self.checkpoint)
         except RunCancelled as exc:
             self._accumulate(decision, exc.partial)  # a stopped run still keeps the rows it found
             raise
-        table_rows_total = self._accumulate(decision, result)
+        return result, self._accumulate(decision, result)
+
+    def _execute(self, raw: dict[str, Any], decision: Decision, plan: BatchPlan) -> str:
+        result, table_rows_total = self.execute(decision, plan)
         summary = result.summary
         head = {
             "call_stage": "execute",

@@ -19,7 +19,7 @@ from amapreduce.mapreduce.replies import ProjectedRow
 from amapreduce.table.keys import normalize_value
 from amapreduce.table.table import Row, Table
 
-__all__ = ["WorkBatch", "WorkItem", "assign_rows", "item_gaps", "merge_rows"]
+__all__ = ["MATRIX_SOURCE", "WorkBatch", "WorkItem", "assign_rows", "item_gaps"]
 
 MATRIX_SOURCE = "task_matrix"
 
@@ -84,17 +84,6 @@ def assign_rows(rows: Sequence[ProjectedRow], items: Sequence[WorkItem]) -> tupl
         else:
             by_number.setdefault(number, []).append(row)
     return by_number, dropped
-
-
-def merge_rows(table: Table, item: WorkItem, rows: Sequence[ProjectedRow]) -> int:
-    """Merge an item's reply rows into its task table. Returns rows that had no usable key."""
-    unplaced = 0
-    matrix_sources = dict.fromkeys(item.forced, MATRIX_SOURCE)
-    for row in rows:
-        values = {**row.values, **item.forced}
-        if table.upsert(values, task_index=item.task_index, source=row.source, sources=matrix_sources) is None:
-            unplaced += 1
-    return unplaced
 
 
 def _target(table: Table, item: WorkItem) -> Row | None:

@@ -22,7 +22,7 @@ from amapreduce.mapreduce.result import (
     completeness_record,
     stop_ending,
 )
-from amapreduce.run.lifecycle import start_run
+from amapreduce.run.lifecycle import ActiveRun, resume_run, start_run
 from amapreduce.run.progress import RunProgress
 from amapreduce.run.wiring import InnerFactory, build_parts
 from amapreduce.settings import Settings
@@ -35,9 +35,10 @@ if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.mapreduce.prior import PriorProvider
     from amapreduce.mapreduce.tool import MapReduceTool
+    from amapreduce.run.run_journal import RunJournal
     from amapreduce.run.rundir import RunDir
 
-__all__ = ["AskOutcome", "check_memory_store", "run_ask"]
+__all__ = ["AskOutcome", "check_memory_store", "resume_ask_run", "run_ask"]
 
 
 @dataclass(kw_only=True)
@@ -147,6 +148,7 @@ def run_ask(
                 task_id=task_id,
                 prior_provider=prior_provider,
                 max_calls=settings.max_tool_calls,
+                checkpoint=run.checkpoint,
             )
             manager = build_manager(
                 parts.models["manager"], [*parts.web_tools, tool],
@@ -159,26 +161,89 @@ def run_ask(
                 stopped = _manager_stop_ending(exc)
             except KeyboardInterrupt as exc:
                 stopped, interrupted = RunEnding(RunStatus.INTERRUPTED, "interrupted"), exc
-        table = tool.table if tool.table is not None else Table(["answer"], ["answer"])
-        completeness = Completeness.of(table, tool.decisions)
-        if stopped is not None:
-            ending = stopped
-        else:
-            ending = RunEnding(completeness.status if len(table) else RunStatus.NO_TABLE)
-        markdown = to_markdown(table) if len(table) else str(answer or "")
-        summaries = [r.summary for r in tool.results]
-        record = run.finish(
-            table, completeness_record(completeness, summaries, mapreduce_calls=tool.calls), ending=ending,
-            executions=[s.timings for s in summaries],
-            extra={
-                "manager_answer": None if answer is None else str(answer),
-                "decisions": [d.model_dump(mode="json") for d in tool.decisions],
-                "prior": None if tool.prior is None else {"text": tool.prior.text, "hint_ids": list(tool.prior.hint_ids)},
-                "web": parts.web_usage(),
-            },
-        )
+        outcome = _finish(run, tool, answer=answer, stopped=stopped, web_usage=parts.web_usage())
     if interrupted is not None:
         raise interrupted
+    return outcome
+
+
+def resume_ask_run(
+    path: Path,
+    saved: RunJournal,
+    settings: Settings,
+    *,
+    inner: InnerFactory | None = None,
+    web_tools: list[Tool] | None = None,
+    show_progress: bool | None = None,
+) -> AskOutcome:
+    """Finish the interrupted `ask` run in `path` (its journal: `saved`) in place.
+
+    The manager is not asked again and scouting is not repeated: the decisions it had executed
+    (journaled with their batch plans) run again through the `mapreduce` tool's own path, their
+    finished batches replayed from the journal, then their patch rounds; the table is rendered
+    and recorded as `ask` does. The manager's final answer of the killed run is lost, and so is
+    the usage of its own calls (the journal records the sub-agents' usage only).
+
+    Raises:
+        UserError: the run was killed before the manager executed any decision.
+    """
+    from amapreduce.decision.model import Decision
+    from amapreduce.mapreduce.checkpoint import plan_from_manifest
+    from amapreduce.mapreduce.tool import MapReduceTool
+
+    executions = saved.executions
+    if not executions:
+        raise UserError(
+            f"the run in {str(path)!r} stopped before the manager executed a decision, so there is nothing to "
+            "resume; ask the question again."
+        )
+    stopped: RunEnding | None = None
+    interrupted: BaseException | None = None
+    with resume_run(path, saved, settings) as run:
+        with RunProgress(run.meter, enabled=show_progress) as progress:
+            parts = build_parts(
+                settings, trace=run.run_dir.trace, meter=run.meter, progress=progress,
+                on_provider_retry=progress.on_provider_retry, inner=inner, web_tools=web_tools,
+                roles=("subagent", "extraction"),
+            )
+            tool = MapReduceTool(parts.engine, query=saved.first.query, plan_stage=False, max_calls=len(executions),
+                                 checkpoint=run.checkpoint)
+            try:
+                for execution in executions:
+                    tool.execute(Decision.parse(execution.decision), plan_from_manifest(execution.plan))
+            except RunCancelled as exc:
+                stopped = _manager_stop_ending(exc)
+            except KeyboardInterrupt as exc:
+                stopped, interrupted = RunEnding(RunStatus.INTERRUPTED, "interrupted"), exc
+        outcome = _finish(run, tool, answer=None, stopped=stopped, web_usage=parts.web_usage())
+    if interrupted is not None:
+        raise interrupted
+    return outcome
+
+
+def _finish(
+    run: ActiveRun, tool: MapReduceTool, *, answer: Any, stopped: RunEnding | None, web_usage: dict[str, Any]
+) -> AskOutcome:
+    """Render and record how an `ask` run ended: the table the tool accumulated, its completeness
+    over every executed decision, and `result.json`."""
+    table = tool.table if tool.table is not None else Table(["answer"], ["answer"])
+    completeness = Completeness.of(table, tool.decisions)
+    if stopped is not None:
+        ending = stopped
+    else:
+        ending = RunEnding(completeness.status if len(table) else RunStatus.NO_TABLE)
+    markdown = to_markdown(table) if len(table) else str(answer or "")
+    summaries = [r.summary for r in tool.results]
+    record = run.finish(
+        table, completeness_record(completeness, summaries, mapreduce_calls=tool.calls), ending=ending,
+        executions=[s.timings for s in summaries],
+        extra={
+            "manager_answer": None if answer is None else str(answer),
+            "decisions": [d.model_dump(mode="json") for d in tool.decisions],
+            "prior": None if tool.prior is None else {"text": tool.prior.text, "hint_ids": list(tool.prior.hint_ids)},
+            "web": web_usage,
+        },
+    )
     return AskOutcome(
         table=table, markdown=markdown, ending=ending, completeness=completeness, run_dir=run.run_dir,
         meter=run.meter, record=record, tool=tool,

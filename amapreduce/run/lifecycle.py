@@ -5,7 +5,10 @@ record. Each run gets a fresh `runs/<timestamp>-<slug>/` and a usage meter; a ru
 writes `table.md`, `table.csv` and `result.json` with one shape of `timings`; a run that raises
 before that still writes `result.json` (status `failed`, or `stopped: interrupted` for Ctrl-C:
 `RunEnding.label`) with the error, because a run directory without one is invisible to `runs list` and says nothing
-about what went wrong. The commands themselves live in `run/ask.py` and `run/mapreduce_run.py`.
+about what went wrong. Every run directory also gets a journal (`run.run_journal`): how the run
+started, the engine's checkpoints (`ActiveRun.checkpoint`) and how it ended, so that a killed run
+can be resumed in place (`resume_run`). The commands themselves live in `run/ask.py` and
+`run/mapreduce_run.py`.
 """
 
 from __future__ import annotations
@@ -16,17 +19,23 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from amapreduce.llm.factory import new_meter
+from amapreduce.llm.factory import model_for_role, new_meter
+from amapreduce.llm.usage import Usage
+from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint
 from amapreduce.mapreduce.result import Completeness, RunEnding, RunStatus, completeness_record
+from amapreduce.run.run_journal import RunEnded, RunJournal, RunStarted, open_run_journal
 from amapreduce.run.rundir import RunDir
 from amapreduce.table.render import to_csv, to_markdown
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from amapreduce.journal import JournalWriter
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.settings import Settings
     from amapreduce.table.table import Table
 
-__all__ = ["ActiveRun", "run_timings", "start_run"]
+__all__ = ["ActiveRun", "resume_run", "run_timings", "start_run"]
 
 
 def run_timings(started: float, executions: Sequence[Mapping[str, float]] = ()) -> dict[str, Any]:
@@ -54,7 +63,12 @@ class ActiveRun:
     meter: UsageMeter
     """Usage and cost of the run, by role."""
     started: float
-    """When the run started (`time.perf_counter()`), for `timings.wall_s`."""
+    """When the run (or this resume of it) started (`time.perf_counter()`), for `timings.wall_s`."""
+    journal: JournalWriter
+    checkpoint: Checkpoint
+    """The engine's view of the journal: pass it to every `MapReduceEngine.run` of the run."""
+    finished: bool = False
+    """`finish` (or `record_failure`) wrote `result.json`."""
 
     def finish(
         self,
@@ -85,19 +99,22 @@ class ActiveRun:
             "timings": run_timings(self.started, executions),
         }
         self.run_dir.write_result(record)
+        self.journal.append(RunEnded.of(ending))
+        self.finished = True
         self.run_dir.trace.write("run_finished", status=ending.label, usage=self.meter.to_json())
         return record
 
     def record_failure(self, exc: BaseException) -> None:
-        """Write a `failed` (or `stopped: interrupted`) `result.json` for `exc`, unless one exists.
+        """Write a `failed` (or `stopped: interrupted`) `result.json` for `exc`, unless `finish` wrote one.
 
         A failure to record the failure (disk full ...) must not hide `exc`: it rides along as a note.
         """
-        if (self.run_dir.path / "result.json").exists():
+        if self.finished:
             return
         interrupted = isinstance(exc, KeyboardInterrupt)
         error = "interrupted" if interrupted else (str(exc) or type(exc).__name__)
-        status = RunEnding(RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED, error).label
+        ending = RunEnding(RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED, error)
+        status = ending.label
         try:
             self.run_dir.write_result(
                 {
@@ -111,6 +128,8 @@ class ActiveRun:
                     "timings": run_timings(self.started),
                 }
             )
+            self.journal.append(RunEnded.of(ending))
+            self.finished = True
             self.run_dir.trace.write("run_finished", status=status, error=error, usage=self.meter.to_json())
         except Exception as record_exc:
             exc.add_note(
@@ -131,13 +150,47 @@ def start_run(
     started = time.perf_counter()
     if meter is None:  # before the directory: a bad price file is a usage error and leaves no run behind
         meter = new_meter(settings)
+    run_dir = RunDir.create(settings.runs_dir, query)
+    journal = open_run_journal(run_dir.path)
+    journal.append(RunStarted.now(command=kind, query=query, settings=settings))
     run = ActiveRun(
-        kind=kind, query=query, run_dir=RunDir.create(settings.runs_dir, query), meter=meter, started=started
+        kind=kind, query=query, run_dir=run_dir, meter=meter, started=started, journal=journal,
+        checkpoint=Checkpoint(journal),
     )
+    with _recorded(run):
+        yield run
+
+
+@contextlib.contextmanager
+def resume_run(path: Path, saved: RunJournal, settings: Settings) -> Iterator[ActiveRun]:
+    """Go on with the interrupted run in `path`, whose journal says `saved`: the same directory,
+    the same journal (a new `RunStarted`, `resumed: true`), a checkpoint over the saved entries,
+    and a meter that starts from the sub-agent usage the journal recorded. Ends as `start_run`.
+    """
+    started = time.perf_counter()
+    meter = new_meter(settings)
+    spent = sum((e.usage for e in saved.entries if isinstance(e, BatchAttempt)), Usage())
+    if spent.requests:
+        meter.record("subagent", model_for_role(settings, "subagent") or "", spent)
+    kind, query = saved.first.command, saved.first.query
+    journal = open_run_journal(path)
+    journal.append(RunStarted.now(command=kind, query=query, settings=settings, resumed=True))
+    run = ActiveRun(
+        kind=kind, query=query, run_dir=RunDir(path), meter=meter, started=started, journal=journal,
+        checkpoint=Checkpoint(journal, saved.entries),
+    )
+    with _recorded(run):
+        yield run
+
+
+@contextlib.contextmanager
+def _recorded(run: ActiveRun) -> Iterator[ActiveRun]:
+    """Record a failure of the body in `result.json` and the journal; close the run's files."""
     try:
         yield run
     except (Exception, KeyboardInterrupt) as exc:
         run.record_failure(exc)
         raise
     finally:
+        run.journal.close()
         run.run_dir.close()

@@ -2,7 +2,8 @@
 
 For users who already know their entity list, like a DocETL/LOTUS map operation. The run
 directory and its `result.json` (on success or failure) come from `run.lifecycle`, shared with
-`amapreduce ask`.
+`amapreduce ask`. A killed or interrupted run goes on where it stopped with `resume_decision_run`
+(`amapreduce runs resume`): its journal's finished batches are not run again.
 """
 
 from __future__ import annotations
@@ -10,22 +11,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from amapreduce.errors import RunCancelled
+from amapreduce.errors import RunCancelled, UserError
+from amapreduce.mapreduce.checkpoint import plan_from_manifest
 from amapreduce.mapreduce.result import RunEnding, completeness_record
-from amapreduce.run.lifecycle import start_run
+from amapreduce.run.lifecycle import ActiveRun, resume_run, start_run
 from amapreduce.run.progress import RunProgress
 from amapreduce.run.wiring import InnerFactory, build_parts
 from amapreduce.settings import Settings
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from smolagents import Tool
 
     from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
+    from amapreduce.mapreduce.batching import BatchPlan
     from amapreduce.mapreduce.result import MapReduceResult
+    from amapreduce.run.run_journal import RunJournal
     from amapreduce.run.rundir import RunDir
 
-__all__ = ["MapReduceRunOutcome", "run_decision"]
+__all__ = ["MapReduceRunOutcome", "resume_decision_run", "run_decision"]
 
 
 @dataclass(kw_only=True)
@@ -67,26 +73,71 @@ def run_decision(
     plan is capped only when `settings` set `max_batches` explicitly (`Settings.batch_cap`).
     """
     with start_run(settings, kind="mapreduce_run", query=label) as run:
-        with RunProgress(run.meter, enabled=show_progress) as progress:
-            parts = build_parts(
-                settings,
-                trace=run.run_dir.trace,
-                meter=run.meter,
-                progress=progress,
-                on_provider_retry=progress.on_provider_retry,
-                inner=inner,
-                web_tools=web_tools,
-                roles=("subagent", "extraction"),
-            )
-            try:
-                result = parts.engine.run(decision)
-            except RunCancelled as exc:
-                result = exc.partial
-        record = run.finish(
-            result.table,
-            completeness_record(result.summary.completeness, [result.summary]),
-            ending=result.ending,
-            executions=[result.summary.timings],
-            extra={"decision": decision.model_dump(mode="json"), "web": parts.web_usage()},
+        return _execute(run, decision, settings, plan=None, inner=inner, web_tools=web_tools, show_progress=show_progress)
+
+
+def resume_decision_run(
+    path: Path,
+    saved: RunJournal,
+    settings: Settings,
+    *,
+    inner: InnerFactory | None = None,
+    web_tools: list[Tool] | None = None,
+    show_progress: bool | None = None,
+) -> MapReduceRunOutcome:
+    """Finish the interrupted `mapreduce run` in `path` (its journal: `saved`) in place.
+
+    The saved decision runs on its saved batch plan; the batches the journal marks done are not
+    run again (their rows are replayed), then the patch rounds and the final table follow, written
+    to the same directory. `settings` are the run's own (see `run.resume.resume`).
+
+    Raises:
+        UserError: the run stopped before its decision was journaled.
+    """
+    from amapreduce.decision.model import Decision
+
+    executions = saved.executions
+    if not executions:
+        raise UserError(f"the run in {str(path)!r} stopped before its decision was recorded; start it again.")
+    decision = Decision.parse(executions[0].decision)
+    with resume_run(path, saved, settings) as run:
+        return _execute(
+            run, decision, settings, plan=plan_from_manifest(executions[0].plan), inner=inner,
+            web_tools=web_tools, show_progress=show_progress,
         )
+
+
+def _execute(
+    run: ActiveRun,
+    decision: Decision,
+    settings: Settings,
+    *,
+    plan: BatchPlan | None,
+    inner: InnerFactory | None,
+    web_tools: list[Tool] | None,
+    show_progress: bool | None,
+) -> MapReduceRunOutcome:
+    """Run `decision` (on `plan`, else planned by the engine) in `run` and record how it ended."""
+    with RunProgress(run.meter, enabled=show_progress) as progress:
+        parts = build_parts(
+            settings,
+            trace=run.run_dir.trace,
+            meter=run.meter,
+            progress=progress,
+            on_provider_retry=progress.on_provider_retry,
+            inner=inner,
+            web_tools=web_tools,
+            roles=("subagent", "extraction"),
+        )
+        try:
+            result = parts.engine.run(decision, plan=plan, checkpoint=run.checkpoint)
+        except RunCancelled as exc:
+            result = exc.partial
+    record = run.finish(
+        result.table,
+        completeness_record(result.summary.completeness, [result.summary]),
+        ending=result.ending,
+        executions=[result.summary.timings],
+        extra={"decision": decision.model_dump(mode="json"), "web": parts.web_usage()},
+    )
     return MapReduceRunOutcome(result=result, run_dir=run.run_dir, record=record, meter=run.meter)

@@ -2,8 +2,14 @@
 
 Contents: `table.md` (the WideSearch-readable table), `table.csv`, `result.json` (the table with
 cell statuses, completeness, the decision Θ, usage, cost, timings) and `trace.jsonl` (every model
-call, tool call and batch attempt, credentials redacted). Files are written atomically (a
-temporary file, then `os.replace`), so a crash never leaves half a result behind.
+call, tool call and batch attempt, credentials redacted), and `journal.jsonl` (`run.run_journal`:
+the run's start, decisions, every settled batch attempt and its end, each line fsynced; what
+`runs resume` continues from and what tells a live run from a dead one). Files are written
+atomically (a temporary file, then `os.replace`), so a crash never leaves half a result behind.
+
+A run's state (`runs list --status`): `running` or `interrupted` while its journal has no end
+after its last start (its process lives, or is gone), else its `RunStatus` (`complete`,
+`incomplete`, `stopped`, `interrupted`, `failed`, `no_table`).
 """
 
 from __future__ import annotations
@@ -18,9 +24,14 @@ from typing import Any
 
 from amapreduce._atomic import atomic_write
 from amapreduce.errors import UserError
+from amapreduce.mapreduce.result import RunEnding, RunStatus
+from amapreduce.run.run_journal import RunJournal, read_run_journal
 from amapreduce.trace import TraceWriter, redact
 
-__all__ = ["RunDir", "atomic_write", "list_runs", "load_run", "slugify"]
+__all__ = ["RUN_STATES", "RunDir", "atomic_write", "list_runs", "load_run", "run_path", "slugify"]
+
+RUN_STATES = ("running", *(s.value for s in RunStatus))
+"""What `runs list --status` filters on."""
 
 
 def slugify(text: str, *, max_len: int = 40) -> str:
@@ -63,37 +74,80 @@ class RunDir:
         self.trace.close()
 
 
-def load_run(runs_dir: Path, name: str) -> dict[str, Any]:
-    """The `result.json` of run `name` (a folder name or a path)."""
+def run_path(runs_dir: Path, name: str) -> Path:
+    """The folder of run `name` (a folder name under `runs_dir`, or a path).
+
+    Raises:
+        UserError: there is no such folder.
+    """
     path = Path(name) if Path(name).is_dir() else runs_dir / name
+    if not path.is_dir():
+        raise UserError(f"no run {name!r}: {str(path)!r} does not exist. List runs with `amapreduce runs list`.")
+    return path
+
+
+def _state_of_label(label: object) -> str | None:
+    """The `RunStatus` value of a `result.json` `status` string (see `RunEnding.label`)."""
+    if not isinstance(label, str):
+        return None
+    if label == RunEnding(RunStatus.INTERRUPTED).label:
+        return RunStatus.INTERRUPTED.value
+    if label.startswith(f"{RunStatus.STOPPED.value}:"):
+        return RunStatus.STOPPED.value
+    return label if label in RUN_STATES else None
+
+
+def _journal_view(journal: RunJournal | None) -> dict[str, Any]:
+    """What the journal adds to a run's summary: its live state (while no end follows its last
+    start) and its batches done/total."""
+    if journal is None:
+        return {}
+    view: dict[str, Any] = {"progress": journal.progress().to_json()}
+    if journal.ended is None:
+        state = journal.status()
+        view.update(state=state, status=state)
+    else:
+        view["state"] = journal.ended.status.value
+    return view
+
+
+def load_run(runs_dir: Path, name: str) -> dict[str, Any]:
+    """The `result.json` of run `name` (a folder name or a path), with its journal's state and
+    batch progress (`state`, `progress`); a run still going (or killed) without a `result.json`
+    yet is described by its journal alone."""
+    path = run_path(runs_dir, name)
+    journal = read_run_journal(path)
     result = path / "result.json"
     if not result.is_file():
-        raise UserError(f"no run {name!r}: {str(result)!r} does not exist. List runs with `amapreduce runs list`.")
+        if journal is None:
+            raise UserError(f"no run {name!r}: {str(result)!r} does not exist. List runs with `amapreduce runs list`.")
+        return {"kind": journal.first.command, "query": journal.first.query, **_journal_view(journal), "run_dir": str(path)}
     try:
         data = json.loads(result.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise UserError(f"{str(result)!r} is not valid JSON ({exc.msg}); the run may have been interrupted.") from None
     if not isinstance(data, dict):
         raise UserError(f"{str(result)!r} does not hold a run result object.")
+    data.setdefault("state", _state_of_label(data.get("status")))
+    data.update(_journal_view(journal))
     data.setdefault("run_dir", str(path))
     return data
 
 
-def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
-    """One summary per run folder that has a `result.json`, newest first."""
+def list_runs(runs_dir: Path, *, state: str | None = None) -> list[dict[str, Any]]:
+    """One summary per run folder that has a `result.json` or a journal, newest first; with
+    `state`, only the runs in that state (one of `RUN_STATES`)."""
     rows: list[dict[str, Any]] = []
     if not runs_dir.is_dir():
         return rows
     for folder in sorted((p for p in runs_dir.iterdir() if p.is_dir()), reverse=True):
-        result = folder / "result.json"
-        if not result.is_file():
-            continue
         try:
-            data = json.loads(result.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            rows.append({"run": folder.name, "status": "unreadable result.json"})
+            data = load_run(runs_dir, str(folder))
+        except UserError as exc:
+            if (folder / "result.json").is_file() or (folder / "journal.jsonl").is_file():
+                rows.append({"run": folder.name, "status": f"unreadable: {exc}", "state": None})
             continue
-        completeness = data.get("completeness", {})
+        completeness = data.get("completeness") or {}
         rows.append(
             {
                 "run": folder.name,
@@ -103,6 +157,8 @@ def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
                 "missing_cells": completeness.get("missing_cells"),
                 "cost_usd": (data.get("usage") or {}).get("total", {}).get("cost_usd"),
                 "status": data.get("status"),
+                "state": data.get("state"),
+                **({"progress": data["progress"]} if "progress" in data else {}),
             }
         )
-    return rows
+    return [r for r in rows if state is None or r["state"] == state]

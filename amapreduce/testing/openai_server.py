@@ -115,6 +115,10 @@ class OpenAICompatibleServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            # `http.server` writes a reply's headers and body in two sends; with Nagle's algorithm on,
+            # the body waits for the client's delayed ACK (~40 ms a call), which no real server adds.
+            disable_nagle_algorithm = True
+
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
                 return
 
