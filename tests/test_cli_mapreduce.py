@@ -171,6 +171,7 @@ def test_run_max_batches_flag_then_environment(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert f"100 batches, more than `max_batches`={cap}" in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # refused before a run directory
 
 
 def test_run_without_a_cap_runs_a_100_row_per_atom_decision(

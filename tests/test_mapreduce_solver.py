@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -243,3 +244,25 @@ def test_building_a_solver_on_an_openai_compatible_model_sends_nothing() -> None
         client = OpenAIModel(model_id="m", api_base=server.base_url, api_key="x")
         SmolagentsSolver(model=ManagedModel(client, role="subagent", meter=meter))  # warms the SDK offline
         assert server.requests == [] and meter.total().requests == 0
+
+
+def test_start_up_garbage_is_collected_once_per_process_before_the_fan_out_and_nothing_is_frozen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gc
+
+    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.llm.models import ManagedModel
+    from amapreduce.mapreduce import solver as solver_module
+
+    calls: list[str] = []
+    monkeypatch.setattr(gc, "collect", lambda *args: calls.append("collect") or 0)
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(
+        solver_module, "_collect_start_up_garbage", functools.cache(solver_module._collect_start_up_garbage.__wrapped__)
+    )
+    model = ManagedModel(FunctionModel(lambda messages, info: "hi"), role="subagent", meter=UsageMeter())
+    SmolagentsSolver(model=model)
+    assert calls == ["collect"]  # before any attempt runs, so no worker thread pays for it; never a freeze
+    SmolagentsSolver(model=model)
+    assert calls == ["collect"]  # a second run in the same process does not collect again

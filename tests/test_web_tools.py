@@ -172,3 +172,43 @@ def test_focused_extraction_failure_keeps_the_page(world: Any) -> None:
     out = CrawlPageTool(service, model=FunctionModel(broken))(url="corpus://sandbox/countries/jp.html", query="x")
     assert out.startswith("(focused extraction failed: ValueError: provider exploded")
     assert "| Capital | Tokyo |" in out
+
+
+def test_the_corpus_index_is_opened_when_the_tools_are_built_not_by_a_worker_s_first_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every sub-agent of a run calls the shared tools from its own worker thread; the first wave
+    of calls must find the index open, not open or parse it again, and a keyword-only index never
+    touches the dense side (no embedding model, no vectors)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from amapreduce.web import hybrid
+    from amapreduce.web.corpus import CorpusIndex, build_corpus_index
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "jp.md").write_text("# Japan\n\nTokyo is the capital of Japan.\n")
+    build_corpus_index([docs], tmp_path / "idx", name="atlas")
+    opened: list[Path] = []
+    open_index = CorpusIndex.__init__
+
+    def counting_open(self: CorpusIndex, path: Path) -> None:
+        opened.append(path)
+        open_index(self, path)
+
+    def no_dense_side(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a keyword-only index must not load vectors or an encoder")
+
+    monkeypatch.setattr(CorpusIndex, "__init__", counting_open)
+    monkeypatch.setattr(hybrid, "load_vectors", no_dense_side)
+    monkeypatch.setattr(hybrid, "embed_documents", no_dense_side)
+    search, crawl = build_web_tools(Settings(search_backend=f"corpus:{tmp_path / 'idx'}", cache_dir=tmp_path / "c"))
+    assert opened == [(tmp_path / "idx").resolve()]
+
+    def first_calls(worker: int) -> tuple[str, str]:
+        return search(query="capital of Japan"), crawl(url="corpus://atlas/jp.md")
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        outputs = list(pool.map(first_calls, range(8)))
+    assert all(found.startswith("1. [Japan](corpus://atlas/jp.md)") and "Tokyo" in page for found, page in outputs)
+    assert len(opened) == 1

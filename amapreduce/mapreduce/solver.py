@@ -19,6 +19,7 @@ other workers wait.
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.resources
 import json
 import threading
@@ -152,16 +153,32 @@ def _warm_openai_sdk(tool: Tool) -> None:
     )
 
 
+@functools.cache
+def _collect_start_up_garbage() -> None:
+    """One full garbage collection, once per process, before the fan-out.
+
+    Why: start-up allocates hundreds of thousands of objects (modules, classes, the SDK's types),
+    so the first full collection otherwise falls inside the first wave of calls and holds the GIL
+    for a quarter of a second on the oracle benchmark, stalling every worker thread. (`gc.freeze()`
+    would also spare later collections that walk, but it changes the whole interpreter of a
+    program that merely uses amapreduce: cyclic garbage among frozen objects is never collected.
+    A library must not do that to its caller's process.)
+    """
+    gc.collect()
+
+
 def _load_what_calls_need(model: Model | Callable[[], Model], final_answer: Tool) -> None:
     """Do now what a managed model's first call would do inside every worker thread of the first
     wave: load the meter's LiteLLM price map, and for an OpenAI-compatible model import the
-    client's chat resources and send one completion through the openai SDK offline."""
+    client's chat resources and send one completion through the openai SDK offline; then collect
+    the start-up garbage (`_collect_start_up_garbage`)."""
     if not isinstance(model, ManagedModel):
         return
     model.meter.prices.preload()
     if isinstance(model.inner, OpenAIModel):
         _ = model.inner.client.chat.completions
         _warm_openai_sdk(final_answer)
+    _collect_start_up_garbage()
 
 
 class SmolagentsSolver:

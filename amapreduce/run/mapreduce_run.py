@@ -71,9 +71,16 @@ def run_decision(
     `stopped: interrupted`). `label` names the
     run directory and is recorded as the run's `query`. The decision is the user's, so its batch
     plan is capped only when `settings` set `max_batches` explicitly (`Settings.batch_cap`).
+
+    Raises:
+        DecisionError: the batch plan is larger than the cap; checked before a run directory is
+            made, since it is a usage mistake, not a run that failed.
     """
+    from amapreduce.mapreduce.batching import plan_batches
+
+    plan = plan_batches(decision, max_batches=settings.batch_cap("user"))
     with start_run(settings, kind="mapreduce_run", query=label) as run:
-        return _execute(run, decision, settings, plan=None, inner=inner, web_tools=web_tools, show_progress=show_progress)
+        return _execute(run, decision, settings, plan=plan, inner=inner, web_tools=web_tools, show_progress=show_progress)
 
 
 def resume_decision_run(
@@ -112,12 +119,12 @@ def _execute(
     decision: Decision,
     settings: Settings,
     *,
-    plan: BatchPlan | None,
+    plan: BatchPlan,
     inner: InnerFactory | None,
     web_tools: list[Tool] | None,
     show_progress: bool | None,
 ) -> MapReduceRunOutcome:
-    """Run `decision` (on `plan`, else planned by the engine) in `run` and record how it ended."""
+    """Run `decision` on its batch `plan` in `run` and record how it ended."""
     with RunProgress(run.meter, enabled=show_progress) as progress:
         parts = build_parts(
             settings,
