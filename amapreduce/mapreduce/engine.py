@@ -39,6 +39,8 @@ from amapreduce.mapreduce.executor import Executor, ThreadExecutor
 from amapreduce.mapreduce.patch import build_patch
 from amapreduce.mapreduce.replies import parse_reply, project_row
 from amapreduce.mapreduce.result import (
+    CANCELLED,
+    INTERRUPTED,
     RUN_STOPPING_ERRORS,
     AttemptRecord,
     MapReduceResult,
@@ -46,7 +48,7 @@ from amapreduce.mapreduce.result import (
     RunSummary,
     stop_ending,
 )
-from amapreduce.mapreduce.run_state import CANCELLED, INTERRUPTED, POLL_S, BatchJob, BatchState, EngineRun
+from amapreduce.mapreduce.run_state import POLL_S, BatchJob, BatchState, EngineRun
 from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply
 from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps
 from amapreduce.prompts import render_prompt

@@ -25,6 +25,8 @@ from amapreduce.table.render import to_csv, to_jsonl, to_markdown
 from amapreduce.table.table import Table
 
 __all__ = [
+    "CANCELLED",
+    "INTERRUPTED",
     "RUN_STOPPING_ERRORS",
     "AttemptRecord",
     "Completeness",
@@ -81,6 +83,26 @@ class RunEnding:
     def error(self) -> str | None:
         """Why a `failed` run failed (the `error` of `result.json` and `--json`); None otherwise."""
         return self.reason if self.status is RunStatus.FAILED else None
+
+    @staticmethod
+    def status_of_label(label: object) -> RunStatus | None:
+        """The status a `label` string (as `result.json` holds it) stands for; None for anything else."""
+        if not isinstance(label, str):
+            return None
+        if label == INTERRUPTED.label:
+            return RunStatus.INTERRUPTED
+        if label.startswith(f"{RunStatus.STOPPED.value}:"):
+            return RunStatus.STOPPED
+        try:
+            return RunStatus(label)
+        except ValueError:
+            return None
+
+
+INTERRUPTED = RunEnding(RunStatus.INTERRUPTED, "interrupted")
+"""How a run stopped by Ctrl-C ends."""
+CANCELLED = RunEnding(RunStatus.STOPPED, "the MapReduce run was cancelled")
+"""How a run stopped by `MapReduceEngine.cancel()` ends."""
 
 
 RUN_STOPPING_ERRORS: tuple[type[Exception], ...] = (BudgetExceeded, ProviderUnavailable)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from amapreduce.llm.scope import UsageScope
-from amapreduce.mapreduce.result import RunEnding, RunStatus
+from amapreduce.mapreduce.result import RunEnding
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.mapreduce.work import WorkBatch
 
-__all__ = ["CANCELLED", "INTERRUPTED", "POLL_S", "BatchJob", "BatchState", "EngineRun"]
+__all__ = ["POLL_S", "BatchJob", "BatchState", "EngineRun"]
 
 POLL_S = 0.05
 """How often a waiting worker or the engine loop looks again (slots, attempts not yet started)."""
@@ -51,8 +51,6 @@ class BatchJob:
     """Set by the worker when the solver returns, before its slot is freed: a stop never loses it."""
 
 
-CANCELLED = RunEnding(RunStatus.STOPPED, "the MapReduce run was cancelled")
-INTERRUPTED = RunEnding(RunStatus.INTERRUPTED, "interrupted")
 
 
 class EngineRun:

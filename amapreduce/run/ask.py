@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from amapreduce.errors import RunCancelled, UserError, find_cause
 from amapreduce.mapreduce.result import (
+    INTERRUPTED,
     RUN_STOPPING_ERRORS,
     Completeness,
     MapReduceResult,
@@ -160,7 +161,7 @@ def run_ask(
             except AgentError as exc:
                 stopped = _manager_stop_ending(exc)
             except KeyboardInterrupt as exc:
-                stopped, interrupted = RunEnding(RunStatus.INTERRUPTED, "interrupted"), exc
+                stopped, interrupted = INTERRUPTED, exc
         outcome = _finish(run, tool, answer=answer, stopped=stopped, web_usage=parts.web_usage())
     if interrupted is not None:
         raise interrupted
@@ -214,7 +215,7 @@ def resume_ask_run(
             except RunCancelled as exc:
                 stopped = _manager_stop_ending(exc)
             except KeyboardInterrupt as exc:
-                stopped, interrupted = RunEnding(RunStatus.INTERRUPTED, "interrupted"), exc
+                stopped, interrupted = INTERRUPTED, exc
         outcome = _finish(run, tool, answer=None, stopped=stopped, web_usage=parts.web_usage())
     if interrupted is not None:
         raise interrupted

@@ -88,13 +88,8 @@ def run_path(runs_dir: Path, name: str) -> Path:
 
 def _state_of_label(label: object) -> str | None:
     """The `RunStatus` value of a `result.json` `status` string (see `RunEnding.label`)."""
-    if not isinstance(label, str):
-        return None
-    if label == RunEnding(RunStatus.INTERRUPTED).label:
-        return RunStatus.INTERRUPTED.value
-    if label.startswith(f"{RunStatus.STOPPED.value}:"):
-        return RunStatus.STOPPED.value
-    return label if label in RUN_STATES else None
+    status = RunEnding.status_of_label(label)
+    return status.value if status is not None else None
 
 
 def _journal_view(journal: RunJournal | None) -> dict[str, Any]:
