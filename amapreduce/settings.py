@@ -172,6 +172,13 @@ class Settings(BaseModel):
     memory_encoder: str = "minilm"
     """Encoder of NEW memory stores: `minilm`, `st:MODEL` (e.g. a multilingual model) or
     `hashing[:DIM]`; an existing store keeps its own (`AMAPREDUCE_MEMORY_ENCODER`)."""
+    utility_cost_weight: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """λ_c of the evaluation utility u = Q − λ_c·C − λ_t·D, per million tokens
+    (`AMAPREDUCE_UTILITY_COST_WEIGHT`); None: the benchmark's default (0 for WideSearch and
+    DeepWideSearch, as in the paper; the sandbox benchmark weighs cost)."""
+    utility_delay_weight: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """λ_t of the evaluation utility, per second of wall time (`AMAPREDUCE_UTILITY_DELAY_WEIGHT`);
+    None: the benchmark's default (0)."""
     subagent_max_steps: int = Field(default=20, ge=1)
     """Agent steps per sub-agent attempt (`AMAPREDUCE_SUBAGENT_MAX_STEPS`)."""
     manager_max_steps: int = Field(default=30, ge=1)

@@ -9,7 +9,7 @@ import pytest
 
 from amapreduce.cli.app import main
 
-KEYS = {"task_id", "status", "rows", "missing_cells", "completeness", "score", "run_dir", "table_markdown"}
+KEYS = {"task_id", "status", "rows", "missing_cells", "completeness", "score", "run_dir", "table_markdown", "memory"}
 METRICS = {"score", "precision_by_row", "recall_by_row", "f1_by_row", "precision_by_item", "recall_by_item", "f1_by_item"}
 
 
@@ -50,3 +50,30 @@ def test_unknown_task_exits_2_with_the_ids(capsys: pytest.CaptureFixture[str]) -
 
 def test_fault_rate_out_of_range_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--faults", "1.5"]) == 2
+
+
+def test_demo_teaches_its_memory_and_the_next_task_of_the_family_uses_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "sbx_en_001", "--sample", "1", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    store = tmp_path / ".amapreduce-cache" / "demo-memory"
+    assert Path(first["memory"]["store"]).resolve() == store.resolve() and first["memory"]["prior"]["hint_ids"] == []
+    learned = first["memory"]["learned"]
+    assert learned["committed"] and learned["label"] is True and learned["records"] == 1
+    assert learned["distillation"]["created"] == 1 and learned["hints"] == 1
+    assert main(["demo", "sbx_en_008", "--json"]) == 0  # the same question family, another continent
+    second = json.loads(capsys.readouterr().out)
+    prior = second["memory"]["prior"]
+    assert len(prior["hint_ids"]) == 1 and "put up to 3 rows in one sub-agent batch" in prior["text"]
+    decision = json.loads((Path(second["run_dir"]) / "result.json").read_text())["decisions"][0]
+    assert decision["batch_size"] == 3 and decision["batch_strategy"]["rationale"].startswith("following experience")
+    credit = second["memory"]["learned"]["prior_hints"]
+    assert [(c["w_before"], c["w_after"]) for c in credit] == [(2, 4)]  # +2: the run succeeded
+    assert second["memory"]["learned"]["records"] == 2
+
+
+def test_demo_without_memory_makes_no_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "sbx_en_005", "--no-memory", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory"] is None
+    assert not (tmp_path / ".amapreduce-cache" / "demo-memory").exists()
+    assert main(["demo", "--no-memory", "--memory", str(tmp_path / "m")]) == 2

@@ -14,7 +14,9 @@ from amapreduce.sandbox import WORLD_DIR
 def test_every_sandbox_question_is_recognised() -> None:
     tasks = load_tasks(WORLD_DIR / "tasks.jsonl", "widesearch")
     intents = {iid: parse_intent(t.query) for iid, t in tasks.items()}
-    assert {iid: (i.kind, i.scopes, i.k, i.euro) for iid, i in intents.items() if i} == {
+    assert [iid for iid, i in intents.items() if i is None] == []  # every family of the benchmark
+    first = ("sbx_en_001", "sbx_en_002", "sbx_en_003", "sbx_en_004", "sbx_en_005")
+    assert {iid: (i.kind, i.scopes, i.k, i.euro) for iid, i in intents.items() if i and iid in first} == {
         "sbx_en_001": ("members", ("South America",), 0, False),
         "sbx_en_002": ("ranked", ("Africa", "Asia", "Europe", "North America", "Oceania", "South America"), 3, False),
         "sbx_en_003": ("members", ("Africa",), 0, False),

@@ -39,9 +39,12 @@ def test_every_sandbox_task_equals_the_gold(task_id: str, cache: Path, tmp_path:
     assert out.ask.status == "complete" and out.score["score"] == 1.0 and out.score["f1_by_item"] == 1.0
     decision = out.ask.record["decisions"][0]
     assert out.ask.record["completeness"]["mapreduce_calls"] == 2  # plan stage, then execute
-    strategy = decision["batch_strategy"]["type"]
-    assert strategy == ("by_attr" if task_id in ("sbx_en_002", "sbx_en_004") else "per_atom")
-    assert decision["batch_strategy"]["rationale"]
+    # The fixed default for every kind of question: one row per sub-agent, only as many more as
+    # the plan cap (50 batches) requires (Africa's 58 countries: 2 per sub-agent).
+    rows = len(decision["task_matrix"])
+    assert decision["batch_strategy"]["type"] == "per_atom" and decision["batch_size"] == -(-rows // 50)
+    assert "one row per sub-agent" in decision["batch_strategy"]["rationale"]
+    assert out.ask.record["completeness"]["batches"] == -(-rows // decision["batch_size"])
     assert "integer" not in decision["json_schema"]["properties"]["Country"]["description"]
     saved = json.loads((out.ask.run_dir.path / "result.json").read_text())
     timings = saved["timings"]  # the same shape as `mapreduce run`: whole run, then each execution

@@ -106,14 +106,15 @@ def test_refinement_is_contrastive_inside_each_cluster(tmp_path: Path) -> None:
         assert set(hint_provenance(conn, "hZ")) == {"b0", "b1", "b2", "b3"}
         added = conn.execute("SELECT id, w FROM hints WHERE origin = 'distill'").fetchall()
         assert [(r[1]) for r in added] == [2]
-        assert set(hint_provenance(conn, added[0][0])) == set(compare["records"])
+        # A new hint is the cluster's anchor: it inherits every record of cluster 0 (S(h) = I_k).
+        assert set(hint_provenance(conn, added[0][0])) == {"a0", "a1", "a2", "a3", "a4"}
         kinds = [r[0] for r in conn.execute("SELECT kind FROM events ORDER BY seq")]
     for kind in ("clustered", "hint_agreed", "hint_downvoted", "hint_pruned", "hint_edited", "hint_added", "distilled"):
         assert kind in kinds
     assert [r["op"] for r in report.applied] == ["REMOVE", "AGREE", "ADD", "EDIT"]
 
 
-def test_merge_keeps_scores_sets_cluster_provenance_and_merges_each_hint_once(tmp_path: Path) -> None:
+def test_merge_keeps_scores_and_support_and_merges_each_hint_once(tmp_path: Path) -> None:
     asked: list[str] = []
 
     def reply(messages, info):  # type: ignore[no-untyped-def]
@@ -133,7 +134,8 @@ def test_merge_keeps_scores_sets_cluster_provenance_and_merges_each_hint_once(tm
         rows = conn.execute("SELECT id, text, w FROM hints ORDER BY seq").fetchall()
         assert [(r[1], r[2]) for r in rows] == [("Lonely hint of cluster B.", 3),
                                                 ("Fetch entities one per batch and verify totals.", 5)]
-        assert hint_provenance(conn, rows[1][0]) == ["a0", "a1", "a2", "a3", "a4"]
+        # The cluster's records, then every record that supported a merged hint (b0, b1 of cluster B).
+        assert hint_provenance(conn, rows[1][0]) == ["a0", "a1", "a2", "a3", "a4", "b0", "b1"]
         merged_events = conn.execute("SELECT count(*) FROM events WHERE kind = 'hint_merged'").fetchone()[0]
     assert merged_events == 3
 
@@ -249,3 +251,19 @@ def test_merge_uses_current_scores_and_skips_a_batch_changed_meanwhile(tmp_path:
         rows = [(r[0], r[1], r[2]) for r in conn.execute("SELECT id, text, w FROM hints ORDER BY seq")]
     assert [(i, t, w) for i, t, w in rows if i == "n1"] == [("n1", "B rule one.", 3)]
     assert [(t, w) for i, t, w in rows if i != "n1"] == [("Merged rule.", 9)]
+
+
+def test_an_add_that_restates_a_hint_of_another_cluster_supports_it(tmp_path: Path) -> None:
+    def reply(messages, info):  # type: ignore[no-untyped-def]
+        return "ADD: Keep one row per batch."
+
+    mem = _store(tmp_path, MemoryConfig(finch_level=0, pairs_per_cluster=1), FunctionModel(reply))
+    with mem.store.write() as conn:
+        insert_hint(conn, "Keep one row per batch.", 3, origin="t", provenance=["c0"], hint_id="hC")
+    report = mem.distill(merge=False)
+    ops = {(a["op"], a["cluster"]) for a in report.applied}
+    assert ("SUPPORT", 1) in ops  # cluster 1 (b*) was not shown hC, restated it, and now supports it
+    with mem.store.read() as conn:
+        assert {"b0", "b1", "b2", "b3"} <= set(hint_provenance(conn, "hC"))
+        assert conn.execute("SELECT count(*) FROM hints").fetchone()[0] == 1  # no duplicate was added
+        assert get_hint(conn, "hC")["w"] == 3  # support, not credit

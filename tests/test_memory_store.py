@@ -13,9 +13,9 @@ from amapreduce.errors import ConfigError, UserError
 from amapreduce.mapreduce.prior import Prior
 from amapreduce.memory import ExperientialMemory, MemoryStore, StoreCorrupted, StoreVersionError
 from amapreduce.memory.index import INDEX_FILE, PERSIST_AFTER
-from amapreduce.memory.records import DecisionSummary
+from amapreduce.memory.records import DecisionSummary, Record
 from amapreduce.memory.schema import DB_NAME, SCHEMA_VERSION
-from amapreduce.memory.store import get_hint, hint_provenance, insert_hint, record_count
+from amapreduce.memory.store import get_hint, hint_provenance, insert_hint, insert_record, record_count
 
 WRITERS, WRITES = 8, 100
 
@@ -87,8 +87,13 @@ def test_the_encoder_is_fixed_at_creation(tmp_path: Path) -> None:
 
 def test_duplicate_ids_are_user_errors(tmp_path: Path) -> None:
     mem, enc = ranked_store(tmp_path)
-    with pytest.raises(UserError, match="already exists"):
-        mem.update(None, query="question P1", decision=DecisionSummary(), metrics=PASS, record_id="P1")
+    with pytest.raises(UserError, match="already exists"), mem.store.write() as conn:
+        insert_record(conn, Record(id="P1", query="question P1", label=True), enc.encode(["question P1"])[0])
+    # Through the update, an existing record id is an idempotent commit: nothing is written again.
+    result = mem.update(None, query="question P1", decision=DecisionSummary(), metrics=PASS, record_id="P1")
+    assert result.skipped == "already committed" and result.record_id == "P1" and result.credited == {}
+    with mem.store.read() as conn:
+        assert conn.execute("SELECT count(*) FROM records WHERE id = 'P1'").fetchone()[0] == 1
     with pytest.raises(UserError, match="already exists"), mem.store.write() as conn:
         insert_hint(conn, "dup", 2, origin="t", hint_id="hA")
 

@@ -28,8 +28,8 @@ EXIT_INTERRUPTED = 130
 _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
     ("amapreduce.cli.ask", "register", None, "Answer questions and inspect runs."),
     ("amapreduce.cli.mapreduce", "app", "mapreduce", "Validate, plan and run MapReduce decisions."),
-    ("amapreduce.cli.eval", "app", "eval", "Score answers like the official WideSearch/DeepWideSearch scorers."),
-    ("amapreduce.cli.memory", "app", "memory", "Inspect, search, prune and distil the experiential memory."),
+    ("amapreduce.cli.eval", "app", "eval", "Run benchmarks end to end (the memory learns), score answers like the official scorers, report."),
+    ("amapreduce.cli.memory", "app", "memory", "Inspect, search, prune, distil and teach the experiential memory."),
     ("amapreduce.cli.web", "register", None, "Search, crawl, cache and corpus commands."),
     ("amapreduce.cli.demo", "register", None, "Run the whole pipeline offline with a simulated model."),
 )

@@ -7,6 +7,8 @@ Only typer is imported at module level; the pipeline loads inside the command so
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -24,15 +26,29 @@ def demo(
     seed: int = typer.Option(0, "--seed", help="Seed of the fault injection."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
+    memory: Path | None = typer.Option(
+        None, "--memory", help="Demo memory store (default: <cache dir>/demo-memory; created if missing)."),
+    no_memory: bool = typer.Option(False, "--no-memory", help="Neither read nor teach a memory."),
+    sample: int = typer.Option(0, "--sample", min=0, help="Simulated manager's sample (0: its fixed default)."),
 ) -> None:
-    """Run a sandbox task end to end with a simulated model, offline; print the table and its score."""
+    """Run a sandbox task end to end with a simulated model, offline; print the table and its score.
+
+    The run reads its plan-stage prior from a demo memory, is scored against the sandbox gold and
+    is then committed to that memory (record, hint credit, distillation), so a second task of the
+    same family uses the first one's experience.
+    """
     from amapreduce.demo.faults import FaultPlan
     from amapreduce.demo.run import run_demo
+    from amapreduce.errors import UserError
     from amapreduce.settings import load_settings
 
+    if memory is not None and no_memory:
+        raise UserError("use either --memory STORE or --no-memory, not both.")
     settings = load_settings(workers=workers)
+    store = None if no_memory else (memory or settings.cache_dir / "demo-memory")
     typer.echo(_NOTE, err=True)
-    outcome = run_demo(task_id, settings, faults=FaultPlan(rate=faults, seed=seed), show_progress=None if not as_json else False)
+    outcome = run_demo(task_id, settings, faults=FaultPlan(rate=faults, seed=seed),
+                       show_progress=None if not as_json else False, memory_store=store, sample=sample)
     if as_json:
         typer.echo(json.dumps(outcome.to_json(), ensure_ascii=False))
     else:
@@ -49,8 +65,41 @@ def demo(
             f"row F1 {s['f1_by_row']:.3f}."
         )
         typer.echo(f"Model: simulated (not an LLM). Run directory: {outcome.ask.run_dir.path}")
+        if outcome.memory is not None:
+            _echo_memory(outcome.memory, outcome.ask.tool.decisions)
     if outcome.ask.ending.status.ended_early:
         raise typer.Exit(1)
+
+
+def _echo_memory(memory: dict[str, Any], decisions: list[Any]) -> None:
+    """The prior the run was given and what the memory learned, in a few lines."""
+    prior = memory["prior"]
+    typer.echo(f"\nMemory {memory['store']}:")
+    text = prior["text"] or "(no prior)"
+    # The prior's guidance and exemplars; an exemplar's question is shown by its first line only.
+    keep = ("Batching guidance", "- ", "Similar task", "  Its decision", "No ")
+    shown = [line for line in text.splitlines() if line.startswith(keep)] or text.splitlines()[:1]
+    typer.echo("  prior given to the manager:\n" + "\n".join(f"    {line}" for line in shown))
+    if decisions:
+        strategy = decisions[0].batch_strategy
+        typer.echo(f"  decision executed: {strategy.type}, batch size {decisions[0].batch_size or 1}"
+                   f" ({strategy.rationale or 'no rationale'})")
+    learned = memory["learned"]
+    if not learned.get("committed"):
+        typer.echo(f"  nothing learned: {learned.get('reason')}")
+        return
+    label = "success" if learned.get("label") else "weaker run"
+    typer.echo(f"  learned: record {learned['record_id']} added ({label}, utility {memory['utility']:.3f})")
+    for hint in learned.get("prior_hints", []):
+        typer.echo(f"  hint {hint['id']} credited: w {hint['w_before']} -> {hint['w_after']}")
+    if learned.get("pruned"):
+        typer.echo(f"  pruned: {', '.join(learned['pruned'])}")
+    distilled = learned.get("distillation")
+    if distilled:
+        typer.echo("  distillation ({what}): {created} hints created, {edited} edited, {removed} removed, "
+                   "{merged} merges".format(**{k: distilled.get(k, 0) for k in
+                                               ("what", "created", "edited", "removed", "merged")}))
+    typer.echo(f"  the memory now holds {learned['records']} records and {learned['hints']} hints.")
 
 
 def register(app: typer.Typer) -> None:

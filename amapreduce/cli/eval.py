@@ -1,4 +1,5 @@
-"""`amapreduce eval score`: WideSearch/DeepWideSearch scores that match the official scorers.
+"""`amapreduce eval score`: WideSearch/DeepWideSearch scores that match the official scorers (`eval run` and
+`eval report` live in `amapreduce.cli.eval_run`).
 
 Only typer is imported at module level; the evaluation package (pandas, dateparser) loads
 inside the command so `amapreduce --help` stays fast.
@@ -162,6 +163,15 @@ def _options(
     )
 
 
+def options_for(
+    benchmark: str, judge: str | None, align: str, reference_date: str | None, *, settings: Settings, meter: UsageMeter
+) -> EvalOptions:
+    """The scoring options of `eval run`: `eval score`'s defaults for everything it has no flag for,
+    so that `eval score` on its answer folders (with the same --judge/--align) gives the same numbers."""
+    return _options(benchmark, judge, align, "substring", "aidc", 100, reference_date, False, None,
+                    settings=settings, meter=meter)
+
+
 def _trials(pred_dirs: list[Path], pred_jsonl: Path | None, candidate_ids: list[str]) -> list[Trial]:
     from amapreduce.evaluation.loaders import load_predictions_dir, load_predictions_jsonl
     from amapreduce.evaluation.runner import Trial
@@ -196,11 +206,16 @@ def _task_ids(all_ids: list[str], ids: str | None, all_tasks: bool, trials: list
 
 @app.command("score")
 def score(
-    tasks: Annotated[Path, typer.Option("--tasks", help="The benchmark's tasks jsonl.")],
-    gold_dir: Annotated[Path, typer.Option("--gold-dir", help="Folder of <instance_id>.csv gold tables.")],
     out: Annotated[Path, typer.Option("--out", help="Results JSON: per_task and summary.")],
+    tasks: Annotated[
+        Path | None, typer.Option("--tasks", help="The benchmark's tasks jsonl (built in for sandbox).")
+    ] = None,
+    gold_dir: Annotated[
+        Path | None,
+        typer.Option("--gold-dir", help="Folder of <instance_id>.csv gold tables (built in for sandbox)."),
+    ] = None,
     benchmark: Annotated[
-        str, typer.Option("--benchmark", help="widesearch | deepwidesearch.")
+        str, typer.Option("--benchmark", help="widesearch | deepwidesearch | sandbox (the bundled benchmark).")
     ] = "widesearch",
     pred_dir: Annotated[
         list[Path] | None,
@@ -260,6 +275,7 @@ def score(
     """Score answers like the official WideSearch/DeepWideSearch scorers."""
     from rich.console import Console
 
+    from amapreduce.cli.eval_run import benchmark_files
     from amapreduce.evaluation.loaders import load_tasks
     from amapreduce.evaluation.runner import run_evaluation, write_json_atomic
     from amapreduce.evaluation.summary import render_per_task, render_summary
@@ -268,6 +284,9 @@ def score(
 
     settings = load_settings(api_base=api_base)
     meter = new_meter(settings)
+    tasks, gold_dir = benchmark_files(benchmark, tasks, gold_dir, settings)
+    if benchmark == "sandbox":
+        benchmark = "widesearch"  # the sandbox's tasks and gold are in the WideSearch format
     options = _options(
         benchmark,
         judge,
@@ -330,3 +349,12 @@ def score(
             markup=False,
         )
     console.print(f"results written to {out}", highlight=False, markup=False)
+
+
+def _register_run() -> None:
+    from amapreduce.cli.eval_run import register
+
+    register(app)
+
+
+_register_run()

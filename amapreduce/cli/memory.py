@@ -1,4 +1,4 @@
-"""`amapreduce memory ...`: inspect, search, prune and distil the experiential memory.
+"""`amapreduce memory ...`: inspect, search, prune and distil the experiential memory, and learn from `ask` runs.
 
 Every command takes `--store PATH` (default: `Settings.memory_store`, `memory_store/default`) and
 `--json` (exactly one JSON document on stdout). Only typer is imported at module level; the
@@ -301,3 +301,89 @@ def reindex(store: Path | None = StoreOpt, as_json: bool = JsonOpt) -> None:
     with _memory(store) as mem:
         n = mem.rebuild_index()
     _emit(as_json, {"vectors": n}, f"indexed {n} vectors")
+
+
+def _learn_text(outcome: Any, run: str) -> str:
+    """The human-readable report of `memory learn`."""
+    verdict = "positive" if outcome.label else "negative"
+    if outcome.already_committed:
+        return (f"the run {run} was already committed as record {outcome.record_id} ({verdict}); "
+                "nothing was changed.")
+    metrics = outcome.metrics
+    shown = ", ".join(f"{k} {metrics[k]:.3f}" for k in ("score", "f1_by_row", "f1_by_item", "utility")
+                      if isinstance(metrics.get(k), int | float))
+    lines = [f"committed the run {run} as record {outcome.record_id}: {verdict} under the "
+             f"`{outcome.label_rule}` rule ({shown})" + (f", task {outcome.task_id}" if outcome.task_id else "")]
+    lines += [f"warning: {w}" for w in outcome.warnings]
+    if outcome.credited:
+        lines.append("hints credited (w before -> after):")
+        lines += [f"  {c.id}  {c.w_before} -> {c.w_after}" for c in outcome.credited]
+    else:
+        lines.append("hints credited: none (the run's prior held no hint)")
+    if outcome.missing_hints:
+        lines.append(f"hints of the prior no longer in the store: {', '.join(outcome.missing_hints)}")
+    if outcome.pruned:
+        lines.append(f"hints pruned (w <= 0): {', '.join(outcome.pruned)}")
+    if outcome.distillation_due is None:
+        lines.append("distillation: not due")
+    else:
+        done = outcome.distillation or {}
+        if "skipped" in done or "failed" in done:
+            lines.append(f"distillation due ({outcome.distillation_due}), not run: "
+                         f"{done.get('skipped') or done.get('failed')}")
+        else:
+            lines.append(f"distillation ({outcome.distillation_due}) ran: " + ", ".join(
+                f"{k} {done[k]}" for k in ("created", "edited", "agreed", "removed", "merged", "pruned") if k in done))
+    return "\n".join(lines)
+
+
+@app.command("learn")
+def learn(
+    run: str = typer.Argument(..., metavar="RUN", help="A finished `ask` run: its folder name (from `runs list`) or path."),
+    utility: float | None = typer.Option(None, "--utility", metavar="U",
+                                         help="How good the run's answer was, from 0 (useless) to 1 (exactly right)."),
+    gold: Path | None = typer.Option(None, "--gold", metavar="FILE",
+                                     help="Score the run's table instead: the task's gold CSV, or a folder of "
+                                          "<instance_id>.csv (bundled for --benchmark sandbox)."),
+    tasks: Path | None = typer.Option(None, "--tasks", metavar="FILE",
+                                      help="With --gold: the tasks jsonl holding the task's evaluation spec."),
+    task_id: str | None = typer.Option(None, "--task-id", metavar="ID",
+                                       help="The task to score against (default: the run's, else the only one)."),
+    benchmark: str | None = typer.Option(None, "--benchmark",
+                                         help="Scorer and pass rule: widesearch (default) | deepwidesearch | sandbox "
+                                              "(its tasks and gold are bundled: no --gold/--tasks needed)."),
+    label_rule: str | None = typer.Option(None, "--label-rule",
+                                          help="Pass rule of a scored run (default: the benchmark's, as `eval run`)."),
+    threshold: float | None = typer.Option(None, "--threshold", min=0.0, max=1.0,
+                                           help="Pass level of the utility rule (default 0.5)."),
+    store: Path | None = StoreOpt, encoder: str | None = EncoderOpt,
+    runs_dir: Path | None = typer.Option(None, "--runs-dir", help="Folder of run directories (default: runs/)."),
+    model: str | None = ModelOpt, api_base: str | None = ApiBaseOpt,
+    no_distill: bool = typer.Option(False, "--no-distill", help="Do not run a distillation that falls due."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Commit a finished `ask` run to the memory: one record, its prior's hints credited (+2 / -1).
+
+    Say how good the answer was with --utility U (passes at U >= --threshold), or score its table
+    against the task's gold with --gold FILE --tasks TASKS.jsonl (the `eval score` scorer, exact
+    judge). A run is committed once: learning it again changes nothing. A distillation that falls
+    due runs with the memory model (--model, as `memory distill`) unless --no-distill.
+    """
+    from amapreduce.memory.schema import DB_NAME
+    from amapreduce.run.learn import learn_from_run
+    from amapreduce.run.rundir import run_path
+    from amapreduce.settings import load_settings
+
+    settings = load_settings(memory_model=model, api_base=api_base)
+    path = run_path(runs_dir or settings.runs_dir, run)
+    folder = _folder(store)
+    if encoder is None and not (folder / DB_NAME).exists():
+        encoder = settings.memory_encoder  # a store's encoder is fixed when it is created
+    llm = None if no_distill else _memory_model(model, api_base)
+    outcome = learn_from_run(
+        path, store=folder, utility=utility, gold=gold, tasks=tasks, task_id=task_id, benchmark=benchmark,
+        label_rule=label_rule, threshold=threshold, cost_weight=settings.utility_cost_weight,
+        delay_weight=settings.utility_delay_weight, encoder=encoder, model=llm, distill=not no_distill,
+        cache_dir=settings.cache_dir,
+    )
+    _emit(as_json, outcome.to_json(), _learn_text(outcome, path.name))

@@ -14,6 +14,22 @@ corpus. Which part it plays follows from the call, as it would for a real model:
   benchmark: the same discovery, then every look-up itself, one tool call per step, and a
   markdown table typed in its final answer.
 
+A sub-agent has a **capacity**, the weakness that makes batching a real decision: its final
+answer holds at most about `capacity_cells` output cells (every output column of a row counts,
+keys included). Rows past it are cut off as a long LLM output is cut at its token limit (whole
+rows, never part of a value; the reply ends after the last whole row). A batch that asks for more
+cells than the capacity also crowds the sub-agent's context: every cell asked for beyond the
+capacity costs `OVERLOAD_COST` cells of room in the answer, on every attempt of that batch (a
+continuation repeats the whole original prompt), with at least one row always answered. A small
+seeded jitter (about one answer in eight holds one row fewer) is drawn from the prompt's text, so
+runs repeat exactly. So one row per sub-agent is complete but costly, one huge batch is cheap but lossy even
+after retries and delta-patch rounds, and the best rows-per-batch depends on the row's width:
+16 cells fit 3 rows of 5 columns, 4 of 4, 5 of 3 and 8 of 2.
+
+The manager batches by the rules of `amapreduce.demo.plan`: a fixed default (one row per
+sub-agent), exploration when `sample >= 1`, and a batching hint of the plan-stage prior
+(`amapreduce.demo.hints`) when one applies to its question's row shape.
+
 Faults (`FaultPlan`) and a fixed per-call latency can be added for demos and benchmarks.
 """
 
@@ -29,21 +45,35 @@ from smolagents.models import ChatMessage, MessageRole
 
 from amapreduce.demo.atlas import Observations
 from amapreduce.demo.faults import FaultPlan
+from amapreduce.demo.hints import prior_hints
 from amapreduce.demo.plan import (
     Column,
     Intent,
     column_specs,
+    default_batching,
+    explore_batching,
+    hinted_batching,
     parse_intent,
     parse_question,
+    plan_cap,
     read_column,
     resolve,
+    with_batching,
 )
 from amapreduce.llm.messages import message_text
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply, ToolCall, final_answer, tool_call
 
-__all__ = ["SIMULATED_MODEL_ID", "SimulatedAtlasModel"]
+__all__ = ["CAPACITY_CELLS", "JITTER_ONE_IN", "OVERLOAD_COST", "SIMULATED_MODEL_ID", "SimulatedAtlasModel", "answer_limit"]
 
 SIMULATED_MODEL_ID = "simulated/sandbox"
+CAPACITY_CELLS = 16
+"""Output cells a simulated sub-agent's answer holds (see the module docstring)."""
+OVERLOAD_COST = 2
+"""Cells of answer room lost per cell a batch asks for beyond the capacity. At 2, a batch half
+again as large as the capacity leaves room for one row per attempt: retries and patch rounds may
+still complete it, but at a cost no smaller batch pays."""
+JITTER_ONE_IN = 8
+"""About one answer in this many holds one row fewer than its capacity allows."""
 _COLUMN_LINE = re.compile(r'^- "(?P<name>[^"]+)"(?: \((?P<type>[^)]*)\))?(?:: (?P<desc>.*))?$', re.MULTILINE)
 _NUMBERED = re.compile(r"^(?P<n>\d+)\. ", re.MULTILINE)
 _STILL_MISSING = re.compile(r"^- sub-question (?P<n>\d+):", re.MULTILINE)
@@ -65,6 +95,37 @@ def _steps_taken(messages: list[ChatMessage]) -> int:
     return sum(1 for m in messages if "Calling tools:" in message_text(m))
 
 
+def answer_limit(prompt: str, *, columns: int, asked_rows: int, capacity_cells: int | None) -> int | None:
+    """Rows a sub-agent's answer to `prompt` can hold (None: no limit).
+
+    `columns` output cells per row, `asked_rows` sub-questions in the batch's original prompt.
+    Deterministic in its arguments: the jitter is drawn from the prompt's text.
+    """
+    if capacity_cells is None:
+        return None
+    width = max(1, columns)
+    overflow = OVERLOAD_COST * max(0, asked_rows * width - capacity_cells)
+    rows = max(1, (capacity_cells - overflow) // width)
+    digest = hashlib.sha256(f"capacity|{prompt}".encode()).digest()
+    if rows > 1 and int.from_bytes(digest[:8], "big") % JITTER_ONE_IN == 0:
+        rows -= 1
+    return rows
+
+
+def _render_rows(rows: list[dict[str, Any]], *, cut: bool) -> str:
+    """Rows as the JSON answer; a cut answer ends after its last whole row, as at a token limit."""
+    if not cut:
+        return json.dumps(rows, ensure_ascii=False)
+    return "[" + ", ".join(json.dumps(r, ensure_ascii=False) for r in rows) + ","
+
+
+def _read_rows(answer: str) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of an answer `_render_rows` wrote, and whether it was cut."""
+    if answer.endswith(","):
+        return json.loads(answer[:-1] + "]"), True
+    return json.loads(answer), False
+
+
 class SimulatedAtlasModel(FunctionModel):
     """A deterministic simulated model for the sandbox atlas (see the module docstring).
 
@@ -72,11 +133,22 @@ class SimulatedAtlasModel(FunctionModel):
         faults: seeded fault injection (default: none).
         latency_s: fixed sleep per call, standing in for a provider's response time.
         model_id: the id shown in usage and traces.
+        capacity_cells: output cells a sub-agent's answer holds (None: unlimited).
+        sample: which sample of the model this is, as trial k of an evaluation is sample k-1: 0
+            batches by the fixed default, k >= 1 explores (see `amapreduce.demo.plan`). A batching
+            hint that applies wins over both.
     """
 
-    def __init__(self, *, faults: FaultPlan | None = None, latency_s: float = 0.0, model_id: str = SIMULATED_MODEL_ID) -> None:
+    def __init__(self, *, faults: FaultPlan | None = None, latency_s: float = 0.0, model_id: str = SIMULATED_MODEL_ID,
+                 capacity_cells: int | None = CAPACITY_CELLS, sample: int = 0) -> None:
+        if capacity_cells is not None and capacity_cells < 1:
+            raise ValueError(f"capacity_cells must be at least 1 (or None for no limit), got {capacity_cells}")
+        if sample < 0:
+            raise ValueError(f"sample must be 0 or more, got {sample}")
         self.faults = faults or FaultPlan()
         self.latency_s = latency_s
+        self.capacity_cells = capacity_cells
+        self.sample = sample
         super().__init__(self._reply, model_id=model_id)
 
     # -- dispatch -------------------------------------------------------------------------------
@@ -109,14 +181,14 @@ class SimulatedAtlasModel(FunctionModel):
 
     def _spoil(self, answer: str, fault: str | None, key: str) -> str:
         """The final answer with cells dropped, or malformed (never with a wrong value)."""
-        rows = json.loads(answer)
+        rows, cut = _read_rows(answer)
         rng = self.faults.rng(self.faults.seed, key, fault)
         if fault == "drop":
             for row in rows:
                 for name in [k for k in row if k not in ("task", "source")]:
                     if rng.random() < 0.5:
                         row[name] = ""
-            return json.dumps(rows, ensure_ascii=False)
+            return _render_rows(rows, cut=cut)
         # Malformed: prose with no JSON at all, or a reply cut off after k whole rows (as at an
         # output-token limit). Never a cut inside a value: that would be a wrong, not a missing, cell.
         k = rng.randrange(len(rows) + 1)
@@ -150,7 +222,7 @@ class SimulatedAtlasModel(FunctionModel):
             return final_answer(problem)
         if todo:
             return todo
-        decision = intent.decision(pages, obs)
+        decision = self._decision(task, intent, pages, obs, texts)
         if isinstance(decision, list):
             return decision
         calls = sum(len(_MANAGER_CALL.findall(t)) for t in texts)
@@ -170,6 +242,24 @@ class SimulatedAtlasModel(FunctionModel):
         total = head.get("table_rows_total", head.get("rows"))
         state = "complete" if head.get("complete") else f"incomplete ({head.get('missing_cells')} cells missing)"
         return final_answer(f"The table has {total} rows and is {state}; it is rendered from the mapreduce results.")
+
+    def _decision(self, task: str, intent: Intent, pages: list[str], obs: Observations,
+                  texts: list[str]) -> dict[str, Any] | list[ToolCall]:
+        """The decision to send: its own batching (default or exploration) until the plan stage
+        answered, then the batching of an applicable hint of the prior, if any."""
+        draft = intent.draft(pages, obs)
+        if isinstance(draft, list):
+            return draft
+        cap = plan_cap(texts)
+        matrix = draft["task_matrix"]
+        own = explore_batching(task, self.sample, matrix, cap) if self.sample else default_batching(matrix, cap)
+        for text in reversed(texts):
+            for line in text.splitlines():
+                if line.startswith('{"call_stage": "plan"'):
+                    prior = str(json.loads(line).get("experiential_prior", ""))
+                    hinted = hinted_batching(prior_hints(prior), draft, cap)
+                    return with_batching(draft, hinted or own)
+        return with_batching(draft, own)
 
     # -- sub-agent ------------------------------------------------------------------------------
 
@@ -206,7 +296,9 @@ class SimulatedAtlasModel(FunctionModel):
                 rows.append({"task": number, **{c.name: read_column(c, got) for c in columns}, "source": got["_url"]})
         if todo:
             return todo
-        return final_answer(json.dumps(rows, ensure_ascii=False))
+        limit = answer_limit(task, columns=len(columns), asked_rows=len(questions), capacity_cells=self.capacity_cells)
+        cut = limit is not None and len(rows) > limit
+        return final_answer(_render_rows(rows[:limit] if cut else rows, cut=cut))
 
     # -- single-agent baseline (benchmark) ------------------------------------------------------
 

@@ -4,10 +4,23 @@ This is the simulated model's "reasoning", written as code. It is not an LLM: it
 sandbox's kinds of question (every country of a continent, the members of the euro list, the
 top-k countries per continent, the top-k cities per country) and nothing else. It decides
 *what* to look up; the tools decide what is found, the engine and reducer build the table.
+
+How it batches (the decision the experiential memory learns to improve):
+
+* **Default** (`default_batching`): one row per sub-agent, for every kind of question, with
+  `batch_size` only as large as the plan cap its instructions state ("Keep the plan under N
+  batches") requires. Always complete, and the most sub-agents.
+* **Exploration** (`explore_batching`): a sample `k >= 1` stands for another sample of an LLM at
+  temperature > 0. It picks one batching of a small fixed grid (per_atom with 2, 3, 4, 6, 8 or 12
+  rows, and for two-column matrices by_attr on column 0) by a seeded hash of (question, sample),
+  so trials differ from one another and every run of the same trial is the same.
+* **Experience** (`hinted_batching`): a batching hint of the plan-stage prior that applies to the
+  draft's row shape (`amapreduce.demo.hints`) replaces either, and the rationale says so.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,18 +28,26 @@ from typing import Any, Literal
 
 from amapreduce.decision.columns import normalize_key_name
 from amapreduce.demo.atlas import Observations, clean_cell, infobox, list_entries, plain_number
+from amapreduce.demo.hints import BatchingHint, RowShape, hint_applies
 from amapreduce.testing.scripted import ToolCall, tool_call
 
 __all__ = [
+    "EXPLORATION_SIZES",
+    "Batching",
     "Column",
     "Intent",
     "PageNeed",
     "Question",
     "column_specs",
+    "default_batching",
+    "explore_batching",
+    "hinted_batching",
     "parse_intent",
     "parse_question",
+    "plan_cap",
     "read_column",
     "resolve",
+    "with_batching",
 ]
 
 NO_SEPARATORS = "digits only, no thousands separators"
@@ -43,7 +64,12 @@ _DESCRIPTIONS = {
     "callingcode": "international calling code as in the atlas, e.g. +33",
     "timezone": "IANA time zone, e.g. Europe/Paris",
     "capital": "capital city",
+    "topleveldomain": "country-code top-level domain as in the atlas, e.g. .fr",
 }
+_PLAN_CAP = re.compile(r"Keep the plan under (?P<n>\d+) batches")
+EXPLORATION_SIZES = (2, 3, 4, 6, 8)
+"""Rows per sub-agent batch that exploration (sample >= 1) chooses among, with by_attr on the
+first column for two-column matrices."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,6 +205,93 @@ def parse_question(text: str) -> Question | None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Batching:
+    """How the manager groups the rows of its task matrix into sub-agent batches."""
+
+    strategy: Literal["per_atom", "by_attr"] = "per_atom"
+    rows: int | None = 1
+    """Rows per batch: per_atom's `batch_size`, by_attr's `max_group_size` (None: whole groups)."""
+    rationale: str = ""
+
+
+def plan_cap(texts: Sequence[str]) -> int | None:
+    """The batch cap the manager's instructions state ("Keep the plan under N batches"), or None."""
+    for text in texts:
+        if found := _PLAN_CAP.search(text):
+            return int(found.group("n"))
+    return None
+
+
+def _batches(matrix: Sequence[Sequence[str]], batching: Batching) -> int:
+    """How many batches `batching` makes of `matrix` (as `mapreduce.batching` plans them)."""
+    if batching.strategy == "per_atom":
+        return -(-len(matrix) // max(1, batching.rows or 1))
+    groups: dict[str, int] = {}
+    for row in matrix:
+        groups[row[0]] = groups.get(row[0], 0) + 1
+    return sum(-(-n // batching.rows) if batching.rows else 1 for n in groups.values())
+
+
+def _under_cap(matrix: Sequence[Sequence[str]], batching: Batching, cap: int | None) -> Batching:
+    """`batching` with rows per batch raised just enough for the plan to stay within `cap`."""
+    if cap is None or _batches(matrix, batching) <= cap:
+        return batching
+    if batching.strategy == "by_attr" and len({row[0] for row in matrix}) > cap:
+        # more groups than the cap allows batches: no group size helps, so chunk in matrix order
+        batching = Batching(rows=batching.rows or 1, rationale=batching.rationale)
+    rows = max(1, batching.rows or 1)
+    while _batches(matrix, Batching(strategy=batching.strategy, rows=rows)) > cap:
+        rows += 1
+    return Batching(strategy=batching.strategy, rows=rows,
+                    rationale=f"{batching.rationale}; {rows} rows per batch keep the plan under {cap} batches")
+
+
+def default_batching(matrix: Sequence[Sequence[str]], cap: int | None) -> Batching:
+    """The fixed default: one row per sub-agent (only as many more as the plan cap requires)."""
+    one = Batching(rationale="independent look-ups, one atlas page per entity: one row per sub-agent")
+    return _under_cap(matrix, one, cap)
+
+
+def explore_batching(query: str, sample: int, matrix: Sequence[Sequence[str]], cap: int | None) -> Batching:
+    """Exploration for sample >= 1: one batching of the fixed grid, by a seeded hash of (query, sample).
+
+    It stands for another sample of an LLM at temperature > 0: another trial of the same
+    question tries another batching, and the same trial always tries the same one.
+    """
+    options = [Batching(rows=k, rationale=f"exploring {k} rows per sub-agent batch") for k in EXPLORATION_SIZES]
+    if matrix and len(matrix[0]) >= 2:
+        options.append(Batching(strategy="by_attr", rows=None,
+                                rationale="exploring one sub-agent per value of the first matrix column"))
+    digest = hashlib.sha256(f"{query}|{sample}".encode()).digest()
+    return _under_cap(matrix, options[int.from_bytes(digest[:8], "big") % len(options)], cap)
+
+
+def hinted_batching(hints: Sequence[tuple[str, BatchingHint]], decision: dict[str, Any],
+                    cap: int | None) -> Batching | None:
+    """The batching of the first hint that applies to `decision`'s row shape (None: none applies)."""
+    shape = RowShape.of(decision)
+    for text, hint in hints:
+        if hint_applies(hint, shape):
+            grouped = hint.strategy == "by_attr" and shape.matrix_columns >= 2
+            chosen = Batching(strategy="by_attr" if grouped else "per_atom", rows=hint.rows,
+                              rationale=f"following experience: {text}")
+            return _under_cap(decision["task_matrix"], chosen, cap)
+    return None
+
+
+def with_batching(draft: dict[str, Any], batching: Batching) -> dict[str, Any]:
+    """The `mapreduce` arguments: the draft (matrix, template, schema) with `batching` applied."""
+    out = {k: v for k, v in draft.items() if k not in ("batch_strategy", "batch_size")}
+    if batching.strategy == "by_attr":
+        strategy: dict[str, Any] = {"type": "by_attr", "attribute_index": 0, "rationale": batching.rationale}
+        if batching.rows:
+            strategy["max_group_size"] = batching.rows
+        return {**out, "batch_strategy": strategy}
+    return {**out, "batch_strategy": {"type": "per_atom", "rationale": batching.rationale},
+            "batch_size": batching.rows or 1}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Intent:
     """A recognised sandbox question."""
 
@@ -204,15 +317,23 @@ class Intent:
         low = [n.lower() for n in names]
         return low[0] if len(low) == 1 else ", ".join(low[:-1]) + " and " + low[-1]
 
-    def decision(self, pages: Sequence[str], obs: Observations) -> dict[str, Any] | list[ToolCall]:
-        """The mapreduce arguments, or the crawls still needed to know the entities."""
+    def decision(self, pages: Sequence[str], obs: Observations, *, batching: Batching | None = None,
+                 cap: int | None = None) -> dict[str, Any] | list[ToolCall]:
+        """The mapreduce arguments (`batching`, default: `default_batching` under `cap`), or the
+        crawls still needed to know the entities."""
+        draft = self.draft(pages, obs)
+        if isinstance(draft, list):
+            return draft
+        return with_batching(draft, batching or default_batching(draft["task_matrix"], cap))
+
+    def draft(self, pages: Sequence[str], obs: Observations) -> dict[str, Any] | list[ToolCall]:
+        """Matrix, template and schema of the decision (no batching yet), or the crawls still needed."""
         cols = list(self.columns)
         schema = {"type": "object", "properties": {c.name: {"type": "string", "description": c.description} for c in column_specs(cols)}}
         if self.kind == "ranked":
             matrix = [[c, str(r)] for c in self.scopes for r in range(1, self.k + 1)]
             template = "In the Sandbox Atlas, which country or territory of __0__ ranks __1__ by population (1 = most populous)? Give its " + self.describe(cols[2:]) + "."
-            strategy = {"type": "by_attr", "attribute_index": 0, "rationale": "the ranks of one continent share its list page and one population ranking"}
-            return {"task_matrix": matrix, "template": template, "json_schema": schema, "batch_strategy": strategy}
+            return {"task_matrix": matrix, "template": template, "json_schema": schema}
         entries = [e for page in pages for e in list_entries(page)]
         if self.kind == "top_cities":
             todo = [tool_call("crawl_page", url=e.url) for e in entries if e.url not in obs.pages]
@@ -223,15 +344,12 @@ class Intent:
                 sized = [(int(plain_number(infobox(obs.pages[e.url]).get("Population", "0"))), e.name) for e in list_entries(page)]
                 matrix += [[country, name] for _pop, name in sorted(sized, key=lambda p: (-p[0], p[1]))[: self.k]]
             template = 'In the Sandbox Atlas, find the ' + self.describe(cols[2:]) + ' of the city "__1__" in __0__.'
-            strategy = {"type": "by_attr", "attribute_index": 0, "rationale": "cities of one country share its city list and conventions"}
-            return {"task_matrix": matrix, "template": template, "json_schema": schema, "batch_strategy": strategy}
+            return {"task_matrix": matrix, "template": template, "json_schema": schema}
         if self.euro:
             entries = [e for e in entries if e.cells and e.cells[0] == self.scopes[0]]
         matrix = [[e.name] for e in entries]
-        size = max(1, -(-len(matrix) // 12))
         template = 'In the Sandbox Atlas, find the ' + self.describe(cols[1:]) + ' of the country or territory "__0__".'
-        strategy = {"type": "per_atom", "rationale": f"independent look-ups, one atlas page per entity; {size} per batch keeps the plan small"}
-        return {"task_matrix": matrix, "template": template, "json_schema": schema, "batch_strategy": strategy, "batch_size": size}
+        return {"task_matrix": matrix, "template": template, "json_schema": schema}
 
     def questions(self, decision: dict[str, Any]) -> list[Question]:
         """The atomic look-ups of a decision, for an agent that does them itself (the baseline)."""

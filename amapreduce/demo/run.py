@@ -10,6 +10,7 @@ network, no API key is needed, and the result is scored like `amapreduce eval sc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.errors import UserError
@@ -18,6 +19,8 @@ from amapreduce.settings import Settings
 if TYPE_CHECKING:
     from amapreduce.demo.faults import FaultPlan
     from amapreduce.evaluation.loaders import TaskSpec
+    from amapreduce.memory import ExperientialMemory
+    from amapreduce.memory.protocol import InstanceSession
     from amapreduce.run.ask import AskOutcome
 
 __all__ = ["DEFAULT_TASK", "DemoOutcome", "demo_settings", "load_sandbox_tasks", "run_demo", "score_answer"]
@@ -36,6 +39,8 @@ class DemoOutcome:
     """The WideSearch metrics of the table against the sandbox gold (exact judge)."""
     faults: dict[str, int]
     """Faults injected, by kind."""
+    memory: dict[str, Any] | None = None
+    """With a demo memory: the prior the run was given and what the memory learned from it."""
 
     def to_json(self) -> dict[str, Any]:
         """The `amapreduce demo --json` document."""
@@ -49,6 +54,7 @@ class DemoOutcome:
             "score": self.score,
             "run_dir": str(self.ask.run_dir.path),
             "table_markdown": self.ask.markdown,
+            "memory": self.memory,
         }
 
 
@@ -94,6 +100,8 @@ def run_demo(
     faults: FaultPlan | None = None,
     latency_s: float = 0.0,
     show_progress: bool | None = False,
+    memory_store: Path | None = None,
+    sample: int = 0,
 ) -> DemoOutcome:
     """Answer one sandbox task with the simulated model through the whole pipeline; score it.
 
@@ -104,12 +112,18 @@ def run_demo(
         faults: seeded fault injection for the simulated model.
         latency_s: fixed sleep per model call.
         show_progress: force the live progress display on/off.
+        memory_store: a demo memory folder (created with the hashing encoder if missing): the run
+            reads its prior from a frozen snapshot, is scored against the sandbox gold, and is then
+            committed (record, hint credit, distillation when due) exactly as `eval run` commits.
+        sample: the simulated manager's sample number (0: its fixed default; k: another sample, as
+            an LLM at temperature > 0 would give).
 
     Raises:
         UserError: `task_id` is not a sandbox task; the message lists the ids.
     """
     from amapreduce.demo.model import SimulatedAtlasModel
     from amapreduce.llm.factory import new_meter
+    from amapreduce.memory.protocol import InstanceSession
     from amapreduce.run.ask import run_ask
     from amapreduce.testing.scripted import SIMULATED_PRICES
 
@@ -118,15 +132,71 @@ def run_demo(
     if chosen not in tasks:
         raise UserError(f"unknown sandbox task {chosen!r}. Sandbox tasks are: {', '.join(sorted(tasks))}.")
     task = tasks[chosen]
-    model = SimulatedAtlasModel(faults=faults, latency_s=latency_s)
+    model = SimulatedAtlasModel(faults=faults, latency_s=latency_s, sample=sample)
     run_settings = demo_settings(settings, world.index_dir)
-    outcome = run_ask(
-        task.query,
-        run_settings,
-        inner=lambda role: model,
-        meter=new_meter(run_settings, prices_by_prefix=SIMULATED_PRICES),
-        task_id=chosen,
-        show_progress=show_progress,
-    )
-    score = score_answer(task, world.gold_dir, outcome.markdown)
-    return DemoOutcome(task_id=chosen, ask=outcome, score=score, faults=dict(model.faults.injected))
+    memory = _demo_memory(memory_store) if memory_store is not None else None
+    session = InstanceSession(memory, task_id=chosen, query=task.query) if memory is not None else None
+    try:
+        outcome = run_ask(
+            task.query,
+            run_settings,
+            inner=lambda role: model,
+            meter=new_meter(run_settings, prices_by_prefix=SIMULATED_PRICES),
+            prior_provider=session.snapshot if session is not None else None,
+            task_id=chosen,
+            show_progress=show_progress,
+        )
+        score = score_answer(task, world.gold_dir, outcome.markdown)
+        learned = _learn(memory, session, outcome, score) if memory is not None and session is not None else None
+    finally:
+        if memory is not None:
+            memory.close()
+    return DemoOutcome(task_id=chosen, ask=outcome, score=score, faults=dict(model.faults.injected), memory=learned)
+
+
+def _demo_memory(store: Path) -> ExperientialMemory:
+    """The demo's memory: the sandbox benchmark's settings (distilling after every run), the
+    simulated memory model, and the hashing encoder for a new store (instant, no torch: the
+    README's quick start installs no encoder model)."""
+    from amapreduce.demo.memory_model import SimulatedMemoryModel
+    from amapreduce.memory import ExperientialMemory, MemoryConfig
+    from amapreduce.memory.schema import DB_NAME
+    from amapreduce.run.eval_journal import benchmark_defaults
+
+    # The sandbox benchmark's settings, but distilling after every run: a demo shows one run's
+    # experience reaching the next at once, not after a few dozen records.
+    config = MemoryConfig(**{**benchmark_defaults("sandbox").memory, "distill_start": 1, "distill_every": 1})
+    encoder = None if (store / DB_NAME).exists() else "hashing"
+    return ExperientialMemory(store, config=config, model=SimulatedMemoryModel(), encoder=encoder)
+
+
+def _learn(memory: ExperientialMemory, session: InstanceSession, outcome: AskOutcome,
+           score: dict[str, float]) -> dict[str, Any]:
+    """Commit the demo run as `eval run` commits a trial; return the prior shown and what was learned."""
+    from amapreduce.memory.labels import UtilityWeights, utility
+    from amapreduce.memory.protocol import TrialOutcome
+    from amapreduce.memory.records import TraceSummary
+    from amapreduce.run.commit import commit_instance
+    from amapreduce.run.eval_journal import benchmark_defaults
+    from amapreduce.run.learn import run_record_id
+
+    defaults = benchmark_defaults("sandbox")
+    tool, usage = outcome.tool, outcome.meter.total()
+    prior = tool.prior
+    shown = {"text": prior.text if prior is not None else None,
+             "hint_ids": list(prior.hint_ids) if prior is not None else [],
+             "record_ids": list(prior.record_ids) if prior is not None else []}
+    if not tool.decisions:
+        session.snapshot.close()
+        return {"store": str(memory.store.folder), "prior": shown, "learned": {"committed": False,
+                                                                               "reason": "no decision was executed"}}
+    c = outcome.record["completeness"]
+    u = utility(score, tokens=usage.total_tokens, delay_s=float(outcome.record["timings"]["wall_s"]),
+                weights=UtilityWeights(cost=defaults.cost_weight, delay=defaults.delay_weight))
+    trial = TrialOutcome(trial=1, prior=prior, decision=tool.decisions[0], metrics={**score, "utility": u},
+                         trace=TraceSummary(batches=c.get("batches"), retries=c.get("retries"),
+                                            patch_rounds=c.get("patch_rounds"), cost_usd=usage.cost_usd),
+                         utility=u)
+    record_id = run_record_id(outcome.run_dir.path)  # the id `memory learn` would give it: one commit per run
+    learned = commit_instance(memory, session, [trial], record_id=record_id)
+    return {"store": str(memory.store.folder), "prior": shown, "utility": round(u, 6), "learned": learned}

@@ -4,7 +4,9 @@ Modules, in pipeline order: `answer` (markdown answer -> table, exactly as the o
 `loaders` (tasks jsonl, gold CSV, predictions), `preprocess` and `metrics` (cell rules),
 `judges` (llm_judge columns, header/key alignment, entity check: stand-ins or models),
 `score` (one table), `deepwide` (DeepWideSearch protocols), `summary` (Avg@N / Pass@N / Max@N),
-`details` (per-row audit CSV) and `runner` (many tasks x trials; behind `amapreduce eval score`).
+`details` (per-row audit CSV), `runner` (many tasks x trials; behind `amapreduce eval score`) and
+`report` with `report_data` and `report_plots` (`amapreduce eval report`: report.md and plots of an
+`eval run` folder).
 
 Nothing is imported here, so `import amapreduce.evaluation` stays cheap; pandas and dateparser
 load only when a table is scored.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from amapreduce.memory.labels import DEFAULT_UTILITY_THRESHOLD, RULES
+
 __all__ = ["DEFAULT_ENCODER", "MemoryConfig"]
 
 DEFAULT_ENCODER = "minilm"
@@ -34,7 +36,10 @@ class MemoryConfig(BaseModel):
     """Bullets kept from Φ's reply (the paper asks for 1–3)."""
     label_rule: str = "widesearch"
     """Pass rule ℓ(u): `widesearch` (reference default), `deepwidesearch`, `reference-average`,
-    `reference-average-low`, `reference-average-high` (the paper's rule and its Tab. 11 variants)."""
+    `reference-average-low`, `reference-average-high` (the paper's rule and its Tab. 11 variants),
+    `success` (SR = 1 only) or `utility` (metrics["utility"] >= `utility_threshold`)."""
+    utility_threshold: float = Field(default=DEFAULT_UTILITY_THRESHOLD, ge=0.0, le=1.0, allow_inf_nan=False)
+    """The pass level of the `utility` rule (a user's utility of a run is in [0, 1])."""
     hint_init_score: int = Field(default=2, ge=1)
     """w_h of a newly created hint (App. D.8)."""
     reward_pass: int = Field(default=2, ge=0)
@@ -66,8 +71,6 @@ class MemoryConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> MemoryConfig:
-        from amapreduce.memory.labels import RULES
-
         if self.label_rule not in RULES:
             raise ValueError(
                 f"label_rule must be one of {sorted(RULES)}, got {self.label_rule!r}"

@@ -7,7 +7,8 @@
    attached to that cluster (a cluster with positives only gets the success-only prompt).
 3. **Merge** redundant hints per cluster: each hint belongs to the cluster holding most of its
    provenance (so it is merged once, not duplicated); batches shrink to max(1, n/3) hints whose
-   provenance is the cluster and whose score is the best score they replace (never reset).
+   provenance is the cluster plus the provenance of the hints they replace, and whose score is
+   the best score they replace (the reference resets both: score to 2, provenance to the cluster).
 
 Every change goes through the store's helpers, so each is an event in the audit log.
 """
@@ -31,6 +32,7 @@ from amapreduce.memory.store import (
     delete_hint,
     get_hint,
     get_meta,
+    hint_provenance,
     insert_hint,
     log_event,
     prune_hints,
@@ -135,8 +137,12 @@ def _line(op: Operation) -> str:
 
 
 def _apply(store: MemoryStore, config: MemoryConfig, ops: list[Operation], relevant: list[str],
-           listed: dict[str, str], report: DistillReport, cluster: int) -> None:
+           listed: dict[str, str], report: DistillReport, cluster: int, members: list[str]) -> None:
     """Apply one reply's operations in one write transaction.
+
+    AGREE and EDIT add the records shown to the model (`relevant`) to the hint's provenance; a new
+    hint inherits the whole cluster's records (`members`), as the paper's S(h_k) = I_k: it is the
+    cluster's anchor, retrievable for any task whose neighbours lie in the cluster.
 
     The hints were listed (and shown to the model) in an earlier transaction, and other writers
     may have pruned, merged, removed or edited them while the model was answering; an operation
@@ -145,7 +151,7 @@ def _apply(store: MemoryStore, config: MemoryConfig, ops: list[Operation], relev
     order = {"REMOVE": 0, "AGREE": 1, "EDIT": 2, "ADD": 3}
     pool = len(listed)
     with store.write() as conn:
-        existing = [normalise_query(r[0]) for r in conn.execute("SELECT text FROM hints")]
+        existing = {normalise_query(r[0]): r[1] for r in conn.execute("SELECT text, id FROM hints")}
         for op in sorted(ops, key=lambda o: order[o.op]):
             if op.hint_id:
                 current = get_hint(conn, op.hint_id)
@@ -165,12 +171,19 @@ def _apply(store: MemoryStore, config: MemoryConfig, ops: list[Operation], relev
                 add_provenance(conn, op.hint_id, relevant)
             elif op.op == "ADD":
                 key = normalise_query(op.text)
+                same = existing.get(key)
+                if same is not None and same not in listed:
+                    # The model restated a hint this cluster was not shown (its support lies in other
+                    # clusters): the cluster's records now support it too, so it can be retrieved here.
+                    add_provenance(conn, same, members)
+                    report.applied.append({"op": "SUPPORT", "hint_id": same, "text": op.text, "cluster": cluster})
+                    continue
                 if any(key == e or e in key for e in existing if e):
                     report.rejected.append({"line": f"ADD: {op.text}", "reason": "duplicates an existing hint"})
                     continue
-                hid = insert_hint(conn, op.text, config.hint_init_score, origin="distill", provenance=relevant,
+                hid = insert_hint(conn, op.text, config.hint_init_score, origin="distill", provenance=members,
                                   cluster=cluster)
-                existing.append(key)
+                existing[key] = hid
                 report.applied.append({"op": "ADD", "hint_id": hid, "text": op.text, "cluster": cluster})
                 continue
             report.applied.append({"op": op.op, "hint_id": op.hint_id, "text": op.text, "cluster": cluster})
@@ -218,7 +231,8 @@ def _refine(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Re
             ops, rejected = parse_operations(ask(model, system, user))
             ops, more = map_operations(ops, [(h[0], h[1]) for h in listed], max_ops=config.max_ops)
             report.rejected += [{"line": r.line, "reason": r.reason} for r in (*rejected, *more)]
-            _apply(store, config, ops, relevant, {h[0]: h[1] for h in listed}, report, cluster)
+            _apply(store, config, ops, relevant, {h[0]: h[1] for h in listed}, report, cluster,
+                   [recs[i].id for i in members])
 
 
 def _merge(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec], report: DistillReport) -> None:
@@ -271,7 +285,12 @@ def _merge(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec
                                                       "writer during the merge; batch left unmerged"})
                     continue
                 score = max(int(h["w"]) for h in current if h is not None)
-                new_ids = [insert_hint(conn, text, score, origin="merge", provenance=members[cluster], cluster=cluster,
+                # Support is kept like the score: the merged hints stand for the cluster and for every
+                # record that supported a hint they replace (a hint credited by tasks of another cluster
+                # must stay retrievable for them).
+                support = list(dict.fromkeys([*members[cluster],
+                                              *(r for h in batch for r in hint_provenance(conn, h["id"]))]))
+                new_ids = [insert_hint(conn, text, score, origin="merge", provenance=support, cluster=cluster,
                                        sources=[h["id"] for h in batch]) for text in merged]
                 for h in batch:
                     delete_hint(conn, h["id"], kind="merged", into=new_ids, cluster=cluster)

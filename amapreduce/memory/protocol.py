@@ -38,19 +38,27 @@ class TrialOutcome:
     metrics: Mapping[str, Any] | None
     trace: Mapping[str, Any] | TraceSummary | None = None
     failure: str | None = None
+    utility: float | None = None
+    """u of paper Eq. 1 (`memory.labels.utility`); None: the quality score alone (λ_c = λ_t = 0)."""
 
 
 def canonical_trial(outcomes: Sequence[TrialOutcome]) -> TrialOutcome | None:
-    """The fixed commit rule: the highest-quality trial (0.6·SR + 0.3·rowF1 + 0.1·itemF1), ties to the
-    lowest trial number; trials that failed for infrastructure reasons are never chosen.
+    """The fixed commit rule: the trial with the highest utility u, ties to the lowest trial number;
+    trials that failed for infrastructure reasons are never chosen.
 
-    Fixed in advance and quality-based, as D.5 requires: it does not depend on which trial ran
+    u is the quality score 0.6·SR + 0.3·rowF1 + 0.1·itemF1 minus the configured cost and delay
+    terms (`memory.labels.utility`); with the paper's weights (0, 0) it is the quality score, the
+    reference's rule. Fixed in advance, as D.5 requires: it does not depend on which trial ran
     first or on anything the trials saw.
     """
     valid = [o for o in outcomes if not o.failure and infrastructure_failure_reason(o.metrics) is None]
     if not valid:
         return None
-    return min(valid, key=lambda o: (-confidence(o.metrics or {}), o.trial))
+
+    def value(o: TrialOutcome) -> float:
+        return o.utility if o.utility is not None else confidence(o.metrics or {})
+
+    return min(valid, key=lambda o: (-value(o), o.trial))
 
 
 class InstanceSession:
@@ -64,8 +72,14 @@ class InstanceSession:
         """The frozen, read-only memory every trial of this instance reads."""
         self._committed = False
 
-    def commit(self, outcomes: Sequence[TrialOutcome]) -> UpdateResult | None:
+    def commit(self, outcomes: Sequence[TrialOutcome], *, record_id: str | None = None,
+               auto_distill: bool = True) -> UpdateResult | None:
         """Commit the canonical trial to the live memory (once); None when every trial failed.
+
+        `record_id` makes the commit idempotent in the store: a record of that id that already
+        exists (a resumed evaluation that crashed after committing) is not written again. With
+        `auto_distill=False` a distillation that falls due is only reported (`UpdateResult.distill`),
+        for a caller that runs it itself to keep its report.
 
         Raises:
             UserError: called twice for the same instance.
@@ -78,4 +92,5 @@ class InstanceSession:
         if chosen is None:
             return None
         return self.memory.update(chosen.prior, query=self.query, decision=chosen.decision, metrics=chosen.metrics,
-                                  trace=chosen.trace, task_id=self.task_id, record_id=None)
+                                  trace=chosen.trace, task_id=self.task_id, record_id=record_id,
+                                  auto_distill=auto_distill)

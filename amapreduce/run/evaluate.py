@@ -1,0 +1,460 @@
+"""`amapreduce eval run`: run a benchmark end to end, score every answer, and let the memory learn.
+
+Each (task, trial) is a whole `ask` run (manager, `mapreduce` tool, sub-agents), its answer is
+written in the official layout (`DIR/trial{k}/<instance_id>.md`) and scored with the project's
+scorer; then the memory protocol of paper App. D.5 runs:
+
+* all trials of an instance read one frozen snapshot of the memory;
+* after they finish, exactly one canonical trial (the highest utility u, `memory.protocol`) is
+  committed: record + hint credit + pruning, then the distillation when the schedule says so.
+
+**Order.** Commits happen in task order, one at a time, in the calling thread. With
+`tasks_parallel = K`, instance i starts right after instance i−K has been committed and takes its
+snapshot then, so it reads exactly the commits of instances 1..i−K whatever the threads' timing
+(with K = 1 every instance sees every earlier one). The trials of one instance run one after the
+other, each with a fresh simulated or real model.
+
+**Durability.** `DIR/journal.jsonl` (the one journal format, `amapreduce.journal`) records the
+configuration, every finished trial (score, usage, prior, decision) and every commit. A killed
+evaluation continues with `--resume`: finished trials are never rerun, and a commit is idempotent
+in the store (its record id is derived from the evaluation and the instance), so an instance is
+never committed twice even when the crash fell between the commit and its journal line. An
+unfinished trial is rerun from scratch. With K > 1 the trials rerun after a crash read the memory
+as it is at resume time (the snapshot of their killed siblings cannot be rebuilt).
+
+`results.json` is scored at the end by the very function `amapreduce eval score` uses, over the
+trial folders, so rescoring them reproduces it exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from amapreduce._atomic import atomic_open
+from amapreduce.errors import UserError
+from amapreduce.journal import JournalWriter, read_journal
+from amapreduce.run.commit import commit_instance, pool_counts, pool_counts_log
+from amapreduce.run.eval_journal import (
+    ENTRIES,
+    JOURNAL,
+    MEMORY_LOG,
+    RESULTS,
+    EvalConfig,
+    EvalEnded,
+    EvalStarted,
+    InstanceCommitted,
+    PriorRecord,
+    TrialDone,
+    read_eval_config,
+    results_document,
+)
+
+if TYPE_CHECKING:
+    from amapreduce.evaluation.loaders import TaskSpec
+    from amapreduce.evaluation.runner import EvalOptions
+    from amapreduce.llm.meter import Price
+    from amapreduce.llm.usage import Usage
+    from amapreduce.mapreduce.prior import Prior
+    from amapreduce.memory import ExperientialMemory
+    from amapreduce.memory.protocol import InstanceSession, TrialOutcome
+    from amapreduce.run.wiring import InnerFactory
+    from amapreduce.settings import Settings
+
+__all__ = ["EvalRunOutcome", "SimulatedModels", "run_benchmark"]
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatedModels:
+    """The simulated models of an offline evaluation (brought by the `demo` layer, never by this one)."""
+
+    inner_for: Callable[[str, int], InnerFactory]
+    """(instance id, trial) → the role → model factory of that trial's `ask` run."""
+    memory_model: Any
+    prices_by_prefix: Mapping[str, Price]
+
+
+@dataclass(kw_only=True)
+class EvalRunOutcome:
+    """A finished (or budget-stopped) evaluation."""
+
+    out: Path
+    status: Literal["complete", "stopped"]
+    reason: str | None
+    results: dict[str, Any]
+    """The `results.json` document (empty when stopped before any task finished)."""
+
+
+class _Budget:
+    """The evaluation's `--max-cost`: trials start only while money is left."""
+
+    def __init__(self, limit: float | None, spent: float) -> None:
+        self.limit = limit
+        self.spent = spent
+        self._lock = threading.Lock()
+
+    def add(self, cost: float) -> None:
+        with self._lock:
+            self.spent += cost
+
+    def left(self) -> float | None:
+        with self._lock:
+            return None if self.limit is None else self.limit - self.spent
+
+
+class _Stop(Exception):  # noqa: N818 - internal signal, never leaves this module
+    """The budget ran out before a trial could start."""
+
+
+@dataclass(kw_only=True)
+class _State:
+    """What the journal says is done, and the live counters of the progress line."""
+
+    trials: dict[tuple[str, int], TrialDone] = field(default_factory=dict)
+    committed: dict[str, InstanceCommitted] = field(default_factory=dict)
+    memory_before: dict[str, int] = field(default_factory=dict)
+    running: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def run_benchmark(
+    config: EvalConfig,
+    *,
+    out: Path,
+    tasks: Mapping[str, TaskSpec],
+    settings: Settings,
+    options: EvalOptions,
+    tasks_parallel: int = 1,
+    simulated: SimulatedModels | None = None,
+    memory_model: Any | None = None,
+    resume: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> EvalRunOutcome:
+    """Run (or resume) the evaluation `config` into `out`; see the module docstring.
+
+    Args:
+        config: what to evaluate (journaled; on resume it must equal the journaled one).
+        out: the evaluation folder.
+        tasks: the benchmark's tasks by id (must hold every id of `config.task_ids`).
+        settings: the run settings of every trial (model, search backend, workers, limits).
+        options: how answers are scored (the same object `eval score` builds).
+        tasks_parallel: instances run at once (commits stay in task order).
+        simulated: the simulated models of an offline run (None: the settings' real models).
+        memory_model: the memory's projection/distillation model when not simulated (None: raw hints).
+        resume: continue the evaluation journaled in `out`.
+        progress: called with one line of progress text after every trial and commit.
+
+    Raises:
+        UserError: `out` already holds an evaluation and `resume` is False, or holds a different
+            one; `resume` without a journal; an unknown task id.
+    """
+    unknown = [i for i in config.task_ids if i not in tasks]
+    if unknown:
+        raise UserError(f"unknown instance id(s) {unknown[:5]}: not in the tasks file. Check --ids.")
+    journal_path = out / JOURNAL
+    state = _State()
+    if journal_path.exists():
+        if not resume:
+            raise UserError(f"{out} already holds an evaluation (its {JOURNAL}). Continue it with --resume, "
+                            "or choose another --out.")
+        saved = read_eval_config(out)
+        if saved is None:
+            raise UserError(f"{journal_path} has no configuration entry; it is not a resumable evaluation.")
+        changed = saved.differences(config.model_copy(update={"eval_id": saved.eval_id}))
+        if changed:
+            raise UserError(f"--resume: the command asks for a different evaluation than {out} holds "
+                            f"(differs in {', '.join(changed)}). Rerun with the original options, or `eval run --resume "
+                            f"{out}` alone.")
+        config = saved
+        _, entries = read_journal(journal_path, ENTRIES, kind="eval")
+        for entry in entries:
+            if isinstance(entry, EvalStarted):
+                state.memory_before = dict(entry.memory_before)
+            elif isinstance(entry, TrialDone):
+                state.trials[(entry.task_id, entry.trial)] = entry
+            elif isinstance(entry, InstanceCommitted):
+                state.committed[entry.task_id] = entry
+    elif resume:
+        raise UserError(f"--resume: {out} holds no evaluation to continue (no {JOURNAL}).")
+    out.mkdir(parents=True, exist_ok=True)
+    for k in range(1, config.trials + 1):
+        (out / f"trial{k}").mkdir(exist_ok=True)
+    fresh = not journal_path.exists()
+    memory, before = _open_memory(config, simulated, memory_model)
+    after = before
+    budget = _Budget(config.max_cost_usd, sum(t.cost_usd for t in state.trials.values()))
+    stopped: str | None = None
+    with JournalWriter(journal_path, kind="eval") as journal:
+        if fresh:
+            journal.append(EvalStarted(config=config, memory_before=before))
+        before = state.memory_before or before
+        runner = _TrialRunner(config=config, out=out, tasks=tasks, settings=settings, options=options,
+                              simulated=simulated, journal=journal, state=state, budget=budget)
+        try:
+            stopped = _drive(config, runner, memory, journal, state, out, max(1, tasks_parallel), progress)
+            if memory is not None:
+                after = pool_counts(memory)
+        finally:
+            if memory is not None:
+                memory.close()
+        results = results_document(config, out, tasks, options, state.trials, before=before, after=after) if state.trials else {}
+        if stopped is None:
+            with atomic_open(out / RESULTS) as handle:
+                json.dump(results, handle, ensure_ascii=False, indent=2)
+        journal.append(EvalEnded(status="stopped" if stopped else "complete", reason=stopped))
+    return EvalRunOutcome(out=out, status="stopped" if stopped else "complete", reason=stopped, results=results)
+
+
+def _open_memory(config: EvalConfig, simulated: SimulatedModels | None,
+                 memory_model: Any | None) -> tuple[ExperientialMemory | None, dict[str, int]]:
+    if config.memory_store is None:
+        return None, {"records": 0, "hints": 0}
+    from amapreduce.memory import ExperientialMemory, MemoryConfig
+
+    model = simulated.memory_model if simulated is not None else memory_model
+    memory = ExperientialMemory(Path(config.memory_store), config=MemoryConfig(**config.memory_config),
+                                model=model, encoder=config.encoder)
+    return memory, pool_counts(memory)
+
+
+def _drive(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory | None, journal: JournalWriter,
+           state: _State, out: Path, parallel: int, progress: Callable[[str], None] | None) -> str | None:
+    """Start instances in task order (at most `parallel` uncommitted at once) and commit them in order."""
+    from amapreduce.memory.protocol import InstanceSession
+
+    order = config.task_ids
+    futures: dict[str, Future[list[TrialDone]]] = {}
+    sessions: dict[str, InstanceSession | None] = {}
+    started = committed = 0
+    stopped: str | None = None
+    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="eval-task") as pool:
+        while committed < len(order):
+            while stopped is None and started < len(order) and started < committed + parallel:
+                iid = order[started]
+                started += 1
+                if iid in state.committed:
+                    continue
+                session = InstanceSession(memory, task_id=iid, query=runner.tasks[iid].query) if memory else None
+                sessions[iid] = session
+                futures[iid] = pool.submit(runner.instance, iid, session.snapshot if session else None)
+            iid = order[committed]
+            if iid not in state.committed:
+                if iid not in futures:
+                    break  # stopped before this instance started
+                try:
+                    done = futures.pop(iid).result()
+                except _Stop as stop:
+                    stopped = str(stop)
+                    session = sessions.pop(iid, None)
+                    if session is not None:
+                        session.snapshot.close()
+                    break
+                entry = _commit(config, iid, committed, done, sessions.pop(iid), memory, runner.tasks[iid].query)
+                journal.append(entry)
+                state.committed[iid] = entry
+                _write_memory_log(out, config, state)
+            committed += 1
+            if progress is not None:
+                progress(_progress_line(config, state))
+        for iid, future in futures.items():  # a stop leaves started instances: finish their trials
+            try:
+                future.result()
+            except _Stop as stop:
+                stopped = stopped or str(stop)
+            session = sessions.pop(iid, None)
+            if session is not None:
+                session.snapshot.close()
+    return stopped
+
+
+def _progress_line(config: EvalConfig, state: _State) -> str:
+    with state.lock:
+        trials = list(state.trials.values())
+        running = state.running
+    f1 = [float(t.metrics.get("f1_by_item") or 0.0) for t in trials]
+    mean = f"{sum(f1) / len(f1):.3f}" if f1 else "-"
+    cost = sum(t.cost_usd for t in trials)
+    return (f"tasks {len(state.committed)}/{len(config.task_ids)} done, trials {len(trials)}/"
+            f"{len(config.task_ids) * config.trials} finished, {running} running, cost ${cost:.4f}, "
+            f"mean Item F1 {mean}")
+
+
+@dataclass(kw_only=True)
+class _TrialRunner:
+    """Runs the trials of one instance (in a worker thread) and journals each one."""
+
+    config: EvalConfig
+    out: Path
+    tasks: Mapping[str, TaskSpec]
+    settings: Settings
+    options: EvalOptions
+    simulated: SimulatedModels | None
+    journal: JournalWriter
+    state: _State
+    budget: _Budget
+
+    def instance(self, iid: str, snapshot: ExperientialMemory | None) -> list[TrialDone]:
+        done: list[TrialDone] = []
+        for trial in range(1, self.config.trials + 1):
+            with self.state.lock:
+                finished = self.state.trials.get((iid, trial))
+            if finished is None:
+                finished = self.trial(iid, trial, snapshot)
+            done.append(finished)
+        return done
+
+    def trial(self, iid: str, trial: int, snapshot: ExperientialMemory | None) -> TrialDone:
+        from amapreduce.llm.factory import new_meter
+        from amapreduce.run.ask import run_ask
+
+        left = self.budget.left()
+        if left is not None and left <= 0:
+            raise _Stop(f"--max-cost ${self.config.max_cost_usd} reached (spent ${self.budget.spent:.4f}); "
+                        "continue with --resume and a larger --max-cost")
+        task = self.tasks[iid]
+        runs_dir = self.out / "runs" / iid / f"trial{trial}"
+        update: dict[str, Any] = {"runs_dir": runs_dir}
+        if left is not None:
+            update["max_cost_usd"] = left
+        settings = self.settings.model_copy(update=update)
+        prices = self.simulated.prices_by_prefix if self.simulated is not None else None
+        meter = new_meter(settings, prices_by_prefix=prices) if prices is not None else None
+        with self.state.lock:
+            self.state.running += 1
+        started = time.perf_counter()
+        answer: str | None = None
+        failure: str | None = None
+        entry: dict[str, Any] = {}
+        try:
+            outcome = run_ask(task.query, settings,
+                              inner=self.simulated.inner_for(iid, trial) if self.simulated is not None else None,
+                              meter=meter, prior_provider=snapshot, task_id=iid, show_progress=False)
+        except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (status failed) and never committed
+            failure = f"{type(exc).__name__}: {exc}"
+            entry = {"status": "failed", "run_dir": None, "usage": None}
+        else:
+            answer = outcome.markdown
+            record = outcome.record
+            usage = outcome.meter.total()
+            tool = outcome.tool
+            completeness = record.get("completeness", {})
+            entry = {
+                "status": outcome.status, "run_dir": str(outcome.run_dir.path), "usage": usage,
+                "prior": None if tool.prior is None else PriorRecord(
+                    text=tool.prior.text, hint_ids=list(tool.prior.hint_ids), record_ids=list(tool.prior.record_ids)),
+                "decision": tool.decisions[0].model_dump(mode="json") if tool.decisions else None,
+                "subagents": int(completeness.get("attempts") or 0),
+                "trace": {"batches": completeness.get("batches"), "retries": completeness.get("retries"),
+                          "patch_rounds": completeness.get("patch_rounds"), "cost_usd": usage.cost_usd},
+            }
+        wall = time.perf_counter() - started
+        answer_file = self.out / f"trial{trial}" / f"{iid}.md"
+        with atomic_open(answer_file) as handle:
+            handle.write(answer if answer is not None else "")
+        metrics = self._score(iid, trial)
+        spent: Usage | None = entry.get("usage")
+        tokens = spent.total_tokens if spent is not None else 0
+        from amapreduce.memory.labels import UtilityWeights, utility
+
+        weights = UtilityWeights(cost=self.config.cost_weight, delay=self.config.delay_weight)
+        trace = dict(entry.get("trace") or {})
+        trace["delay_s"] = round(wall, 3)
+        done = TrialDone(
+            task_id=iid, trial=trial, status=entry["status"], failure=failure, metrics=metrics,
+            utility=round(utility(metrics, tokens=tokens, delay_s=wall, weights=weights), 6),
+            cost_usd=spent.cost_usd if spent is not None else 0.0,
+            prompt_tokens=spent.input_tokens if spent is not None else 0,
+            completion_tokens=spent.output_tokens if spent is not None else 0,
+            model_calls=spent.requests if spent is not None else 0,
+            subagents=int(entry.get("subagents") or 0), wall_s=round(wall, 3),
+            run_dir=_relative(entry.get("run_dir"), self.out), prior=entry.get("prior"),
+            decision=entry.get("decision"), trace=trace,
+        )
+        self.journal.append(done)
+        self.budget.add(done.cost_usd)
+        with self.state.lock:
+            self.state.trials[(iid, trial)] = done
+            self.state.running -= 1
+        return done
+
+    def _score(self, iid: str, trial: int) -> dict[str, Any]:
+        """The trial's metrics, by the very code `eval score` runs on the answer file."""
+        from amapreduce.evaluation.loaders import load_predictions_dir
+        from amapreduce.evaluation.runner import Trial, run_evaluation
+
+        folder = self.out / f"trial{trial}"
+        answers = load_predictions_dir(folder, [iid])
+        report = run_evaluation(dict(self.tasks), [iid], [Trial(str(folder), answers)],
+                                Path(self.config.gold_dir), self.options)
+        return dict(report.per_task[iid][0])
+
+
+def _relative(path: str | None, out: Path) -> str | None:
+    if path is None:
+        return None
+    try:
+        return str(Path(path).resolve().relative_to(out.resolve()))
+    except ValueError:
+        return path
+
+
+def _record_id(config: EvalConfig, iid: str) -> str:
+    """The instance's record id: the same on every resume of this evaluation, unique across evaluations."""
+    return "r-" + hashlib.sha256(f"{config.eval_id}|{iid}".encode()).hexdigest()[:12]
+
+
+def _outcome(done: TrialDone, query: str, iid: str) -> TrialOutcome:
+    from amapreduce.decision.model import Decision
+    from amapreduce.mapreduce.prior import Prior
+    from amapreduce.memory.protocol import TrialOutcome
+    from amapreduce.memory.records import DecisionSummary, TraceSummary
+
+    prior: Prior | None = None
+    if done.prior is not None:
+        prior = Prior(text=done.prior.text, hint_ids=tuple(done.prior.hint_ids),
+                      record_ids=tuple(done.prior.record_ids), details={"query": query, "task_id": iid})
+    decision = Decision.parse(done.decision) if done.decision is not None else DecisionSummary()
+    failure = done.failure or (None if done.decision is not None else "no decision was executed")
+    return TrialOutcome(trial=done.trial, prior=prior, decision=decision,
+                        metrics={**done.metrics, "utility": done.utility},
+                        trace=TraceSummary.model_validate({k: v for k, v in done.trace.items()
+                                                           if k in TraceSummary.model_fields}),
+                        failure=failure, utility=done.utility)
+
+
+def _commit(config: EvalConfig, iid: str, order: int, done: list[TrialDone], session: InstanceSession | None,
+            memory: ExperientialMemory | None, query: str) -> InstanceCommitted:
+    """Commit the instance's canonical trial (when learning) and describe it for `memory_log.jsonl`."""
+    from amapreduce.memory.protocol import canonical_trial
+
+    outcomes = [_outcome(d, query, iid) for d in done]
+    chosen = canonical_trial(outcomes)
+    log: dict[str, Any] = {"task_id": iid, "order": order, "chosen_trial": chosen.trial if chosen else None,
+                           "utility": chosen.utility if chosen else None, "label": None, "record_id": None,
+                           "prior_hints": [], "pruned": [], "distillation": None, "committed": False}
+    if memory is None or session is None:
+        log["reason"] = "no memory"
+        return InstanceCommitted(task_id=iid, log=log)
+    if not config.learn:
+        session.snapshot.close()
+        log["reason"] = "--no-learn"
+        log.update(pool_counts_log(memory))
+        return InstanceCommitted(task_id=iid, log=log)
+    log.update(commit_instance(memory, session, outcomes, record_id=_record_id(config, iid)))
+    return InstanceCommitted(task_id=iid, log=log)
+
+
+def _write_memory_log(out: Path, config: EvalConfig, state: _State) -> None:
+    """`memory_log.jsonl`, rewritten whole from the journal's commits (so a resume never duplicates a line)."""
+    order = {iid: n for n, iid in enumerate(config.task_ids)}
+    lines = sorted(state.committed.values(), key=lambda e: order[e.task_id])
+    with atomic_open(out / MEMORY_LOG) as handle:
+        for entry in lines:
+            if entry.log.get("committed") or entry.log.get("reason") not in ("no memory",):
+                handle.write(json.dumps(entry.log, ensure_ascii=False) + "\n")
