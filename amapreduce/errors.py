@@ -10,6 +10,7 @@ AmapreduceError                 base of everything we raise on purpose
 │   ├── BatchTimeout            one sub-agent attempt ran past its deadline
 │   ├── BudgetExceeded          the run's cost or token budget is spent; the run stops cleanly
 │   ├── ProviderUnavailable     a model provider's circuit breaker is open: the provider is down; the run stops
+│   │   └── SearchUnavailable   a search backend's circuit breaker is open: search is down; the run stops
 │   └── RunCancelled            the run was cancelled (Ctrl-C or `cancel()`); holds the partial result
 └── ToolError                   model-facing: a tool call did not succeed; the message tells the model what to do
     ├── ToolCallRefused         the tool turned the call away on purpose (bad arguments, URL policy, call limits)
@@ -36,6 +37,7 @@ __all__ = [
     "ProviderUnavailable",
     "RunCancelled",
     "RunError",
+    "SearchUnavailable",
     "SolverError",
     "ToolCallFailed",
     "ToolCallRefused",
@@ -112,6 +114,17 @@ class ProviderUnavailable(RunError):
     last_error: str | None
 
 
+class SearchUnavailable(ProviderUnavailable):
+    """A search backend is down: its circuit breaker (`amapreduce.web.backends.base`) is open and
+    the outage has lasted longer than a run waits. Nothing was sent; the run stops `failed`.
+
+    Why a `ProviderUnavailable`: it is the same event for the same reason — a service the run cannot
+    do without stopped answering — so it stops a run wherever a provider outage does (it is one of
+    `mapreduce.result.RUN_STOPPING_ERRORS` through its base), and the web tools let it through
+    instead of showing it to the model as one more failed call. `provider` is the backend's name.
+    """
+
+
 class RunCancelled(RunError):
     """The run was cancelled; `partial` holds whatever result existed at that moment."""
 
@@ -147,9 +160,11 @@ def find_cause(exc: BaseException, *kinds: type[BaseException]) -> BaseException
     Agent frameworks wrap the errors raised inside tools and models (smolagents raises
     `AgentGenerationError` from a model's `BudgetExceeded`); this finds the one that matters.
     """
+    visited: set[int] = set()  # a chain can loop (an error re-raised as its own cause)
     seen: BaseException | None = exc
-    while seen is not None:
+    while seen is not None and id(seen) not in visited:
         if isinstance(seen, kinds):
             return seen
+        visited.add(id(seen))
         seen = seen.__cause__ or seen.__context__
     return None

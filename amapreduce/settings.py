@@ -142,6 +142,25 @@ class Settings(BaseModel):
     """Character budget of one crawled page's text (`AMAPREDUCE_CRAWL_MAX_CHARS`)."""
     search_min_interval_s: float = Field(default=1.0, ge=0)
     """Minimum seconds between two calls to one remote search backend (`AMAPREDUCE_SEARCH_MIN_INTERVAL_S`)."""
+    search_breaker_failures: int = Field(default=5, ge=1)
+    """Search requests in a row that failed because the backend did not answer (connection or
+    DNS error, timeout, 5xx; an empty result or a 429 is an answer) before the backend's circuit
+    breaker opens (`AMAPREDUCE_SEARCH_BREAKER_FAILURES`). Each attempt counts, retries included."""
+    search_breaker_cooldown_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    """Seconds an open search breaker sends nothing before one probe request
+    (`AMAPREDUCE_SEARCH_BREAKER_COOLDOWN_S`)."""
+    search_breaker_max_wait_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
+    """Seconds after a search backend's outage began that a search still waits for it; then
+    searches raise `SearchUnavailable` at once and the run ends `failed` with that one line
+    (`AMAPREDUCE_SEARCH_BREAKER_MAX_WAIT_S`; 0: fail at once while the breaker is open)."""
+    crawl_breaker_failures: int = Field(default=3, ge=1)
+    """Crawls of one host in a row that failed because it did not answer (DNS or connection
+    error, timeout, 5xx) before that host's breaker opens and its pages fail at once, telling the
+    model to try another source (`AMAPREDUCE_CRAWL_BREAKER_FAILURES`). Per host and per run: one
+    dead site never stops a run."""
+    crawl_breaker_cooldown_s: float = Field(default=60.0, ge=0, allow_inf_nan=False)
+    """Seconds an open host breaker refuses crawls of that host before one probe is let through
+    (`AMAPREDUCE_CRAWL_BREAKER_COOLDOWN_S`)."""
     model: str | None = None
     """Default model of every role: a LiteLLM id (`openai/gpt-5-mini`) or, with `api_base`, the
     server's model name (`AMAPREDUCE_MODEL`)."""

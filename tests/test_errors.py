@@ -34,3 +34,12 @@ def test_audiences_are_split() -> None:
     assert issubclass(errors.ToolCallRefused, errors.ToolError) and issubclass(errors.ToolCallFailed, errors.ToolError)
     assert not issubclass(errors.ToolError, (errors.UserError, errors.RunError))
     assert not issubclass(errors.ToolCallFailed, errors.ToolCallRefused)
+
+
+def test_find_cause_stops_on_a_cause_chain_that_loops() -> None:
+    from amapreduce.errors import find_cause
+
+    first, second = ValueError("a"), KeyError("b")
+    first.__cause__, second.__cause__ = second, first
+    assert find_cause(first, TypeError) is None
+    assert find_cause(first, KeyError) is second

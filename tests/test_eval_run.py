@@ -188,21 +188,11 @@ def test_kill_9_then_resume_repeats_no_trial_and_no_commit(mode: str, after: int
 def test_eval_run_through_a_real_client_and_http(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--model/--api-base`: the real OpenAI client path (smolagents' OpenAIModel, HTTP on loopback) for
     every role, the memory's included; the server's model is the simulated one (code, not an LLM)."""
-    from amapreduce.demo.memory_model import SimulatedMemoryModel
-    from amapreduce.demo.model import SimulatedAtlasModel
+    from amapreduce.demo.serve import serving_model
     from amapreduce.llm.guard import allow_model_requests
-    from amapreduce.llm.messages import message_text
     from amapreduce.testing.openai_server import OpenAICompatibleServer
-    from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply
 
-    atlas, memory_model = SimulatedAtlasModel(model_id="simulated-sandbox"), SimulatedMemoryModel()
-
-    def reply(messages: list[Any], info: ModelInfo) -> Reply:
-        text = "\n".join(message_text(m) for m in messages)
-        memory_prompt = "### Historical hints" in text or "## SUCCESSFUL decision" in text or "## Current batching" in text
-        return (memory_model if memory_prompt else atlas).function(messages, info)
-
-    served = FunctionModel(reply, model_id="simulated-sandbox")
+    served = serving_model()  # the simulated atlas model, and the simulated memory model for memory prompts
     out = tmp_path / "ev"
     with OpenAICompatibleServer(served) as server, allow_model_requests():
         code, doc = _run(["--benchmark", "sandbox", "--ids", "sbx_en_005,sbx_en_001", "--out", str(out),

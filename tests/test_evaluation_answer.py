@@ -90,8 +90,8 @@ def test_cleaned_text_matches_official_steps() -> None:
     assert cleaned == "|colone|b|\n|x|y|"
 
 
-def test_round_trip_of_a_gold_table(shared_data: Path) -> None:
-    gold = read_table_frame(shared_data / "widesearch" / "widesearch_gold" / "ws_en_018.csv")
+def test_round_trip_of_a_gold_table(benchmark_data: Path) -> None:
+    gold = read_table_frame(benchmark_data / "widesearch" / "widesearch_gold" / "ws_en_018.csv")
     header = "| " + " | ".join(gold.columns) + " |"
     rows = ["| " + " | ".join(r) + " |" for r in gold.itertuples(index=False)]
     frame = extract_answer_dataframe(_fenced("\n".join([header, "|" + "---|" * gold.shape[1], *rows])))

@@ -31,8 +31,8 @@ def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ws_paths(shared_data: Path) -> tuple[Path, Path]:
-    root = shared_data / "widesearch"
+def ws_paths(benchmark_data: Path) -> tuple[Path, Path]:
+    root = benchmark_data / "widesearch"
     return root / "widesearch.jsonl", root / "widesearch_gold"
 
 
@@ -231,8 +231,8 @@ def test_unreadable_answer_is_a_clear_error(
     assert "cannot be read" in capsys.readouterr().err
 
 
-def test_deepwidesearch_run(tmp_path: Path, shared_data: Path) -> None:
-    root = shared_data / "deepwidesearch"
+def test_deepwidesearch_run(tmp_path: Path, benchmark_data: Path) -> None:
+    root = benchmark_data / "deepwidesearch"
     tasks_file, gold_dir = root / "overall_20250916.jsonl", root / "overall_20250916_tables"
     tasks = load_tasks(tasks_file, "deepwidesearch")
     iid = "wide2deep_ws_en_024"

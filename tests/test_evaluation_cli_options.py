@@ -25,8 +25,8 @@ def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def ws_paths(shared_data: Path) -> tuple[Path, Path]:
-    root = shared_data / "widesearch"
+def ws_paths(benchmark_data: Path) -> tuple[Path, Path]:
+    root = benchmark_data / "widesearch"
     return root / "widesearch.jsonl", root / "widesearch_gold"
 
 
@@ -53,7 +53,7 @@ class _OptionsHandedOver(Exception):
 
 
 @pytest.fixture
-def score_options(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ScoreOptions:
+def score_options(benchmark_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ScoreOptions:
     """`amapreduce eval score --benchmark B FLAGS...` up to the library call: the `EvalOptions` the
     command hands to `run_evaluation` (nothing is scored)."""
 
@@ -62,12 +62,12 @@ def score_options(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(runner, "run_evaluation", hand_over)
     data = {
-        "widesearch": shared_data / "widesearch" / "widesearch.jsonl",
-        "deepwidesearch": shared_data / "deepwidesearch" / "overall_20250916.jsonl",
+        "widesearch": benchmark_data / "widesearch" / "widesearch.jsonl",
+        "deepwidesearch": benchmark_data / "deepwidesearch" / "overall_20250916.jsonl",
     }
     gold = {
-        "widesearch": shared_data / "widesearch" / "widesearch_gold",
-        "deepwidesearch": shared_data / "deepwidesearch" / "overall_20250916_tables",
+        "widesearch": benchmark_data / "widesearch" / "widesearch_gold",
+        "deepwidesearch": benchmark_data / "deepwidesearch" / "overall_20250916_tables",
     }
     answers = tmp_path / "answers"
     answers.mkdir()

@@ -40,8 +40,8 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def dws(shared_data: Path) -> tuple[dict[str, TaskSpec], Path]:
-    root = shared_data / "deepwidesearch"
+def dws(benchmark_data: Path) -> tuple[dict[str, TaskSpec], Path]:
+    root = benchmark_data / "deepwidesearch"
     return load_tasks(root / "overall_20250916.jsonl", "deepwidesearch"), root / "overall_20250916_tables"
 
 

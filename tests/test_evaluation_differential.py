@@ -33,9 +33,9 @@ def _bench(repo_root: Path) -> ModuleType:
     return module
 
 
-def test_fast_scorer_equals_pandas_rendition(shared_data: Path, repo_root: Path) -> None:
+def test_fast_scorer_equals_pandas_rendition(benchmark_data: Path, repo_root: Path) -> None:
     bench = _bench(repo_root)
-    root = shared_data / "widesearch"
+    root = benchmark_data / "widesearch"
     tasks = load_tasks(root / "widesearch.jsonl", "widesearch")
     gold_dir = root / "widesearch_gold"
     chosen = [

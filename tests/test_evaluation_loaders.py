@@ -18,8 +18,8 @@ from amapreduce.evaluation.loaders import (
 )
 
 
-def test_widesearch_tasks_decode_the_evaluation_string(shared_data: Path) -> None:
-    tasks = load_tasks(shared_data / "widesearch" / "widesearch.jsonl", "widesearch")
+def test_widesearch_tasks_decode_the_evaluation_string(benchmark_data: Path) -> None:
+    tasks = load_tasks(benchmark_data / "widesearch" / "widesearch.jsonl", "widesearch")
     assert len(tasks) == 200
     first = tasks["ws_en_001"]
     assert first.evaluation.unique_columns == ["subject", "university"]
@@ -27,15 +27,15 @@ def test_widesearch_tasks_decode_the_evaluation_string(shared_data: Path) -> Non
     assert sum(len(t.evaluation.required) for t in tasks.values()) == 1244
 
 
-def test_deepwidesearch_tasks_use_question_and_entity(shared_data: Path) -> None:
-    tasks = load_tasks(shared_data / "deepwidesearch" / "overall_20250916.jsonl", "deepwidesearch")
+def test_deepwidesearch_tasks_use_question_and_entity(benchmark_data: Path) -> None:
+    tasks = load_tasks(benchmark_data / "deepwidesearch" / "overall_20250916.jsonl", "deepwidesearch")
     assert len(tasks) == 220
     assert all(t.query for t in tasks.values())
     assert all(t.entity for t in tasks.values())
 
 
-def test_gold_is_stringified_like_pandas_2(shared_data: Path) -> None:
-    root = shared_data / "widesearch"
+def test_gold_is_stringified_like_pandas_2(benchmark_data: Path) -> None:
+    root = benchmark_data / "widesearch"
     tasks = load_tasks(root / "widesearch.jsonl", "widesearch")
     gold = load_gold(root / "widesearch_gold", tasks["ws_en_054"])
     ci = gold.columns.index("completionyear")
@@ -61,8 +61,8 @@ def test_malformed_task_lines(tmp_path: Path) -> None:
         load_tasks(tmp_path / "missing.jsonl", "widesearch")
 
 
-def test_gold_missing_or_lacking_columns(tmp_path: Path, shared_data: Path) -> None:
-    tasks = load_tasks(shared_data / "widesearch" / "widesearch.jsonl", "widesearch")
+def test_gold_missing_or_lacking_columns(tmp_path: Path, benchmark_data: Path) -> None:
+    tasks = load_tasks(benchmark_data / "widesearch" / "widesearch.jsonl", "widesearch")
     task = tasks["ws_en_018"]
     with pytest.raises(UserError, match="gold table not found"):
         load_gold(tmp_path, task)

@@ -84,7 +84,7 @@ def test_preprocessor_dispatch_and_unknown_name() -> None:
         pre.apply("lowercase", "x")
 
 
-def test_fast_date_equals_dateparser_on_every_gold_date(shared_data: Path) -> None:
+def test_fast_date_equals_dateparser_on_every_gold_date(benchmark_data: Path) -> None:
     """The dateparser-free fast path must give dateparser's answer on every string it accepts."""
     import dateparser
 
@@ -95,14 +95,14 @@ def test_fast_date_equals_dateparser_on_every_gold_date(shared_data: Path) -> No
         ("widesearch", "widesearch/widesearch.jsonl", "widesearch/widesearch_gold"),
         ("deepwidesearch", "deepwidesearch/overall_20250916.jsonl", "deepwidesearch/overall_20250916_tables"),
     ):
-        for task in load_tasks(shared_data / tasks_file, bench).values():  # type: ignore[arg-type]
+        for task in load_tasks(benchmark_data / tasks_file, bench).values():  # type: ignore[arg-type]
             date_cols = [
                 c
                 for c in task.evaluation.required
                 if "norm_date" in getattr(task.evaluation.eval_pipeline.get(c), "preprocess", [])
             ]
             if date_cols:
-                table = load_gold(shared_data / gold, task)
+                table = load_gold(benchmark_data / gold, task)
                 for col in date_cols:
                     values.update(table.cells[table.columns.index(col)])
     accepted = [v for v in sorted(values) if fast_date(v) is not None]

@@ -112,8 +112,8 @@ def cell(result: TableResult) -> str:
 
 
 @pytest.fixture(scope="module")
-def ws(shared_data: Path) -> tuple[dict[str, TaskSpec], Path]:
-    root = shared_data / "widesearch"
+def ws(benchmark_data: Path) -> tuple[dict[str, TaskSpec], Path]:
+    root = benchmark_data / "widesearch"
     return load_tasks(root / "widesearch.jsonl", "widesearch"), root / "widesearch_gold"
 
 

@@ -194,7 +194,7 @@ def test_shared_per_provider_key() -> None:
     other = shared_breaker("test-breaker-b", policy)
     a.record(False, "ConnectionError: refused")
     assert state(a) is BreakerState.OPEN and state(other) is BreakerState.CLOSED
-    with pytest.raises(ConfigError, match="circuit breaker of provider 'test-breaker-a'"):
+    with pytest.raises(ConfigError, match="circuit breaker of 'test-breaker-a'"):
         shared_breaker("test-breaker-a", BreakerPolicy(failures=2, cooldown_s=30, max_wait_s=0))
 
 

@@ -88,14 +88,16 @@ def test_mapreduce_run_cli_json(server: OpenAICompatibleServer, tmp_path: Path, 
     assert code == 0
     assert out["rows"] == 3 and out["missing_cells"] == 0
     assert "| Japan | Tokyo |" in out["table_markdown"]
-    assert set(out["usage"]) == {"requests", "prompt_tokens", "completion_tokens", "cost_usd"} and out["usage"]["requests"] == 3
+    assert set(out["usage"]) == {"requests", "prompt_tokens", "completion_tokens", "cost_usd", "unpriced_models"}
+    assert out["usage"]["requests"] == 3 and out["usage"]["unpriced_models"] == ["sim-model"]  # no known price
+    assert out["usage"]["cost_usd"] is None
     assert out["timings"]["wall_s"] > 0 and Path(out["run_dir"]).is_dir()
     assert (tmp_path / "t.csv").read_text().splitlines()[1] == "France,Paris"
     saved = json.loads((Path(out["run_dir"]) / "result.json").read_text())
     assert set(saved["timings"]) == {"wall_s", "executions"} and saved["timings"]["wall_s"] >= 0
     assert set(saved["timings"]["executions"][0]) == {"map_s", "patch_s", "wall_s"}
     assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs"), "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)
+    listed = json.loads(capsys.readouterr().out)["runs"]
     assert listed[0]["kind"] == "mapreduce_run" and listed[0]["rows"] == 3
 
 

@@ -70,7 +70,7 @@ def test_corrupt_memory_store_fails_the_ask_run_with_a_record(
     saved = only_run(env)
     assert saved["status"] == "failed" and "corrupted" in saved["error"]
     assert main(["runs", "list", "--runs-dir", str(env), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["status"] == "failed"  # listed, not skipped
+    assert json.loads(capsys.readouterr().out)["runs"][0]["status"] == "failed"  # listed, not skipped
     assert main(["runs", "show", next(env.iterdir()).name, "--runs-dir", str(env)]) == 0
     assert "error: memory store" in capsys.readouterr().out
 

@@ -103,7 +103,7 @@ def test_a_short_task_run_is_incomplete_everywhere(
         ["mapreduce", "run", str(path), "--model", "sim-model", "--api-base", server.base_url, "--json"]
     )
     out = json.loads(capsys.readouterr().out)
-    assert code == 0 and out["status"] == "incomplete"
+    assert code == 3 and out["status"] == "incomplete"  # exit 3: incomplete, the table saved
     assert_short(out["completeness"])
     saved = json.loads((Path(out["run_dir"]) / "result.json").read_text())
     assert saved["status"] == "incomplete" and saved["completeness"] == out["completeness"]
@@ -190,7 +190,7 @@ def test_a_run_whose_provider_goes_down_ends_failed_fast_with_its_partial_table(
                      "--workers", "1", "--json"])
         requests = len(server.requests)
     out = json.loads(capsys.readouterr().out)
-    assert out["status"] == "failed" and code != 0 and out["error"].startswith("provider ")
+    assert out["status"] == "failed" and code == 1 and out["error"].startswith("provider ")
     assert requests == 4  # two answers, then K=2 failed requests: the breaker sends nothing more
     result = json.loads((Path(out["run_dir"]) / "result.json").read_text(encoding="utf-8"))
     assert result["status"] == "failed" and len(result["error"].splitlines()) == 1

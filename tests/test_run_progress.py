@@ -1,4 +1,4 @@
-"""The live progress counter: batch retries and provider retries both count."""
+"""The progress counters: batch retries as the run's summary counts them, provider retries apart."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from amapreduce.mapreduce.engine import ProgressEvent
 from amapreduce.run.progress import RunProgress
 
 
-def test_batch_and_provider_retries_are_counted() -> None:
+def test_batch_and_provider_retries_are_counted_apart() -> None:
     progress = RunProgress(UsageMeter(), enabled=False)
     with progress:
         progress(ProgressEvent(kind="phase", phase="map", batches_done=0, batches_total=2))
@@ -18,5 +18,5 @@ def test_batch_and_provider_retries_are_counted() -> None:
             ProviderRetry(role="subagent", model_id="sim-model", retry=1, kind="rate_limit", delay_s=0.5, error=None)
         )
         progress(ProgressEvent(kind="batch_done", phase="patch1", batches_done=1, batches_total=2))
-    assert progress.retries == 2
+    assert progress.retries == 1 and progress.provider_retries == 1
     assert progress.stage == "patch1"

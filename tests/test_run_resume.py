@@ -122,11 +122,11 @@ def test_a_stopped_run_is_resumed_without_asking_a_finished_batch_again(
 
     # The dead run is `interrupted`, and `runs show` tells how far it got.
     assert main(["runs", "list", "--runs-dir", str(runs), "--status", "interrupted", "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)
+    listed = json.loads(capsys.readouterr().out)["runs"]
     assert [r["run"] for r in listed] == [run_dir.name]
     assert listed[0]["progress"]["batches_done"] == len(done_before)
     assert main(["runs", "list", "--runs-dir", str(runs), "--status", "running", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == []
+    assert json.loads(capsys.readouterr().out)["runs"] == []
     assert main(["runs", "show", run_dir.name, "--runs-dir", str(runs)]) == 0
     assert f"batches: {len(done_before)}/{ROWS} done" in capsys.readouterr().out
 
@@ -155,7 +155,7 @@ def test_a_stopped_run_is_resumed_without_asking_a_finished_batch_again(
     saved = read_run_journal(run_dir)
     assert saved is not None and saved.finished and saved.started.resumed
     assert main(["runs", "list", "--runs-dir", str(runs), "--status", "complete", "--json"]) == 0
-    assert [r["run"] for r in json.loads(capsys.readouterr().out)] == [run_dir.name]
+    assert [r["run"] for r in json.loads(capsys.readouterr().out)["runs"]] == [run_dir.name]
 
     # Resuming a finished run changes nothing.
     assert main(["runs", "resume", str(run_dir)]) == 0
@@ -170,9 +170,9 @@ def test_a_run_whose_process_lives_is_running_and_cannot_be_resumed(
     with JournalWriter(run_dir / JOURNAL_NAME, kind=JOURNAL_KIND) as journal:  # this test process runs it
         journal.append(RunStarted.now(command="mapreduce_run", query="live", settings=load_settings({})))
     assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs"), "--status", "running", "--json"]) == 0
-    assert [r["run"] for r in json.loads(capsys.readouterr().out)] == [run_dir.name]
+    assert [r["run"] for r in json.loads(capsys.readouterr().out)["runs"]] == [run_dir.name]
     assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs"), "--status", "interrupted", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == []
+    assert json.loads(capsys.readouterr().out)["runs"] == []
     assert main(["runs", "show", str(run_dir)]) == 0
     assert "status: running" in capsys.readouterr().out
     assert main(["runs", "resume", str(run_dir)]) == 2

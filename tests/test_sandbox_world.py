@@ -28,8 +28,8 @@ def tasks(world: Any) -> list[dict[str, Any]]:
     return [json.loads(line) for line in world.tasks_file.read_text(encoding="utf-8").splitlines()]
 
 
-def test_tasks_use_the_exact_widesearch_format(world: Any, tasks: list[dict[str, Any]], shared_data: Path) -> None:
-    reference = json.loads((shared_data / "widesearch" / "widesearch.jsonl").read_text().splitlines()[0])
+def test_tasks_use_the_exact_widesearch_format(world: Any, tasks: list[dict[str, Any]], benchmark_data: Path) -> None:
+    reference = json.loads((benchmark_data / "widesearch" / "widesearch.jsonl").read_text().splitlines()[0])
     assert len(tasks) >= 40
     for task in tasks:
         assert set(task) == set(reference)

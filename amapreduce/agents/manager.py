@@ -4,15 +4,27 @@ A smolagents `ToolCallingAgent` (never a CodeAgent: no model-written code is run
 `web_search`, `crawl_page`, `mapreduce` and `final_answer`. Its instructions live in
 `prompts/manager.yaml`. Observations are truncated before they enter the context, and the final
 table is the reducer's table rendered in code, never retyped by the model.
+
+A tool error that stops the run ends the manager's run too, at the end of the step that raised it.
+smolagents shows every tool exception to the model as an observation and goes on, which is right
+for a bad URL and wrong for an outage: with the search backend down, a manager once spent all 31
+of its steps (each a paid model call with a real LLM) on the same DNS error and the run then
+looked like the model's fault. So when a tool raises one of `mapreduce.result.RUN_STOPPING_ERRORS`
+(the search backend's breaker gave up: `SearchUnavailable`; a provider down; the budget spent) or
+the `mapreduce` tool's `RunCancelled`, `manager.run` raises an `AgentError` caused by it, and
+`run.ask` ends the run with that error's status and one-line reason (`failed` for an outage).
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from amapreduce.errors import RunCancelled
+from amapreduce.mapreduce.result import RUN_STOPPING_ERRORS
 from amapreduce.prompts import render_prompt
 from amapreduce.settings import default_setting
 
@@ -35,8 +47,27 @@ def clip_observation(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
     return text[:limit] + f"\n… [{len(text) - limit} more characters not shown]"
 
 
-def _clipping(tool: Tool, limit: int) -> Tool:
+class _RunStop:
+    """The first run-stopping error any of the manager's tools raised (thread-safe: smolagents
+    may run one step's tool calls in parallel)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.error: Exception | None = None
+
+    def note(self, exc: Exception) -> None:
+        """Keep `exc` when it stops the run. Tools raise these as they are (the web tools let them
+        through unwrapped, the `mapreduce` tool raises the engine's `RunCancelled`), so no cause
+        chain is walked."""
+        if isinstance(exc, (RunCancelled, *RUN_STOPPING_ERRORS)):
+            with self._lock:
+                if self.error is None:
+                    self.error = exc
+
+
+def _clipping(tool: Tool, limit: int, stop: _RunStop | None = None) -> Tool:
     """A copy of `tool` whose output is cut to `limit` characters; `tool` itself is unchanged.
+    A run-stopping error it raises is noted in `stop`, and raised on as before.
 
     Why a copy: the web tools given to the manager are the very objects the sub-agents' solver
     uses, and a sub-agent reading a page needs all of it (up to `crawl_max_chars`), not the
@@ -47,7 +78,12 @@ def _clipping(tool: Tool, limit: int) -> Tool:
     wrapped.is_initialized = True  # the original sets itself up on its first call, below
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        out = tool(*args, **kwargs)
+        try:
+            out = tool(*args, **kwargs)
+        except Exception as exc:
+            if stop is not None:
+                stop.note(exc)
+            raise
         return clip_observation(out, limit) if isinstance(out, str) else out
 
     wrapped.forward = forward
@@ -72,12 +108,17 @@ def build_manager(
         max_batches: the batch cap quoted in the instructions.
         trace: receives one `manager_step` event per step (tool calls, truncated observations).
         observation_chars: longest tool output shown to the model.
+
+    The agent's `run` raises an `AgentError` caused by the first run-stopping error a tool
+    raised (see the module docstring), at the end of that step, after the step is traced.
     """
     from smolagents import ToolCallingAgent
     from smolagents.memory import ActionStep
+    from smolagents.utils import AgentError
 
+    stop = _RunStop()
     agent = ToolCallingAgent(
-        tools=[_clipping(t, observation_chars) for t in tools],
+        tools=[_clipping(t, observation_chars, stop) for t in tools],
         model=model,
         max_steps=max_steps,
         instructions=render_prompt("manager", "instructions", max_batches=max_batches),
@@ -96,4 +137,11 @@ def build_manager(
             )
 
         agent.step_callbacks.register(ActionStep, record)
+
+    def end_on_stop(step: ActionStep, **_: Any) -> None:
+        # Raised from the step's callback: smolagents would catch it inside the step and go on.
+        if stop.error is not None:
+            raise AgentError(f"the run stops: {stop.error}", agent.logger) from stop.error
+
+    agent.step_callbacks.register(ActionStep, end_on_stop)
     return agent

@@ -14,14 +14,10 @@ import typer
 import typer.main
 
 from amapreduce._version import __version__
+from amapreduce.cli.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ROOT_EXIT_CODES_HELP
 from amapreduce.errors import AmapreduceError, RunError, UserError
 
 __all__ = ["app", "main", "run"]
-
-EXIT_OK = 0
-EXIT_RUN_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 # (module, attribute, command name, help). Each module exposes a typer app (a group) or, when
 # the name is None, a `register(app)` function that adds top-level commands.
@@ -37,6 +33,7 @@ _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
 app = typer.Typer(
     name="amapreduce",
     help="Agentic MapReduce for wide search: questions whose answer is a table over many entities.",
+    epilog=ROOT_EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -84,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI with `argv` (default: `sys.argv[1:]`) and return the exit code.
 
     Errors are translated here, at the boundary: a `UserError` or a usage mistake prints one
-    line to stderr and returns 2; a `RunError` returns 1; Ctrl-C returns 130. No traceback is
-    shown for errors we raise on purpose.
+    line to stderr and returns 2; a `RunError` returns 1; Ctrl-C returns 130. A run command that
+    finished ends with the code of how its run ended (`cli.exit_codes`). No traceback is shown
+    for errors we raise on purpose.
     """
     command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else argv
@@ -108,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except (RunError, AmapreduceError) as exc:
         typer.echo(f"error: {_one_line(exc)}", err=True)
-        return EXIT_RUN_ERROR
+        return EXIT_FAILED
     return int(result) if isinstance(result, int) else EXIT_OK
 
 

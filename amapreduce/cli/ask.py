@@ -8,10 +8,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from amapreduce.cli.exit_codes import EXIT_CODES_HELP
+
 if TYPE_CHECKING:
     from amapreduce.run.ask import AskOutcome
+    from amapreduce.settings import Settings
 
-__all__ = ["register", "runs_app"]
+__all__ = ["check_run_setup", "register", "runs_app"]
 
 runs_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -25,6 +28,32 @@ def _memory_store(memory: Path | None, no_memory: bool, default: Path) -> Path |
     from amapreduce.memory.schema import DB_NAME
 
     return default if (default / DB_NAME).is_file() else None
+
+
+def check_run_setup(settings: Settings, roles: tuple[str, ...]) -> None:
+    """Refuse a run whose models or search backend cannot be built, before it makes a run directory.
+
+    Why: a run builds its parts inside its run directory, so a mistyped `--search bing` or a
+    model id without a provider used to leave a `failed` run behind for a usage mistake. Building
+    the same role models and the search backend here (no request is sent) raises the same
+    `ConfigError` first: exit 2, and nothing is created.
+
+    Args:
+        settings: the run's settings.
+        roles: the roles the run will build a model for (`manager`, `subagent`, ...).
+
+    Raises:
+        ConfigError: a model id or the search backend is not usable as given.
+    """
+    from amapreduce.llm.factory import build_role_model, model_for_role, new_meter
+    from amapreduce.web.backends import make_backend
+
+    meter = new_meter(settings)
+    for role in roles:
+        model_id = model_for_role(settings, role)
+        if model_id is not None:
+            build_role_model(settings, role, model_id, meter=meter)
+    make_backend(settings.search_backend, settings)
 
 
 def ask(
@@ -54,17 +83,17 @@ def ask(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_cost_usd=max_cost, max_tokens=max_tokens
     )
     require_model(settings)
-    outcome = run_ask(
-        query, settings, memory_store=_memory_store(memory, no_memory, settings.memory_store),
-        show_progress=None if not as_json else False,
-    )
+    store = _memory_store(memory, no_memory, settings.memory_store)
+    check_run_setup(settings, ("manager", "subagent", "extraction", *(("memory",) if store is not None else ())))
+    outcome = run_ask(query, settings, memory_store=store, show_progress=None if not as_json else False)
     report_ask(outcome, as_json=as_json, out=out, csv_out=csv_out)
 
 
 def report_ask(outcome: AskOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None) -> None:
     """Hand a finished (or stopped) `ask` run to the user: the table copies asked for, the `--json`
-    object or the table and a summary line, and exit 1 when it ended early. One output contract
-    for `ask` and for `runs resume` of an `ask` run."""
+    object or the table and a summary line, and the exit code of how it ended (`exit_for_run`).
+    One output contract for `ask` and for `runs resume` of an `ask` run."""
+    from amapreduce.cli.exit_codes import exit_for_run
     from amapreduce.cli.output import usage_json, write_table_copies
 
     write_table_copies(outcome.table, outcome.markdown, out=out, csv_out=csv_out)
@@ -89,11 +118,10 @@ def report_ask(outcome: AskOutcome, *, as_json: bool, out: Path | None = None, c
         typer.echo(outcome.markdown)
         typer.echo(
             f"{completeness['rows']} rows, {completeness['missing_cells']} missing cells ({outcome.status}); "
-            f"${outcome.meter.total().cost_usd:.4f}. Run directory: {outcome.run_dir.path}",
+            f"{outcome.meter.cost_text()}. Run directory: {outcome.run_dir.path}",
             err=True,
         )
-    if outcome.ending.status.ended_early:
-        raise typer.Exit(1)
+    exit_for_run(outcome.ending.status)
 
 
 @runs_app.command("list")
@@ -104,16 +132,29 @@ def runs_list(
         "that died), stopped or no_table.")),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:
-    """List past runs, newest first."""
+    """List past runs, newest first, and say which runs folder was read.
+
+    With --json: {"runs_dir": the folder read (absolute), "runs": [one object per run]}.
+    """
+    from amapreduce.cli.output import cost_cell
     from amapreduce.run.rundir import RUN_STATES, list_runs
     from amapreduce.settings import load_settings
 
     if status is not None and status not in RUN_STATES:
         raise typer.BadParameter(f"--status must be one of {', '.join(RUN_STATES)}, got {status!r}")
-    rows = list_runs(runs_dir or load_settings().runs_dir, state=status)
+    folder = (runs_dir or load_settings().runs_dir).resolve()
+    rows = list_runs(folder, state=status)
     if as_json:
-        typer.echo(json.dumps(rows, ensure_ascii=False))
+        typer.echo(json.dumps({"runs_dir": str(folder), "runs": rows}, ensure_ascii=False))
         return
+    # The folder first: an empty listing must not look like "no runs anywhere" when it read the
+    # runs/ of another directory.
+    if not rows:
+        where = f"in {folder}" if folder.is_dir() else f"at {folder}: no such folder"
+        which = f" with status {status}" if status is not None else ""
+        typer.echo(f"No runs{which} {where} (another folder: --runs-dir DIR or AMAPREDUCE_RUNS_DIR).")
+        return
+    typer.echo(f"Runs in {folder}:")
     from rich.console import Console
     from rich.measure import Measurement
     from rich.table import Table
@@ -126,11 +167,11 @@ def runs_list(
     table = Table()
     # The run name is what `runs show RUN` takes: it is never cut or wrapped.
     table.add_column("run", no_wrap=True)
-    for header in ("kind", "rows", "missing", "cost $", "status", "query"):
+    for header in ("kind", "rows", "missing", "cost", "status", "query"):
         table.add_column(header, overflow="fold")
     for r in rows:
         # Text, not str: a query such as "see [/x]" is user text, never rich markup.
-        cells = [cell(r, k) for k in ("run", "kind", "rows", "missing_cells", "cost_usd", "status")]
+        cells = [*(cell(r, k) for k in ("run", "kind", "rows", "missing_cells")), cost_cell(r), cell(r, "status")]
         table.add_row(*(Text(c) for c in [*cells, cell(r, "query")[:60]]))
     console = Console()
     if Measurement.get(console, console.options.update_width(10**6), table).minimum <= console.width:
@@ -143,7 +184,7 @@ def runs_list(
             cell(r, "kind"),
             f"{cell(r, 'rows')} rows" if cell(r, "rows") else "",
             f"{cell(r, 'missing_cells')} missing" if cell(r, "missing_cells") else "",
-            f"${cell(r, 'cost_usd')}" if cell(r, "cost_usd") else "",
+            cost_cell(r),
             cell(r, "status"),
         ]
         typer.echo(cell(r, "run"))
@@ -181,7 +222,7 @@ def runs_show(
         typer.echo(table.read_text(encoding="utf-8"))
 
 
-@runs_app.command("resume")
+@runs_app.command("resume", epilog=EXIT_CODES_HELP)
 def runs_resume(
     run: str = typer.Argument(..., help="Run folder name (from `runs list`) or path."),
     runs_dir: Path | None = typer.Option(None, "--runs-dir", help="Folder of run directories (default: runs/)."),
@@ -194,7 +235,8 @@ def runs_resume(
     Batches the run's journal marks done are not run again; the rest, the patch rounds and the
     final table follow, with the run's own settings. For `ask`, the decisions the manager had
     executed are reused: the manager is not asked again. A run that already finished is left as
-    it is (exit 0, a message on stderr, nothing on stdout); a folder without a journal exits 2.
+    it is (exit 0, a message on stderr, nothing on stdout); a folder without a journal exits 2;
+    otherwise the exit code says how the resumed run ended, as for the command that started it.
     """
     from amapreduce.cli.mapreduce import report_run
     from amapreduce.run.ask import resume_ask_run
@@ -219,5 +261,5 @@ def runs_resume(
 
 def register(app: typer.Typer) -> None:
     """Add `ask` and the `runs` group to the root app."""
-    app.command("ask")(ask)
+    app.command("ask", epilog=EXIT_CODES_HELP)(ask)
     app.add_typer(runs_app, name="runs", help="List and inspect run directories.")

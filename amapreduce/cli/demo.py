@@ -12,6 +12,8 @@ from typing import Any
 
 import typer
 
+from amapreduce.cli.exit_codes import EXIT_CODES_HELP
+
 __all__ = ["demo", "register"]
 
 _NOTE = (
@@ -30,6 +32,9 @@ def demo(
         None, "--memory", help="Demo memory store (default: <cache dir>/demo-memory; created if missing)."),
     no_memory: bool = typer.Option(False, "--no-memory", help="Neither read nor teach a memory."),
     sample: int = typer.Option(0, "--sample", min=0, help="Simulated manager's sample (0: its fixed default)."),
+    serve: bool = typer.Option(False, "--serve", help="Serve the simulated model as a loopback OpenAI-compatible "
+                               "endpoint and print the `ask` line to use against it (Ctrl-C stops)."),
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="With --serve: the loopback port (0: any free port)."),
 ) -> None:
     """Run a sandbox task end to end with a simulated model, offline; print the table and its score.
 
@@ -37,6 +42,7 @@ def demo(
     is then committed to that memory (record, hint credit, distillation), so a second task of the
     same family uses the first one's experience.
     """
+    from amapreduce.cli.exit_codes import exit_for_run
     from amapreduce.demo.faults import FaultPlan
     from amapreduce.demo.run import run_demo
     from amapreduce.errors import UserError
@@ -45,6 +51,9 @@ def demo(
     if memory is not None and no_memory:
         raise UserError("use either --memory STORE or --no-memory, not both.")
     settings = load_settings(workers=workers)
+    if serve:
+        _serve(task_id, port, settings)
+        return
     store = None if no_memory else (memory or settings.cache_dir / "demo-memory")
     typer.echo(_NOTE, err=True)
     outcome = run_demo(task_id, settings, faults=FaultPlan(rate=faults, seed=seed),
@@ -67,8 +76,7 @@ def demo(
         typer.echo(f"Model: simulated (not an LLM). Run directory: {outcome.ask.run_dir.path}")
         if outcome.memory is not None:
             _echo_memory(outcome.memory, outcome.ask.tool.decisions)
-    if outcome.ask.ending.status.ended_early:
-        raise typer.Exit(1)
+    exit_for_run(outcome.ask.ending.status)
 
 
 def _echo_memory(memory: dict[str, Any], decisions: list[Any]) -> None:
@@ -102,6 +110,29 @@ def _echo_memory(memory: dict[str, Any], decisions: list[Any]) -> None:
     typer.echo(f"  the memory now holds {learned['records']} records and {learned['hints']} hints.")
 
 
+def _serve(task_id: str | None, port: int, settings: Any) -> None:
+    """`demo --serve`: serve until Ctrl-C (which ends the command with 130, as any interrupt)."""
+    import threading
+
+    from amapreduce.demo.run import DEFAULT_TASK, load_sandbox_tasks
+    from amapreduce.demo.serve import serve
+    from amapreduce.errors import UserError
+
+    tasks, world = load_sandbox_tasks(settings)
+    chosen = task_id or DEFAULT_TASK
+    if chosen not in tasks:
+        raise UserError(f"unknown sandbox task {chosen!r}. Sandbox tasks are: {', '.join(sorted(tasks))}.")
+    try:
+        stop = threading.Event()  # never set: only Ctrl-C ends the wait
+
+        def wait() -> None:
+            stop.wait()
+
+        serve(port, world.index_dir, tasks[chosen].query, echo=typer.echo, wait=wait)
+    except OSError as exc:  # the port is taken
+        raise UserError(f"cannot serve on 127.0.0.1:{port}: {exc.strerror or exc}. Choose another --port.") from None
+
+
 def register(app: typer.Typer) -> None:
     """Add the top-level `demo` command."""
-    app.command("demo")(demo)
+    app.command("demo", epilog=EXIT_CODES_HELP)(demo)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from amapreduce.cli.exit_codes import EVAL_EXIT_CODES_HELP
 from amapreduce.errors import UserError
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ def run(
                          search=search, memory=memory, no_memory=no_memory, no_learn=no_learn, encoder=encoder,
                          judge=judge, align=align, reference_date=reference_date, max_cost=max_cost)
     settings, simulated, memory_model = _wiring(config, base)
+    _check_setup(config, settings, simulated=simulated is not None)
     task_specs = _tasks(config)
     from amapreduce.cli.eval import options_for
     from amapreduce.llm.factory import new_meter
@@ -144,8 +146,11 @@ def run(
                             tasks_parallel=tasks_parallel, simulated=simulated, memory_model=memory_model,
                             resume=resume, progress=lambda line: err.print(line, markup=False))
     _print(outcome.results, outcome.status, outcome.reason, folder, as_json)
-    if outcome.status != "complete":
-        raise typer.Exit(1)
+    from amapreduce.cli.exit_codes import eval_exit_code
+
+    code = eval_exit_code(outcome.status)
+    if code:
+        raise typer.Exit(code)
 
 
 def _config(benchmark: str, folder: Path, settings: Settings, *, tasks: Path | None, gold_dir: Path | None,
@@ -172,6 +177,10 @@ def _config(benchmark: str, folder: Path, settings: Settings, *, tasks: Path | N
     if encoder is not None and store is not None and (store / DB_NAME).exists():
         raise UserError(f"--encoder applies to a new store; {store} exists and keeps its own encoder.")
     new_encoder = None if store is None or (store / DB_NAME).exists() else (encoder or settings.memory_encoder)
+    if new_encoder is not None:  # an unknown encoder is refused now, not after DIR and its store exist
+        from amapreduce.llm.embed import get_encoder
+
+        get_encoder(new_encoder)
     if search is None and benchmark == "sandbox":
         search = f"corpus:{_sandbox_paths(settings)[2]}"
     return EvalConfig(
@@ -186,6 +195,25 @@ def _config(benchmark: str, folder: Path, settings: Settings, *, tasks: Path | N
                       else defaults.delay_weight),
         max_cost_usd=max_cost or None,
     )
+
+
+def _check_setup(config: EvalConfig, settings: Settings, *, simulated: bool) -> None:
+    """Refuse a search backend or model the trials could not build, before the evaluation folder exists.
+
+    Why: each trial builds its own parts, and a trial that fails is recorded while the evaluation
+    goes on, so `--search bing` used to give an evaluation of failed trials that "completed" with
+    exit 0 and left DIR behind. The simulated model reads the sandbox corpus only, so with it
+    `--search` must name a corpus index.
+
+    Raises:
+        UserError: the search backend or a role's model cannot be built as given.
+    """
+    from amapreduce.cli.ask import check_run_setup
+
+    if simulated and not config.search.startswith("corpus:"):
+        raise UserError(f"--search {config.search!r}: the simulated model searches a local corpus only. Use "
+                        "--search corpus:INDEX, leave --search out (the sandbox's own corpus), or pass --model.")
+    check_run_setup(settings, () if simulated else ("manager", "subagent", "extraction"))
 
 
 def _tasks(config: EvalConfig) -> dict[str, TaskSpec]:
@@ -263,5 +291,5 @@ def report(
 
 def register(app: typer.Typer) -> None:
     """Add `eval run` and `eval report` to the `eval` command group."""
-    app.command("run")(run)
+    app.command("run", epilog=EVAL_EXIT_CODES_HELP)(run)
     app.command("report")(report)

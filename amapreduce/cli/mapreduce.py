@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from amapreduce.cli.exit_codes import EXIT_CODES_HELP
+
 if TYPE_CHECKING:
     from amapreduce.run.mapreduce_run import MapReduceRunOutcome
 
@@ -66,7 +68,7 @@ def plan(
     console.print(f"First sub-query: [italic]{escape(decision.task_text(0))}[/]")
 
 
-@app.command("run")
+@app.command("run", epilog=EXIT_CODES_HELP)
 def run(
     decision_file: str = typer.Argument(..., metavar="DECISION.json", help="Decision file to execute."),
     model: str | None = typer.Option(None, "--model", help="Sub-agent model: LiteLLM id or the server's model name."),
@@ -80,8 +82,10 @@ def run(
 ) -> None:
     """Run a decision through the engine and search sub-agents, with no manager.
 
-    For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/.
+    For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/; a
+    command refused for bad input (exit 2) leaves nothing.
     """
+    from amapreduce.cli.ask import check_run_setup
     from amapreduce.decision.model import load_decision
     from amapreduce.run.mapreduce_run import run_decision
     from amapreduce.run.wiring import require_model
@@ -92,15 +96,17 @@ def run(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches
     )
     require_model(settings)
+    check_run_setup(settings, ("subagent", "extraction"))
     outcome = run_decision(decision, settings, label=Path(decision_file).stem, show_progress=None if not as_json else False)
     report_run(outcome, as_json=as_json, out=out, csv_out=csv_out)
 
 
 def report_run(outcome: MapReduceRunOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None) -> None:
     """Hand a finished (or stopped) `mapreduce run` to the user: the table copies asked for, the
-    `--json` object or the table and a summary line, and exit 1 when it ended early. One output
-    contract for `mapreduce run` and `runs resume`.
+    `--json` object or the table and a summary line, and the exit code of how it ended
+    (`exit_for_run`). One output contract for `mapreduce run` and `runs resume`.
     """
+    from amapreduce.cli.exit_codes import exit_for_run
     from amapreduce.cli.output import usage_json, write_table_copies
 
     result = outcome.result
@@ -131,5 +137,4 @@ def report_run(outcome: MapReduceRunOutcome, *, as_json: bool, out: Path | None 
             f"Run directory: {outcome.run_dir.path}",
             err=True,
         )
-    if outcome.ending.status.ended_early:
-        raise typer.Exit(1)
+    exit_for_run(outcome.ending.status)

@@ -231,15 +231,46 @@ def prune(store: Path | None = StoreOpt,
 @app.command("add")
 def add(text: str = typer.Argument(..., metavar="TEXT"), store: Path | None = StoreOpt,
         score: int = typer.Option(2, "--score", help="Initial w (default 2, as new hints in the paper)."),
-        provenance: Annotated[list[str] | None, typer.Option("--provenance", help="Supporting record id (repeatable).")] = None,
-        as_json: bool = JsonOpt) -> None:
-    """Add a hint by hand."""
-    from amapreduce.memory.store import insert_hint
+        provenance: Annotated[list[str] | None, typer.Option(
+            "--provenance", metavar="RECORD_ID", help="A record the hint is for (repeatable).")] = None,
+        question: Annotated[list[str] | None, typer.Option(
+            "--question", metavar="QUESTION",
+            help="A question the hint is for (repeatable): every record asking it, now or later, joins "
+                 "its provenance.")] = None,
+        encoder: str | None = EncoderOpt, as_json: bool = JsonOpt) -> None:
+    """Add a hint by hand, for the records or questions it applies to.
 
-    with _open(store, create=True) as st, st.write() as conn:
-        hid = insert_hint(conn, text, score, origin="manual", provenance=provenance or [])
-    _emit(as_json, {"id": hid, "text": " ".join(text.split()), "w": score, "provenance": provenance or []},
-          f"added hint {hid}")
+    Retrieval reaches hints only through their provenance: a hint is shown for a question when one
+    of the question's nearest records supports it. So give --provenance RECORD_ID or --question
+    QUESTION (the records asking it, as for hints imported from insights.json); a hint with neither
+    is stored but never retrieved, and the command warns. Creates the store if needed (--encoder).
+    """
+    from amapreduce.errors import UserError
+    from amapreduce.memory.schema import DB_NAME
+    from amapreduce.memory.store import add_pending_provenance, hint_provenance, insert_hint
+
+    questions = [" ".join(q.split()) for q in question or []]
+    if not all(questions):  # checked before the store is opened: a refused command creates nothing
+        raise UserError("--question needs the text of a question, got an empty one.")
+    if not text.split():
+        raise UserError("a hint needs non-empty text.")
+    folder = _folder(store)
+    if provenance and not (folder / DB_NAME).exists():
+        raise UserError(f"--provenance names records, but there is no memory store at {folder}; "
+                        "check --store, or use --question for records still to come.")
+    detail: dict[str, Any] = {"provenance_questions": questions} if questions else {}
+    with _open(folder, encoder=encoder, create=True) as st, st.write() as conn:
+        hid = insert_hint(conn, text, score, origin="manual", provenance=provenance or [], **detail)
+        add_pending_provenance(conn, hid, questions)
+        support = hint_provenance(conn, hid)
+    if not support:  # retrieval reaches a hint only through the records supporting it
+        why = ("no stored record asks its --question yet; retrieval can show it once one does" if questions else
+               "it has no provenance, and retrieval shows a hint only for questions whose nearest records "
+               "support it. Add it with --provenance RECORD_ID or --question QUESTION instead (remove this "
+               f"one with `amapreduce memory remove {hid}`)")
+        typer.echo(f"warning: hint {hid}: {why}.", err=True)
+    _emit(as_json, {"id": hid, "text": " ".join(text.split()), "w": score, "provenance": support,
+                    "questions": questions}, f"added hint {hid}" + (f" ({len(support)} supporting records)" if support else ""))
 
 
 @app.command("edit")

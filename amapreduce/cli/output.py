@@ -6,28 +6,48 @@ are the commands' output contract; the run directory itself is written by `run.l
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amapreduce._atomic import atomic_write
+from amapreduce.llm.meter import format_cost
 from amapreduce.table.render import to_csv
 
 if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.table.table import Table
 
-__all__ = ["usage_json", "write_table_copies"]
+__all__ = ["cost_cell", "usage_json", "write_table_copies"]
 
 
 def usage_json(meter: UsageMeter) -> dict[str, Any]:
-    """The `usage` object of the CLI's JSON outputs."""
+    """The `usage` object of the CLI's JSON outputs.
+
+    `cost_usd` is null when a model without a known price was used, and `unpriced_models` names
+    those models (empty when every call was priced): a script must not read an unknown cost as $0.
+    """
     total = meter.total()
+    cost = meter.cost_usd()
     return {
         "requests": total.requests,
         "prompt_tokens": total.input_tokens,
         "completion_tokens": total.output_tokens,
-        "cost_usd": round(total.cost_usd, 6),
+        "cost_usd": None if cost is None else round(cost, 6),
+        "unpriced_models": meter.unpriced(),
     }
+
+
+def cost_cell(row: Mapping[str, Any]) -> str:
+    """The cost of one `runs list` row (`run.rundir.list_runs`) as the table shows it: `$0.0123`,
+    `unpriced (model ids)`, or empty for a run that recorded no usage (a failed start, a journal
+    without a result yet)."""
+    cost, unpriced = row.get("cost_usd"), row.get("unpriced_models")
+    if isinstance(unpriced, list) and unpriced:
+        return format_cost(None, map(str, unpriced))
+    if isinstance(cost, bool) or not isinstance(cost, int | float):
+        return ""
+    return format_cost(float(cost))
 
 
 def write_table_copies(table: Table, markdown: str, *, out: Path | None, csv_out: Path | None) -> None:

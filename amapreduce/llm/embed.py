@@ -32,6 +32,16 @@ if TYPE_CHECKING:
 
 __all__ = ["Encoder", "HashingEncoder", "SentenceTransformerEncoder", "get_encoder", "register_encoder"]
 
+_NO_MODEL_ADVICE = (
+    "Install the memory extra: pip install 'amapreduce[memory]'. Or use the `hashing` encoder (no model): a "
+    "memory store takes its encoder when it is created, from AMAPREDUCE_MEMORY_ENCODER=hashing or from "
+    "--encoder hashing on `memory import`, `memory add`, `memory learn` or `eval run`; a corpus index from "
+    "`corpus index --embeddings`. An existing store or index keeps the encoder it was built with."
+)
+"""What to do when a sentence-transformers encoder cannot load. The error reaches every command
+that embeds (a memory search, `ask` with a store, `eval run`, a hybrid corpus search), most of which
+cannot choose an encoder, so it names where the choice is made rather than one flag."""
+
 
 @runtime_checkable
 class Encoder(Protocol):
@@ -75,10 +85,7 @@ class SentenceTransformerEncoder:
 
                         self._model = SentenceTransformer(self.spec.removeprefix("st:"), device="cpu")
                 except ImportError as exc:
-                    raise ConfigError(
-                        f"encoder {self.spec!r} needs sentence-transformers ({exc}). "
-                        "Install the memory extra: pip install 'amapreduce[memory]', or use --encoder hashing."
-                    ) from exc
+                    raise ConfigError(f"encoder {self.spec!r} needs sentence-transformers ({exc}). {_NO_MODEL_ADVICE}") from exc
                 except OSError as exc:
                     raise ConfigError(
                         f"encoder {self.spec!r} could not be loaded: {exc}. Give a local model folder "

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,16 @@ from amapreduce.errors import BudgetExceeded, ConfigError
 from amapreduce.llm.scope import active_scopes
 from amapreduce.llm.usage import Usage
 
-__all__ = ["Budget", "BudgetExceeded", "Price", "PriceTable", "UsageMeter", "litellm_offline", "load_price_overrides"]
+__all__ = [
+    "Budget",
+    "BudgetExceeded",
+    "Price",
+    "PriceTable",
+    "UsageMeter",
+    "format_cost",
+    "litellm_offline",
+    "load_price_overrides",
+]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +169,20 @@ class PriceTable:
         return (usage.input_tokens - cached) * price.input + cached * cached_price + usage.output_tokens * price.output
 
 
+def format_cost(cost_usd: float | None, unpriced_models: Iterable[str] = (), *, priced_usd: float = 0.0) -> str:
+    """A cost as people read it: `$0.0123`, or `unpriced (local/llama)` when a model with no known
+    price was used (`cost_usd` is None), with what the priced models cost when that is not zero.
+
+    Why a word and not a number: the calls of an unpriced model are counted as $0, so any dollar
+    figure would understate the run, and "$0.0000" reads as "free".
+    """
+    if cost_usd is not None:
+        return f"${cost_usd:.4f}"
+    models = ", ".join(sorted(set(unpriced_models)))
+    details = [d for d in (models, f"${priced_usd:.4f} for the priced models" if priced_usd > 0 else "") if d]
+    return f"unpriced ({'; '.join(details)})" if details else "unpriced"
+
+
 class UsageMeter:
     """Thread-safe usage and cost accounting for one run, with an optional budget."""
 
@@ -168,7 +191,9 @@ class UsageMeter:
         self.prices = prices or PriceTable()
         self._lock = threading.Lock()
         self._by_role: dict[str, Usage] = {}
+        self._unpriced_roles: set[str] = set()
         self.unpriced_models: set[str] = set()
+        """Models used without a known price (their calls count as $0 towards the budget)."""
 
     def check(self) -> None:
         """Raise `BudgetExceeded` when the budget is already spent (called before each call)."""
@@ -205,6 +230,7 @@ class UsageMeter:
             first_unpriced = cost is None and model_id not in self.unpriced_models
             if cost is None:
                 self.unpriced_models.add(model_id)
+                self._unpriced_roles.add(role)
         for scope in active_scopes():
             scope.add(role, priced)
         if first_unpriced and self.budget.max_cost_usd is not None:
@@ -225,10 +251,40 @@ class UsageMeter:
         """Usage of the whole run."""
         return sum(self.by_role().values(), Usage())
 
+    def unpriced(self) -> list[str]:
+        """The models used without a known price, sorted (empty when every call was priced)."""
+        with self._lock:
+            return sorted(self.unpriced_models)
+
+    def cost_usd(self) -> float | None:
+        """Dollars spent by the run, or None when an unpriced model was used: its share is
+        unknown, so the priced calls' sum (`total().cost_usd`, what the budget sees) would
+        understate it."""
+        with self._lock:
+            known = not self.unpriced_models
+        return self.total().cost_usd if known else None
+
+    def cost_text(self) -> str:
+        """The run's cost for people (see `format_cost`): `$0.0123` or `unpriced (model ids)`."""
+        return format_cost(self.cost_usd(), self.unpriced(), priced_usd=self.total().cost_usd)
+
     def to_json(self) -> dict[str, Any]:
-        """Per-role and total usage, plus models whose price is unknown."""
+        """Per-role and total usage, plus models whose price is unknown.
+
+        The shape is the one `result.json` always had; `cost_usd` is null in the total and in
+        each role that used an unpriced model (listed in `unpriced_models`), and a role whose
+        models were all priced keeps its cost, so the known part of a mixed run stays readable.
+        """
+        with self._lock:
+            by_role = dict(self._by_role)
+            unpriced_roles = set(self._unpriced_roles)
+            unpriced = sorted(self.unpriced_models)
+
+        def usage(u: Usage, *, priced: bool) -> dict[str, Any]:
+            return {**u.to_json(), **({} if priced else {"cost_usd": None})}
+
         return {
-            "by_role": {role: u.to_json() for role, u in self.by_role().items()},
-            "total": self.total().to_json(),
-            "unpriced_models": sorted(self.unpriced_models),
+            "by_role": {role: usage(u, priced=role not in unpriced_roles) for role, u in by_role.items()},
+            "total": usage(sum(by_role.values(), Usage()), priced=not unpriced),
+            "unpriced_models": unpriced,
         }

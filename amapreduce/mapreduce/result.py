@@ -57,7 +57,7 @@ class RunStatus(StrEnum):
 
     @property
     def ended_early(self) -> bool:
-        """True when the run did not finish (the commands then exit 1)."""
+        """True when the run did not finish (its exit code: `amapreduce.cli.exit_codes.run_exit_code`)."""
         return self in (RunStatus.STOPPED, RunStatus.INTERRUPTED, RunStatus.FAILED)
 
 
@@ -107,8 +107,10 @@ CANCELLED = RunEnding(RunStatus.STOPPED, "the MapReduce run was cancelled")
 
 RUN_STOPPING_ERRORS: tuple[type[Exception], ...] = (BudgetExceeded, ProviderUnavailable)
 """Errors of one attempt that stop its whole run and keep its partial table (other runs of the
-engine go on): a spent budget ends it `stopped`, a provider that stays down (its circuit breaker
-gave up) ends it `failed`; the error's one-line message is the reason. See `stop_ending`."""
+engine go on): a spent budget ends it `stopped`, a provider or search backend that stays down (its
+circuit breaker gave up: `ProviderUnavailable`, `SearchUnavailable`) ends it `failed`; the error's
+one-line message is the reason. See `stop_ending`. The manager's run ends on them too
+(`agents.manager`)."""
 
 
 def stop_ending(exc: BaseException) -> RunEnding:

@@ -236,6 +236,15 @@ class SmolagentsSolver:
                 agent.interrupt()
 
         agent.step_callbacks.register(ActionStep, check_deadline)
+
+        def stop_on_run_stopping_error(step: ActionStep, **_: Any) -> None:
+            # smolagents shows a tool's exception to the model and goes on; one that stops the run
+            # (the search backend's breaker gave up, the budget is spent) must end this attempt now.
+            stopping = find_cause(step.error, *RUN_STOPPING_ERRORS) if step.error is not None else None
+            if stopping is not None:
+                raise stopping
+
+        agent.step_callbacks.register(ActionStep, stop_on_run_stopping_error)
         try:
             # The output only: a full `RunResult` would serialise every step's input messages.
             output = agent.run(request.prompt)

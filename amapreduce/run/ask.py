@@ -71,7 +71,7 @@ def _manager_stop_ending(exc: BaseException) -> RunEnding:
         return cause.partial.ending  # the engine knows why it stopped: budget, cancel or Ctrl-C
     if cause is not None:
         return stop_ending(cause)
-    return RunEnding(RunStatus.STOPPED, f"manager failed: {exc}")
+    return RunEnding(RunStatus.FAILED, f"manager failed: {exc}")
 
 
 def check_memory_store(store: Path) -> None:
@@ -115,7 +115,8 @@ def run_ask(
         memory_store: an experiential-memory folder to draw the plan-stage prior from (opened
             read-only: a run never changes the memory; learning happens after scoring).
         task_id: benchmark instance id, passed to the memory.
-        show_progress: force the progress display on/off (default: when stderr is a terminal).
+        show_progress: False: no progress; True: force the live display; None (default): the live
+            display on a terminal, else plain timestamped lines on stderr (`run.progress`).
 
     Raises:
         UserError: `memory_store` holds no store (checked before a run directory is made).

@@ -129,9 +129,27 @@ def load_run(runs_dir: Path, name: str) -> dict[str, Any]:
     return data
 
 
+def _cost_of(usage: object) -> tuple[float | None, list[str]]:
+    """A run's cost and the models it used without a known price, from `result.json`'s `usage`.
+
+    The cost is None when any model was unpriced, also in a `result.json` written before that
+    rule, whose total counted such a model as $0 beside its `unpriced_models` list.
+    """
+    if not isinstance(usage, Mapping):
+        return None, []
+    raw = usage.get("unpriced_models")
+    unpriced = [str(m) for m in raw] if isinstance(raw, list) else []
+    total = usage.get("total")
+    cost = total.get("cost_usd") if isinstance(total, Mapping) else None
+    if unpriced or isinstance(cost, bool) or not isinstance(cost, int | float):
+        return None, unpriced
+    return float(cost), unpriced
+
+
 def list_runs(runs_dir: Path, *, state: str | None = None) -> list[dict[str, Any]]:
     """One summary per run folder that has a `result.json` or a journal, newest first; with
-    `state`, only the runs in that state (one of `RUN_STATES`)."""
+    `state`, only the runs in that state (one of `RUN_STATES`). A run's `cost_usd` is null when it
+    recorded no usage or used a model with no known price (named in `unpriced_models`)."""
     rows: list[dict[str, Any]] = []
     if not runs_dir.is_dir():
         return rows
@@ -143,6 +161,7 @@ def list_runs(runs_dir: Path, *, state: str | None = None) -> list[dict[str, Any
                 rows.append({"run": folder.name, "status": f"unreadable: {exc}", "state": None})
             continue
         completeness = data.get("completeness") or {}
+        cost, unpriced = _cost_of(data.get("usage"))
         rows.append(
             {
                 "run": folder.name,
@@ -150,7 +169,8 @@ def list_runs(runs_dir: Path, *, state: str | None = None) -> list[dict[str, Any
                 "query": data.get("query"),
                 "rows": completeness.get("rows"),
                 "missing_cells": completeness.get("missing_cells"),
-                "cost_usd": (data.get("usage") or {}).get("total", {}).get("cost_usd"),
+                "cost_usd": cost,
+                "unpriced_models": unpriced,
                 "status": data.get("status"),
                 "state": data.get("state"),
                 **({"progress": data["progress"]} if "progress" in data else {}),

@@ -83,17 +83,23 @@ class OpenAICompatibleServer:
         rate_limit_first: answer this many first requests with 429 and `Retry-After`.
         retry_after_s: the `Retry-After` value sent with those 429s.
         latency_s: sleep this long before each reply (a slow provider).
+        port: the loopback port (0: any free port).
+        keep_requests: keep every request body in `requests` (tests read them); a long-lived server
+            (`amapreduce demo --serve`) keeps only the count.
     """
 
-    def __init__(self, model: Model, *, rate_limit_first: int = 0, retry_after_s: float = 1.0, latency_s: float = 0.0) -> None:
+    def __init__(self, model: Model, *, rate_limit_first: int = 0, retry_after_s: float = 1.0, latency_s: float = 0.0,
+                 port: int = 0, keep_requests: bool = True) -> None:
         self.model = model
         self.rate_limit_first = rate_limit_first
         self.retry_after_s = retry_after_s
         self.latency_s = latency_s
         self.requests: list[dict[str, Any]] = []
         self.authorization: list[str | None] = []
+        self.keep_requests = keep_requests
+        self.request_count = 0
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="openai-compatible-server", daemon=True)
 
@@ -144,9 +150,11 @@ class OpenAICompatibleServer:
                     return
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
                 with server._lock:
-                    server.requests.append(body)
-                    server.authorization.append(self.headers.get("Authorization"))
-                    count = len(server.requests)
+                    server.request_count += 1
+                    count = server.request_count
+                    if server.keep_requests:
+                        server.requests.append(body)
+                        server.authorization.append(self.headers.get("Authorization"))
                 if count <= server.rate_limit_first:
                     self._send(
                         429,

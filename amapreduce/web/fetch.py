@@ -39,6 +39,10 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 class FetchFailed(RunError):
     """A page could not be fetched: network error, HTTP error, timeout, too large or not text."""
 
+    outage: bool = False
+    """Whether the host did not answer (connection error, timeout, 5xx): what the host's circuit
+    breaker counts (`web.service`). A 4xx, an oversize or non-text page is an answer."""
+
 
 class FetchLimits(BaseModel):
     """Bounds of one fetch; the defaults suit a sub-agent reading ordinary web pages."""
@@ -179,11 +183,13 @@ def fetch(
                 raise FetchFailed(
                     f"timed out fetching {current!r} ({type(exc).__name__}). The site is slow or down; try another source.",
                     url=current,
+                    outage=True,
                 ) from exc
             except httpx.HTTPError as exc:
                 raise FetchFailed(
                     f"could not fetch {current!r}: {type(exc).__name__}: {exc}. Check the URL or try another source.",
                     url=current,
+                    outage=True,
                 ) from exc
     raise FetchFailed(
         f"too many redirects fetching {url!r} (limit {lim.max_redirects}). Try the final page's URL directly.",
@@ -197,6 +203,7 @@ def _read(url: str, current: str, response: httpx.Response, lim: FetchLimits, de
             f"HTTP {response.status_code} fetching {current!r}. The page is missing or blocked; try another source.",
             url=current,
             status=response.status_code,
+            outage=response.status_code >= 500,
         )
     declared = response.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > lim.max_bytes:
@@ -217,6 +224,7 @@ def _read(url: str, current: str, response: httpx.Response, lim: FetchLimits, de
                 f"timed out fetching {current!r} (over {lim.total_timeout_s:g} s in total). "
                 "The site is slow; try another source.",
                 url=current,
+                outage=True,
             )
         chunks.append(chunk)
     body = b"".join(chunks)

@@ -86,6 +86,7 @@ def system_resolver(host: str, port: int) -> list[str]:
         raise RunError(
             f"cannot resolve host `{host}`: {exc}. Check the URL, or your network connection.",
             host=host,
+            outage=True,  # the host's crawl breaker counts it (`web.service`)
         ) from exc
     return sorted({str(info[4][0]).split("%", 1)[0] for info in infos})
 

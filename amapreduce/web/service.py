@@ -2,6 +2,16 @@
 
 Why a service object: the `web_search`/`crawl_page` tools of every sub-agent in a run share one
 backend (one rate limiter), one cache and one usage counter, so the run can report totals.
+
+Crawl outages: one circuit breaker per crawled host (`amapreduce.breaker`), not one for the
+crawler. A site that is down, slow or gone is ordinary on the web and must cost a run neither its
+other sources nor its end: after `crawl_breaker_failures` crawls of one host in a row that it did
+not answer (DNS or connection error, timeout, 5xx), that host's pages fail at once with a
+`FetchFailed` telling the model to try another source, for `crawl_breaker_cooldown_s`; then one
+probe crawl goes out. A crawler-wide breaker would let a handful of dead links end or stall a
+whole run. An outage of the network itself is caught by the search backend's breaker
+(`web.backends.base`), which stops the run: every run searches before it crawls. The host
+breakers belong to the service (one run), never wait (`max_wait_s` 0) and never stop a run.
 """
 
 from __future__ import annotations
@@ -11,10 +21,12 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from amapreduce.errors import ConfigError
+from amapreduce.breaker import BreakerPolicy, CircuitBreaker, Outage
+from amapreduce.errors import ConfigError, RunError
 from amapreduce.web.backends.base import SearchBackend, make_backend
 from amapreduce.web.cache import WebCache, normalize_url
 from amapreduce.web.corpus import CORPUS_SCHEME, CorpusIndex, split_corpus_url
@@ -28,7 +40,7 @@ if TYPE_CHECKING:
 
     from amapreduce.settings import Settings
 
-__all__ = ["MAX_RESULTS", "WebService", "WebUsage"]
+__all__ = ["MAX_RESULTS", "WebService", "WebUsage", "crawl_breaker_policy"]
 
 MAX_RESULTS = 50
 
@@ -58,6 +70,41 @@ class _CachedPage(BaseModel):
     hops: tuple[CheckedUrl, ...]
 
 
+def crawl_breaker_policy(settings: Settings) -> BreakerPolicy:
+    """A crawled host's circuit breaker policy, from the `crawl_breaker_*` settings; it never waits."""
+    return BreakerPolicy(
+        failures=settings.crawl_breaker_failures, cooldown_s=settings.crawl_breaker_cooldown_s, max_wait_s=0.0
+    )
+
+
+def _host_unavailable(outage: Outage) -> FetchFailed:
+    """The error of a host's open breaker: this page failed, the run goes on."""
+    return FetchFailed(
+        f"`{outage.key}` did not answer the last {outage.failures} requests (last: {outage.last_error}), so its "
+        "pages are not fetched for now. Try another source.",
+        host=outage.key,
+        failures=outage.failures,
+    )
+
+
+def _is_crawl_outage(exc: RunError) -> bool:
+    """Whether a failed crawl shows its host did not answer (`outage` field: DNS, connection, timeout, 5xx)."""
+    return getattr(exc, "outage", False) is True
+
+
+def _host_of(url: str) -> str | None:
+    """The breaker key of an http(s) URL: its lower-case host, with the port when the URL names one
+    (two servers of one machine are two sites); None without a host (the URL policy refuses it)."""
+    try:
+        parts = urlsplit(url)
+        host, port = (parts.hostname or "").rstrip("."), parts.port
+    except ValueError:
+        return None
+    if not host:
+        return None
+    return f"{host}:{port}" if port is not None else host
+
+
 def _fixed_resolver(addresses: tuple[str, ...]) -> Resolver:
     """A resolver answering with the addresses a cached hop was actually fetched from."""
 
@@ -77,6 +124,8 @@ class WebService:
         limits: fetch limits.
         corpora: extra corpus indexes readable through `corpus://NAME/...` (a corpus backend's own
             index is added automatically).
+        crawl_breaker: the policy of each crawled host's circuit breaker (None: none;
+            `from_settings` gives the `crawl_breaker_*` settings' one).
         resolver, transport: injected by tests.
     """
 
@@ -88,6 +137,7 @@ class WebService:
         policy: UrlPolicy | None = None,
         limits: FetchLimits | None = None,
         corpora: Mapping[str, CorpusIndex] | None = None,
+        crawl_breaker: BreakerPolicy | None = None,
         resolver: Resolver | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -104,6 +154,8 @@ class WebService:
         self._lock = threading.Lock()
         self._searches = 0
         self._crawls = 0
+        self.crawl_breaker = crawl_breaker
+        self._host_breakers: dict[str, CircuitBreaker] = {}
 
     @classmethod
     def from_settings(
@@ -119,6 +171,7 @@ class WebService:
                 denied_domains=settings.denied_domains,
             ),
             corpora={name: CorpusIndex.open(path) for name, path in (corpora or {}).items()},
+            crawl_breaker=crawl_breaker_policy(settings),
         )
 
     def usage(self) -> WebUsage:
@@ -160,7 +213,9 @@ class WebService:
 
         Raises:
             UrlRefused: the policy refuses the URL or a redirect hop, or names an unknown corpus.
-            FetchFailed: the page could not be fetched or is not text, or the corpus has no such page.
+            FetchFailed: the page could not be fetched or is not text, the corpus has no such
+                page, or the host's circuit breaker is open (nothing was sent).
+            RunError: the host does not resolve.
             ConfigError: `max_chars` out of range or a malformed corpus URL.
         """
         if max_chars < 100:
@@ -170,9 +225,46 @@ class WebService:
             self._crawls += 1
         if url.startswith(CORPUS_SCHEME):
             return self._crawl_corpus(url, max_chars)
+        breaker = self._host_breaker(url)
+        if breaker is None:
+            return self._crawl_web(url, max_chars)[0]
+        probe = breaker.admit()
+        try:
+            page, fetched = self._crawl_web(url, max_chars)
+        except UrlRefused:
+            breaker.release(probe)  # nothing was asked of the host
+            raise
+        except RunError as exc:
+            breaker.record(probe, str(exc) if _is_crawl_outage(exc) else None)
+            raise
+        except BaseException:
+            breaker.release(probe)
+            raise
+        if fetched:
+            breaker.record(probe, None)
+        else:
+            breaker.release(probe)  # a cached page says nothing about the host now
+        return page
+
+    def _host_breaker(self, url: str) -> CircuitBreaker | None:
+        """The circuit breaker of `url`'s host (and port), created on its first crawl (None: no crawl breaker)."""
+        host = _host_of(url)
+        if self.crawl_breaker is None or host is None:
+            return None
+        with self._lock:
+            breaker = self._host_breakers.get(host)
+            if breaker is None:
+                breaker = self._host_breakers[host] = CircuitBreaker(
+                    host, self.crawl_breaker, unavailable=_host_unavailable
+                )
+            return breaker
+
+    def _crawl_web(self, url: str, max_chars: int) -> tuple[Page, bool]:
+        """An http(s) page (the URL policy, then the cache, then a real fetch), and whether it was fetched."""
         self.policy.check(url, self._resolver)
         key = normalize_url(url)
         full = self._cached_page(key)
+        fetched = full is None
         if full is None:
             raw = fetch(url, self.policy, self.limits, resolver=self._resolver, transport=self._transport)
             title, text = extract_main_text(raw.body, raw.content_type, url=raw.final_url, encoding=raw.encoding)
@@ -180,7 +272,7 @@ class WebService:
             if self.cache is not None:
                 self.cache.put("page", key, _CachedPage(page=full, hops=raw.hops).model_dump_json())
         text, cut = clip_page_text(full.text, max_chars)
-        return full.model_copy(update={"text": text, "truncated": cut})
+        return full.model_copy(update={"text": text, "truncated": cut}), fetched
 
     def _cached_page(self, key: str) -> Page | None:
         """The cached page for `key` after re-checking its redirect chain, or None to fetch again.

@@ -5,6 +5,13 @@ observation (`ToolCallRefused: ...` or `ToolCallFailed: ...`), so every failure 
 as one line saying what went wrong and what to try instead, and the agent keeps going. A call the
 tool turns away (an empty query, a refused URL) is a `ToolCallRefused`; a valid call whose work
 fails (network down, missing page, backend error) is a `ToolCallFailed`.
+
+Why a run-stopping error is not: once the search backend's circuit breaker gives up
+(`SearchUnavailable`), or the budget is spent, or a provider is down, no later call can succeed,
+and a model told "try again" would spend every remaining step on the same error (an `ask` against
+an unreachable backend once spent 31 manager steps on one DNS error). These errors (`RUN_STOPPING`)
+leave the tool as they are, so the agent that called it stops (`agents.manager` ends its run) and
+the run ends with that one-line reason.
 """
 
 from __future__ import annotations
@@ -13,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from smolagents import Tool
 
-from amapreduce.errors import AmapreduceError, ToolCallFailed, ToolCallRefused, ToolError, UserError
+from amapreduce.errors import (
+    AmapreduceError,
+    BudgetExceeded,
+    ProviderUnavailable,
+    ToolCallFailed,
+    ToolCallRefused,
+    ToolError,
+    UserError,
+)
 from amapreduce.web.models import SearchResult
 from amapreduce.web.service import MAX_RESULTS, WebService
 from amapreduce.web.summarize import focused_extract
@@ -23,7 +38,11 @@ if TYPE_CHECKING:
 
     from amapreduce.settings import Settings
 
-__all__ = ["CrawlPageTool", "WebSearchTool", "build_web_tools", "format_results"]
+__all__ = ["RUN_STOPPING", "CrawlPageTool", "WebSearchTool", "build_web_tools", "format_results"]
+
+RUN_STOPPING: tuple[type[AmapreduceError], ...] = (BudgetExceeded, ProviderUnavailable)
+"""Errors the tools raise as they are, never as a `ToolError` (`ProviderUnavailable` covers
+`SearchUnavailable`): the errors that stop a run (`mapreduce.result.RUN_STOPPING_ERRORS`)."""
 
 
 def format_results(query: str, results: list[SearchResult]) -> str:
@@ -71,6 +90,8 @@ class WebSearchTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may
     def forward(self, query: str, n: int | None = None) -> str:
         try:
             results = self.service.search(query, int(n) if n else self.default_n)
+        except RUN_STOPPING:
+            raise
         except AmapreduceError as exc:
             raise _as_tool_error(exc) from exc
         return format_results(query, results)
@@ -109,6 +130,8 @@ class CrawlPageTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may
     def forward(self, url: str, query: str | None = None) -> str:
         try:
             page = self.service.crawl(url, self.max_chars)
+        except RUN_STOPPING:
+            raise
         except AmapreduceError as exc:
             raise _as_tool_error(exc) from exc
         if self.model is not None and self.focused and query and query.strip():

@@ -1,9 +1,20 @@
-"""The backend interface and its error, the rate limiting and retries of remote backends, the
-shared HTTP/JSON plumbing of remote APIs, and the spec parser.
+"""The backend interface and its error, the rate limiting, retries and circuit breaker of remote
+backends, the shared HTTP/JSON plumbing of remote APIs, and the spec parser.
 
 Why here: every remote backend is spaced by the process-wide `SpacingLimiter` of its name
 (`amapreduce.ratelimit`) and retried by the one retry loop (`amapreduce._retry`) with the same
 capped, jittered, `Retry-After`-aware backoff as model calls; only the number of attempts differs.
+
+Outages. A backend built from settings (`make_backend`) also has the process-wide circuit breaker
+of its name (`amapreduce.breaker`, key `search:NAME`), the model providers' breaker: every search
+attempt, retries included, is admitted by it and reports to it. A failure where the backend did
+not answer (`BackendError.outage`: connection or DNS error, timeout, 5xx) counts; anything else
+resets the count (results, *no* results, a 429, a refused key). After `search_breaker_failures`
+in a row the breaker opens; searches then wait for its probe at most until
+`search_breaker_max_wait_s` after the outage began and then raise `SearchUnavailable` at once,
+which stops the run `failed` with that one line instead of letting a manager spend every step on
+the same DNS error. While the breaker is open a failed attempt is not backed off: the breaker's own
+wait replaces the backoff.
 """
 
 from __future__ import annotations
@@ -16,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amapreduce._retry import RetryPolicy, Transient, parse_retry_after, retry_loop
-from amapreduce.errors import ConfigError, RunError
+from amapreduce.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Outage, shared_breaker
+from amapreduce.errors import ConfigError, RunError, SearchUnavailable
 from amapreduce.ratelimit import SpacingPolicy, shared_limiter
 from amapreduce.web.models import SearchResult
 
@@ -32,8 +44,11 @@ __all__ = [
     "KeyedBackend",
     "RemoteBackend",
     "SearchBackend",
+    "breaker_key",
     "http_json",
     "make_backend",
+    "search_breaker_policy",
+    "search_unavailable",
 ]
 
 BACKEND_SPECS = "ddgs | searxng[:URL] | serper | tavily | corpus:INDEX"
@@ -53,6 +68,37 @@ class BackendError(RunError):
     """The HTTP status, when there was one."""
     retry_after_s: float | None = None
     """The wait the server asked for (`Retry-After`), when it said."""
+    outage: bool = False
+    """Whether the backend did not answer (connection or DNS error, timeout, 5xx): what the
+    circuit breaker counts. A 429, a refused key or an unreadable reply is an answer."""
+
+
+def breaker_key(name: str) -> str:
+    """The process-wide circuit breaker key of the backend `name` (kept apart from providers' keys)."""
+    return f"search:{name}"
+
+
+def search_unavailable(outage: Outage) -> SearchUnavailable:
+    """The error of a search backend's open breaker: the run's one-line reason to stop `failed`."""
+    name = outage.key.removeprefix("search:")
+    return SearchUnavailable(
+        f"search backend {name!r} is unavailable: {outage.failures} requests in a row failed "
+        f"(last: {outage.last_error}) and it has not answered for {outage.lasted_s:.0f} s. Check the network "
+        "or the backend, or search a local index offline (`--search corpus:INDEX`); "
+        "AMAPREDUCE_SEARCH_BREAKER_MAX_WAIT_S sets how long a run waits for it.",
+        provider=name,
+        failures=outage.failures,
+        last_error=outage.last_error,
+    )
+
+
+def search_breaker_policy(settings: Settings) -> BreakerPolicy:
+    """A search backend's circuit breaker policy, from the `search_breaker_*` settings."""
+    return BreakerPolicy(
+        failures=settings.search_breaker_failures,
+        cooldown_s=settings.search_breaker_cooldown_s,
+        max_wait_s=settings.search_breaker_max_wait_s,
+    )
 
 
 class SearchBackend(ABC):
@@ -85,6 +131,9 @@ class RemoteBackend(SearchBackend):
             search raises `ConfigError`, see `amapreduce.ratelimit.shared_limiter`).
         retry: attempts and backoff for transient failures.
         timeout_s: HTTP timeout of one request.
+        breaker: the policy of the backend's process-wide circuit breaker (None: no breaker;
+            `make_backend` gives the `search_breaker_*` settings' one). Like the limiter, every
+            backend of one `name` shares it, so they must all give the same policy.
         sleep, rng: injected by tests so retries neither wait nor vary.
     """
 
@@ -94,14 +143,26 @@ class RemoteBackend(SearchBackend):
         min_interval_s: float = 1.0,
         retry: RetryPolicy = SEARCH_RETRY,
         timeout_s: float = 10.0,
+        breaker: BreakerPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
     ) -> None:
         self.min_interval_s = min_interval_s
         self.retry = retry
         self.timeout_s = timeout_s
+        self.breaker_policy = breaker
         self._sleep = sleep
         self._rng = rng
+
+    def circuit_breaker(self) -> CircuitBreaker | None:
+        """The backend's process-wide breaker (None without a breaker policy).
+
+        Raises:
+            ConfigError: another backend of this name set a different breaker policy.
+        """
+        if self.breaker_policy is None:
+            return None
+        return shared_breaker(breaker_key(self.name), self.breaker_policy, unavailable=search_unavailable)
 
     @abstractmethod
     def _search_once(self, query: str, n: int) -> list[SearchResult]:
@@ -113,22 +174,53 @@ class RemoteBackend(SearchBackend):
         Raises:
             BackendError: a permanent failure, or the last transient one (its message then says
                 how many attempts were made).
-            ConfigError: another backend of this name set a different `min_interval_s`.
+            SearchUnavailable: the backend's circuit breaker is open and its outage has lasted
+                `max_wait_s`; this attempt was not sent.
+            ConfigError: another backend of this name set a different `min_interval_s` or breaker policy.
         """
         limiter = shared_limiter(self.name, SpacingPolicy(self.min_interval_s))
+        breaker = self.circuit_breaker()
         what = f"`{self.name}` search"
+        probe = [False]  # whether the attempt about to go out is the breaker's half-open probe
+
+        def admit() -> None:
+            probe[0] = breaker.admit() if breaker is not None else False
 
         def attempt() -> list[SearchResult]:
-            limiter.acquire()
-            return self._search_once(query, n)
+            try:
+                limiter.acquire()
+                results = self._search_once(query, n)
+            except BackendError as exc:
+                if breaker is not None:
+                    breaker.record(probe[0], exc.message if exc.outage else None)
+                raise
+            except BaseException:
+                if breaker is not None:
+                    breaker.release(probe[0])
+                raise
+            if breaker is not None:
+                breaker.record(probe[0], None)
+            return results
+
+        def pause_then_admit(delay_s: float) -> None:
+            # The retry loop's sleep: a retry is admitted like the first attempt, outside the loop's
+            # `try`, so `SearchUnavailable` leaves the loop as it is. With the breaker open, `admit`
+            # waits for the probe (or fails at once): a backoff would only add to that wait.
+            if breaker is None or breaker.state is BreakerState.CLOSED:
+                self._sleep(delay_s)
+            admit()
 
         def give_up(exc: Exception, tries: int, transient: Transient | None) -> BaseException:
-            if isinstance(exc, BackendError) and tries > 1:
-                return BackendError(f"{exc.message} (after {tries} attempts of {what})", **exc.fields)
+            # A new error, never `exc` itself: the loop raises it `from exc`, and an error caused by
+            # itself would send every walk of the cause chain (`errors.find_cause`) round forever.
+            if isinstance(exc, BackendError):
+                suffix = f" (after {tries} attempts of {what})" if tries > 1 else ""
+                return BackendError(f"{exc.message}{suffix}", **exc.fields)
             return exc
 
+        admit()
         return retry_loop(attempt, policy=self.retry, classify=_classify, give_up=give_up,
-                          sleep=self._sleep, rng=self._rng)
+                          sleep=pause_then_admit, rng=self._rng)
 
 
 class KeyedBackend(RemoteBackend):
@@ -168,8 +260,8 @@ def http_json(
     """Make one JSON API request and map every failure to a `BackendError`.
 
     Connection errors, timeouts, 429 and 5xx are transient (retried, after the reply's
-    `Retry-After` when it has one); 401/403 say the key is wrong; other 4xx and unreadable
-    bodies are permanent.
+    `Retry-After` when it has one), and all but the 429 are outages (the breaker counts them);
+    401/403 say the key is wrong; other 4xx and unreadable bodies are permanent.
     """
     import httpx
 
@@ -180,12 +272,12 @@ def http_json(
             response = client.request(method, url, params=params, json=json_body, headers=headers)
     except httpx.TimeoutException as exc:
         raise BackendError(f"`{backend}` timed out after {timeout_s:g} s. Try again later.",
-                           backend=backend, transient=True) from exc
+                           backend=backend, transient=True, outage=True) from exc
     except httpx.HTTPError as exc:
         raise BackendError(
             f"`{backend}` is unreachable ({type(exc).__name__}: {exc}). Check the network, or use "
             "`--backend corpus:INDEX` to search a local index offline.",
-            backend=backend, transient=True,
+            backend=backend, transient=True, outage=True,
         ) from exc
     status = response.status_code
     if status in (401, 403):
@@ -193,7 +285,7 @@ def http_json(
                            backend=backend, transient=False, status=status)
     if status == 429 or status >= 500:
         raise BackendError(f"`{backend}` answered HTTP {status}. Retry later or lower the request rate.",
-                           backend=backend, transient=True, status=status,
+                           backend=backend, transient=True, status=status, outage=status >= 500,
                            retry_after_s=parse_retry_after(response.headers))
     if status >= 400:
         raise BackendError(f"`{backend}` rejected the request (HTTP {status}): {response.text[:200]}",
@@ -206,7 +298,7 @@ def http_json(
 
 
 def make_backend(spec: str, settings: Settings) -> SearchBackend:
-    """Build the backend a spec string names.
+    """Build the backend a spec string names; a remote one with the `search_breaker_*` circuit breaker.
 
     Raises:
         ConfigError: unknown spec, missing API key or URL, or a missing corpus index.
@@ -214,10 +306,11 @@ def make_backend(spec: str, settings: Settings) -> SearchBackend:
     name, _, arg = spec.strip().partition(":")
     name = name.lower()
     interval = settings.search_min_interval_s
+    breaker = search_breaker_policy(settings)
     if name == "ddgs" and not arg:
         from amapreduce.web.backends.ddgs import DdgsBackend
 
-        return DdgsBackend(min_interval_s=interval)
+        return DdgsBackend(min_interval_s=interval, breaker=breaker)
     if name == "searxng":
         from amapreduce.web.backends.searxng import SearxngBackend
 
@@ -225,7 +318,7 @@ def make_backend(spec: str, settings: Settings) -> SearchBackend:
         if not url:
             raise ConfigError("backend `searxng` needs a URL: use `searxng:http://host:8888` "
                               "or set AMAPREDUCE_SEARXNG_URL.")
-        return SearxngBackend(url, min_interval_s=interval)
+        return SearxngBackend(url, min_interval_s=interval, breaker=breaker)
     if name in ("serper", "tavily") and not arg:
         key = settings.serper_api_key if name == "serper" else settings.tavily_api_key
         if key is None or not key.get_secret_value():
@@ -235,10 +328,10 @@ def make_backend(spec: str, settings: Settings) -> SearchBackend:
         if name == "serper":
             from amapreduce.web.backends.serper import SerperBackend
 
-            return SerperBackend(key.get_secret_value(), min_interval_s=interval)
+            return SerperBackend(key.get_secret_value(), min_interval_s=interval, breaker=breaker)
         from amapreduce.web.backends.tavily import TavilyBackend
 
-        return TavilyBackend(key.get_secret_value(), min_interval_s=interval)
+        return TavilyBackend(key.get_secret_value(), min_interval_s=interval, breaker=breaker)
     if name == "corpus" and arg:
         from amapreduce.web.backends.corpus import CorpusBackend
 

@@ -35,13 +35,14 @@ class DdgsBackend(RemoteBackend):
                                backend=self.name, transient=True) from exc
         except TimeoutException as exc:
             raise BackendError(f"`ddgs` timed out: {exc}. Try again later.",
-                               backend=self.name, transient=True) from exc
+                               backend=self.name, transient=True, outage=True) from exc
         except DDGSException as exc:
             if _is_no_results(exc):
                 return []
+            # Every engine failed (offline, DNS): an outage for the breaker. A rate limit is not one.
             raise BackendError(
                 f"`ddgs` search failed: {exc}. Check the network, or use `--backend corpus:INDEX` offline.",
-                backend=self.name, transient=True,
+                backend=self.name, transient=True, outage=True,
             ) from exc
         results: list[SearchResult] = []
         for item in raw or []:
