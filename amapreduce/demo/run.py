@@ -190,12 +190,11 @@ def _learn(memory: ExperientialMemory, session: InstanceSession, outcome: AskOut
         session.snapshot.close()
         return {"store": str(memory.store.folder), "prior": shown, "learned": {"committed": False,
                                                                                "reason": "no decision was executed"}}
-    c = outcome.record["completeness"]
-    u = utility(score, tokens=usage.total_tokens, delay_s=float(outcome.record["timings"]["wall_s"]),
+    wall = float(outcome.record["timings"]["wall_s"])
+    u = utility(score, tokens=usage.total_tokens, delay_s=wall,
                 weights=UtilityWeights(cost=defaults.cost_weight, delay=defaults.delay_weight))
     trial = TrialOutcome(trial=1, prior=prior, decision=tool.decisions[0], metrics={**score, "utility": u},
-                         trace=TraceSummary(batches=c.get("batches"), retries=c.get("retries"),
-                                            patch_rounds=c.get("patch_rounds"), cost_usd=usage.cost_usd),
+                         trace=TraceSummary.of(outcome.record["completeness"], cost_usd=usage.cost_usd, delay_s=wall),
                          utility=u)
     record_id = run_record_id(outcome.run_dir.path)  # the id `memory learn` would give it: one commit per run
     learned = commit_instance(memory, session, [trial], record_id=record_id)

@@ -114,6 +114,19 @@ class TraceSummary(BaseModel):
     cost_usd: float | None = None
     delay_s: float | None = None
 
+    @classmethod
+    def of(cls, completeness: Mapping[str, Any], *, cost_usd: float | None, delay_s: float | None) -> TraceSummary:
+        """τ of a run from its `result.json` `completeness` block (batches, retries, patch rounds),
+        its cost and its wall time: the one place a run becomes a trace summary. Counts that are not
+        non-negative integers (a hand-edited or foreign file) are left unknown, never guessed."""
+
+        def count(key: str) -> int | None:
+            value = completeness.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+        return cls(batches=count("batches"), retries=count("retries"), patch_rounds=count("patch_rounds"),
+                   cost_usd=cost_usd, delay_s=delay_s)
+
 
 class Record(BaseModel):
     """One stored record; `label` is ℓ(u) under the store's pass rule at write time."""

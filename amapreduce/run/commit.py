@@ -7,21 +7,37 @@ distillation the commit made due, and reports what changed in the shape of `memo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from amapreduce.memory import DistillReport, ExperientialMemory
+    from amapreduce.memory import DistillReport, ExperientialMemory, MemoryConfig
     from amapreduce.memory.protocol import InstanceSession, TrialOutcome
+    from amapreduce.memory.update import UpdateResult
 
-__all__ = ["commit_instance", "pool_counts", "pool_counts_log", "summarize_distillation"]
+__all__ = ["commit_instance", "hint_credits", "pool_counts", "run_due_distillation", "summarize_distillation"]
 
 
-def pool_counts(memory: ExperientialMemory) -> dict[str, int]:
-    """Records and hints in the memory now."""
+def pool_counts(memory: ExperientialMemory) -> dict[str, Any]:
+    """The pool's size now, as `memory_log.jsonl` reports it: records, hints and their mean w."""
     with memory.store.read() as conn:
         records = int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
-        hints = int(conn.execute("SELECT count(*) FROM hints").fetchone()[0])
-    return {"records": records, "hints": hints}
+        row = conn.execute("SELECT count(*), avg(w) FROM hints").fetchone()
+    return {"records": records, "hints": int(row[0]), "mean_w": round(float(row[1]), 3) if row[1] is not None else None}
+
+
+def hint_credits(result: UpdateResult, hint_ids: Iterable[str], config: MemoryConfig) -> list[dict[str, Any]]:
+    """Each hint of the prior with its w before and after the update (None: it no longer exists).
+
+    Derived from the update itself (`UpdateResult.credited` is w after; the reward is the
+    config's), so no read before the commit is needed.
+    """
+    reward = config.reward_pass if result.label else config.reward_fail
+    out = []
+    for h in dict.fromkeys(hint_ids):
+        after = result.credited.get(h)
+        out.append({"id": h, "w_before": None if after is None else after - reward, "w_after": after})
+    return out
 
 
 def commit_instance(memory: ExperientialMemory, session: InstanceSession, outcomes: list[TrialOutcome], *,
@@ -37,8 +53,6 @@ def commit_instance(memory: ExperientialMemory, session: InstanceSession, outcom
 
     chosen = canonical_trial(outcomes)
     log: dict[str, Any] = {"committed": False}
-    hint_ids = list(chosen.prior.hint_ids) if chosen is not None and chosen.prior is not None else []
-    before = _hint_scores(memory, hint_ids)
     result = session.commit(outcomes, record_id=record_id, auto_distill=False)
     if result is None:
         log["reason"] = "every trial failed"
@@ -46,29 +60,13 @@ def commit_instance(memory: ExperientialMemory, session: InstanceSession, outcom
         log["reason"] = result.skipped
         log["record_id"] = result.record_id
     else:
-        log.update(committed=True, label=result.label, record_id=result.record_id, pruned=list(result.pruned))
-        after = _hint_scores(memory, hint_ids)
-        log["prior_hints"] = [{"id": h, "w_before": before.get(h), "w_after": after.get(h)} for h in hint_ids]
+        hint_ids = chosen.prior.hint_ids if chosen is not None and chosen.prior is not None else ()
+        log.update(committed=True, label=result.label, record_id=result.record_id, pruned=list(result.pruned),
+                   prior_hints=hint_credits(result, hint_ids, memory.config))
         if result.distill:
-            log["distillation"] = _distill(memory, result.distill)
-    log.update(pool_counts_log(memory))
+            log["distillation"] = run_due_distillation(memory, result.distill)
+    log.update(pool_counts(memory))
     return log
-
-
-def _hint_scores(memory: ExperientialMemory, ids: list[str]) -> dict[str, int]:
-    if not ids:
-        return {}
-    with memory.store.read() as conn:
-        marks = ",".join("?" * len(ids))
-        return {r[0]: int(r[1]) for r in conn.execute(f"SELECT id, w FROM hints WHERE id IN ({marks})", ids)}  # noqa: S608
-
-
-def pool_counts_log(memory: ExperientialMemory) -> dict[str, Any]:
-    """The pool's size after a commit, as `memory_log.jsonl` reports it: records, hints and mean w."""
-    with memory.store.read() as conn:
-        records = int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
-        row = conn.execute("SELECT count(*), avg(w) FROM hints").fetchone()
-    return {"records": records, "hints": int(row[0]), "mean_w": round(float(row[1]), 3) if row[1] is not None else None}
 
 
 def summarize_distillation(report: DistillReport) -> dict[str, int]:
@@ -80,12 +78,19 @@ def summarize_distillation(report: DistillReport) -> dict[str, int]:
             "calls": len(report.calls), "rejected": len(report.rejected)}
 
 
-def _distill(memory: ExperientialMemory, what: str) -> dict[str, Any]:
-    """Run the distillation the commit made due, and count what it changed."""
+def run_due_distillation(memory: ExperientialMemory, due: str, *, enabled: bool = True) -> dict[str, Any]:
+    """Run the distillation a commit made due (`refine`, `merge` or both) and count what it changed.
+
+    The record is already committed whatever happens here: a missing model, `enabled=False`
+    (`memory learn --no-distill`) or a failing model is reported in the result, never raised.
+    """
+    later = "run `amapreduce memory distill` (with a memory model) to catch up"
+    if not enabled:
+        return {"what": due, "skipped": f"--no-distill; {later}"}
     if memory.model is None:
-        return {"what": what, "skipped": "no memory model configured"}
+        return {"what": due, "skipped": f"no memory model is configured; {later}"}
     try:
-        report = memory.distill(refine="refine" in what, merge="merge" in what)
-    except Exception as exc:  # noqa: BLE001 - the commit is safe; the failure is logged in memory_log.jsonl
-        return {"what": what, "failed": f"{type(exc).__name__}: {exc}"}
-    return {"what": what, **summarize_distillation(report)}
+        report = memory.distill(refine="refine" in due, merge="merge" in due)
+    except Exception as exc:  # noqa: BLE001 - the commit is safe; the failure is reported, not raised
+        return {"what": due, "failed": f"{type(exc).__name__}: {exc}"}
+    return {"what": due, **summarize_distillation(report)}

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from amapreduce._atomic import atomic_open
 from amapreduce.errors import UserError
 from amapreduce.journal import JournalWriter, read_journal
-from amapreduce.run.commit import commit_instance, pool_counts, pool_counts_log
+from amapreduce.run.commit import commit_instance, pool_counts
 from amapreduce.run.eval_journal import (
     ENTRIES,
     JOURNAL,
@@ -199,7 +199,7 @@ def run_benchmark(
         try:
             stopped = _drive(config, runner, memory, journal, state, out, max(1, tasks_parallel), progress)
             if memory is not None:
-                after = pool_counts(memory)
+                after = _size(memory)
         finally:
             if memory is not None:
                 memory.close()
@@ -220,7 +220,13 @@ def _open_memory(config: EvalConfig, simulated: SimulatedModels | None,
     model = simulated.memory_model if simulated is not None else memory_model
     memory = ExperientialMemory(Path(config.memory_store), config=MemoryConfig(**config.memory_config),
                                 model=model, encoder=config.encoder)
-    return memory, pool_counts(memory)
+    return memory, _size(memory)
+
+
+def _size(memory: ExperientialMemory) -> dict[str, int]:
+    """Records and hints, as `results.json`'s memory block counts them before and after."""
+    counts = pool_counts(memory)
+    return {"records": counts["records"], "hints": counts["hints"]}
 
 
 def _drive(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory | None, journal: JournalWriter,
@@ -349,9 +355,7 @@ class _TrialRunner:
                 "prior": None if tool.prior is None else PriorRecord(
                     text=tool.prior.text, hint_ids=list(tool.prior.hint_ids), record_ids=list(tool.prior.record_ids)),
                 "decision": tool.decisions[0].model_dump(mode="json") if tool.decisions else None,
-                "subagents": int(completeness.get("attempts") or 0),
-                "trace": {"batches": completeness.get("batches"), "retries": completeness.get("retries"),
-                          "patch_rounds": completeness.get("patch_rounds"), "cost_usd": usage.cost_usd},
+                "subagents": int(completeness.get("attempts") or 0), "completeness": completeness,
             }
         wall = time.perf_counter() - started
         answer_file = self.out / f"trial{trial}" / f"{iid}.md"
@@ -361,10 +365,11 @@ class _TrialRunner:
         spent: Usage | None = entry.get("usage")
         tokens = spent.total_tokens if spent is not None else 0
         from amapreduce.memory.labels import UtilityWeights, utility
+        from amapreduce.memory.records import TraceSummary
 
         weights = UtilityWeights(cost=self.config.cost_weight, delay=self.config.delay_weight)
-        trace = dict(entry.get("trace") or {})
-        trace["delay_s"] = round(wall, 3)
+        trace = TraceSummary.of(entry.get("completeness") or {}, cost_usd=spent.cost_usd if spent is not None else None,
+                                delay_s=round(wall, 3))
         done = TrialDone(
             task_id=iid, trial=trial, status=entry["status"], failure=failure, metrics=metrics,
             utility=round(utility(metrics, tokens=tokens, delay_s=wall, weights=weights), 6),
@@ -374,7 +379,7 @@ class _TrialRunner:
             model_calls=spent.requests if spent is not None else 0,
             subagents=int(entry.get("subagents") or 0), wall_s=round(wall, 3),
             run_dir=_relative(entry.get("run_dir"), self.out), prior=entry.get("prior"),
-            decision=entry.get("decision"), trace=trace,
+            decision=entry.get("decision"), trace=trace.model_dump(),
         )
         self.journal.append(done)
         self.budget.add(done.cost_usd)
@@ -423,8 +428,7 @@ def _outcome(done: TrialDone, query: str, iid: str) -> TrialOutcome:
     failure = done.failure or (None if done.decision is not None else "no decision was executed")
     return TrialOutcome(trial=done.trial, prior=prior, decision=decision,
                         metrics={**done.metrics, "utility": done.utility},
-                        trace=TraceSummary.model_validate({k: v for k, v in done.trace.items()
-                                                           if k in TraceSummary.model_fields}),
+                        trace=TraceSummary.model_validate(done.trace),
                         failure=failure, utility=done.utility)
 
 
@@ -444,7 +448,7 @@ def _commit(config: EvalConfig, iid: str, order: int, done: list[TrialDone], ses
     if not config.learn:
         session.snapshot.close()
         log["reason"] = "--no-learn"
-        log.update(pool_counts_log(memory))
+        log.update(pool_counts(memory))
         return InstanceCommitted(task_id=iid, log=log)
     log.update(commit_instance(memory, session, outcomes, record_id=_record_id(config, iid)))
     return InstanceCommitted(task_id=iid, log=log)

@@ -42,15 +42,15 @@ from amapreduce.errors import RunError, UserError
 from amapreduce.memory.labels import UTILITY_RULE, UtilityWeights
 from amapreduce.memory.labels import utility as utility_of
 from amapreduce.memory.records import Record, TraceSummary, normalise_query
-from amapreduce.run.commit import summarize_distillation
+from amapreduce.run.commit import hint_credits, run_due_distillation
 from amapreduce.run.rundir import load_run
 
 if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
     from amapreduce.mapreduce.prior import Prior
-    from amapreduce.memory import ExperientialMemory, MemoryConfig, MemoryStore
+    from amapreduce.memory import MemoryConfig, MemoryStore
 
-__all__ = ["LEARNABLE_STATES", "HintCredit", "LearnOutcome", "learn_from_run", "run_record_id", "summarize_distillation"]
+__all__ = ["LEARNABLE_STATES", "HintCredit", "LearnOutcome", "learn_from_run", "run_record_id"]
 
 LEARNABLE_STATES = ("complete", "incomplete")
 """The run states whose outcome is final, so the memory may learn from it."""
@@ -97,7 +97,7 @@ class LearnOutcome:
     distillation_due: str | None = None
     """`refine`, `merge` or `refine+merge` when this record made a distillation due."""
     distillation: dict[str, Any] | None = None
-    """What the due distillation did (`summarize_distillation`), or why it did not run
+    """What the due distillation did (`run.commit.run_due_distillation`), or why it did not run
     (`{"skipped": ...}` / `{"failed": ...}`); None when none was due."""
     warnings: tuple[str, ...] = ()
 
@@ -204,9 +204,7 @@ def _read_ask_run(run_dir: Path) -> _AskRun:
     total = _object(_object(data.get("usage")).get("total"))
     timings = _object(data.get("timings"))
     delay = _number(timings.get("wall_s"))
-    trace = TraceSummary(batches=_count(completeness.get("batches")), retries=_count(completeness.get("retries")),
-                         patch_rounds=_count(completeness.get("patch_rounds")),
-                         cost_usd=_number(total.get("cost_usd")), delay_s=delay)
+    trace = TraceSummary.of(completeness, cost_usd=_number(total.get("cost_usd")), delay_s=delay)
     tokens = (_count(total.get("input_tokens")) or 0) + (_count(total.get("output_tokens")) or 0)
     return _AskRun(path=run_dir, query=query, decision=decision, prior=prior, task_id=task_id, trace=trace,
                    tokens=tokens, delay_s=delay or 0.0, data=data)
@@ -302,29 +300,6 @@ def _gold_dir(gold: Path, task_id: str, scratch: Path) -> Path:
         return gold.parent
     shutil.copyfile(gold, scratch / f"{task_id}.csv")
     return scratch
-
-
-def _hint_weights(store: MemoryStore, ids: tuple[str, ...]) -> dict[str, int]:
-    if not ids:
-        return {}
-    with store.read() as conn:
-        marks = ",".join("?" * len(ids))
-        rows = conn.execute(f"SELECT id, w FROM hints WHERE id IN ({marks})", ids)  # noqa: S608 - only placeholders
-        return {r[0]: int(r[1]) for r in rows}
-
-
-def _distill(memory: ExperientialMemory, due: str, *, enabled: bool) -> dict[str, Any]:
-    """Run the distillation the commit made due; the record is committed whatever happens here."""
-    later = "run `amapreduce memory distill` (with a memory model) to catch up"
-    if not enabled:
-        return {"what": due, "skipped": f"--no-distill; {later}"}
-    if memory.model is None:
-        return {"what": due, "skipped": f"no memory model is configured; {later}"}
-    try:
-        report = memory.distill(refine="refine" in due, merge="merge" in due)
-    except Exception as exc:  # noqa: BLE001 - the record is safe; the failure is reported, not raised
-        return {"what": due, "failed": f"{type(exc).__name__}: {exc}"}
-    return {"what": due, **summarize_distillation(report)}
 
 
 def learn_from_run(
@@ -431,10 +406,9 @@ def learn_from_run(
                 return _already(run, record_id, record, config, utility is not None)
         if result.skipped or result.label is None:
             raise RunError(f"the memory did not record the run: {result.skipped}.")
-        reward = config.reward_pass if result.label else config.reward_fail
-        credited = tuple(HintCredit(id=h, w_before=result.credited[h] - reward, w_after=result.credited[h])
-                         for h in dict.fromkeys(hint_ids) if h in result.credited)
-        distillation = _distill(memory, result.distill, enabled=distill) if result.distill else None
+        credited = tuple(HintCredit(id=c["id"], w_before=c["w_before"], w_after=c["w_after"])
+                         for c in hint_credits(result, hint_ids, config) if c["w_after"] is not None)
+        distillation = run_due_distillation(memory, result.distill, enabled=distill) if result.distill else None
     finally:
         if owned:
             opened.close()
