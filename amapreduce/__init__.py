@@ -1,6 +1,8 @@
 """amapreduce: Agentic MapReduce for wide search.
 
-The public API is listed in `__all__` and tested. Heavy names are imported lazily on first
+`amapreduce.ask(question, model=...)` answers a question with a table (`RunResult.to_pandas()`),
+`amapreduce.run_decision(decision, ...)` runs a decision you wrote (`amapreduce.api`); the
+engine's own parts are exported for building on them. The public API is listed in `__all__` and tested. Heavy names are imported lazily on first
 access so that `import amapreduce` (and `amapreduce --help`) stays fast.
 """
 
@@ -38,12 +40,18 @@ _LAZY: dict[str, str] = {
     "Prior": "amapreduce.mapreduce.prior",
     "PriorProvider": "amapreduce.mapreduce.prior",
     "PriorRequest": "amapreduce.mapreduce.prior",
+    "RunResult": "amapreduce.api",
+    "RunStatus": "amapreduce.mapreduce.result",
     "SmolagentsSolver": "amapreduce.mapreduce.solver",
     "SolverReply": "amapreduce.mapreduce.solver",
     "Table": "amapreduce.table.table",
     "Usage": "amapreduce.llm.usage",
+    "ask": "amapreduce.api",
+    "ask_async": "amapreduce.api",
     "load_decision": "amapreduce.decision.model",
     "plan_batches": "amapreduce.mapreduce.batching",
+    "run_decision": "amapreduce.api",
+    "run_decision_async": "amapreduce.api",
 }
 
 __all__ = [
@@ -65,6 +73,8 @@ __all__ = [
     "PriorRequest",
     "RunCancelled",
     "RunError",
+    "RunResult",
+    "RunStatus",
     "SmolagentsSolver",
     "SolverError",
     "SolverReply",
@@ -75,8 +85,12 @@ __all__ = [
     "Usage",
     "UserError",
     "__version__",
+    "ask",
+    "ask_async",
     "load_decision",
     "plan_batches",
+    "run_decision",
+    "run_decision_async",
 ]
 
 

@@ -10,7 +10,9 @@ AmapreduceError                 base of everything we raise on purpose
 │   ├── BatchTimeout            one sub-agent attempt ran past its deadline
 │   ├── BudgetExceeded          the run's cost or token budget is spent; the run stops cleanly
 │   ├── ProviderUnavailable     a model provider's circuit breaker is open: the provider is down; the run stops
-│   │   └── SearchUnavailable   a search backend's circuit breaker is open: search is down; the run stops
+│   │   ├── SearchUnavailable   a search backend's circuit breaker is open: search is down; the run stops
+│   │   └── ProviderRejected    a provider refused the run's requests for good (wrong key, no access,
+│   │                           no such model, invalid request); the run stops at once
 │   └── RunCancelled            the run was cancelled (Ctrl-C or `cancel()`); holds the partial result
 └── ToolError                   model-facing: a tool call did not succeed; the message tells the model what to do
     ├── ToolCallRefused         the tool turned the call away on purpose (bad arguments, URL policy, call limits)
@@ -34,6 +36,7 @@ __all__ = [
     "BudgetExceeded",
     "ConfigError",
     "DecisionError",
+    "ProviderRejected",
     "ProviderUnavailable",
     "RunCancelled",
     "RunError",
@@ -123,6 +126,26 @@ class SearchUnavailable(ProviderUnavailable):
     `mapreduce.result.RUN_STOPPING_ERRORS` through its base), and the web tools let it through
     instead of showing it to the model as one more failed call. `provider` is the backend's name.
     """
+
+
+class ProviderRejected(ProviderUnavailable):
+    """A model provider or search backend refused a request in a way no retry can change: the key
+    is wrong (HTTP 401), it has no access (403), the model or endpoint does not exist (404), or the
+    request is invalid for this model (400, 422). The run stops `failed` at once with the one-line
+    message, which says what to check.
+
+    Why a `ProviderUnavailable`: to the run it is the same event as an outage — a service it cannot
+    do without will not serve it, and every later call would be refused the same way — so it stops
+    a run wherever an outage does (`mapreduce.result.RUN_STOPPING_ERRORS`, the web tools, the
+    manager). Retrying it only multiplied the refusals: a wrong key once cost 9 requests per task
+    and ended the run `incomplete`, exit 0.
+
+    Fields: `provider` (the provider or backend), `status` (the HTTP status, None when the error
+    had none), `failures` (always 1: one refusal is enough) and `last_error` (the provider's own
+    message, on one line, credentials redacted).
+    """
+
+    status: int | None
 
 
 class RunCancelled(RunError):

@@ -29,7 +29,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from amapreduce._text import scrub_data
 from amapreduce.errors import UserError
+from amapreduce.trace import redact_secrets
 
 __all__ = ["FORMAT", "VERSION", "JournalEntry", "JournalHeader", "JournalWriter", "read_journal"]
 
@@ -75,7 +77,8 @@ class JournalWriter:
         if not fresh:
             with self.path.open("rb") as handle:
                 _read_header(self.path, handle.readline(), kind=kind)
-        self._file = self.path.open("ab")
+        # Created 0600 like the rest of a run directory (it holds prompts' results and rows).
+        self._file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         if fresh:
             self._write_line(JournalHeader(kind=kind))
 
@@ -87,7 +90,11 @@ class JournalWriter:
     def _write_line(self, entry: JournalEntry) -> None:
         if self._file.closed:
             raise ValueError(f"journal {str(self.path)!r} is closed")
-        self._file.write(entry.model_dump_json().encode("utf-8") + b"\n")
+        # Outside text (rows, errors) is made encodable and stripped of configured secrets here,
+        # the one writer of every journal: a lone surrogate must not end a run, nor a key be kept.
+        line = redact_secrets(json.dumps(scrub_data(entry.model_dump(mode="json")), ensure_ascii=False,
+                                       separators=(",", ":")))
+        self._file.write(line.encode("utf-8") + b"\n")
         self._file.flush()
         os.fsync(self._file.fileno())
 

@@ -3,7 +3,8 @@
 Library code receives settings objects; only `load_settings` reads the environment, and only
 when the CLI (or a caller) asks for it. Nothing is read at import time.
 
-Precedence (highest first): explicit overrides (CLI flags) > environment (`AMAPREDUCE_*`) >
+Precedence (highest first): explicit overrides (CLI flags) > the process environment
+(`AMAPREDUCE_*`) > the `.env` file (`load_env_file`: `AMAPREDUCE_ENV_FILE`, else `./.env`) >
 the defaults below.
 
 Every default of a run's limits is written once, here: library objects that have their own
@@ -15,21 +16,25 @@ from `RetryPolicy`, the retry loop's own model.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator
 
 from amapreduce._retry import RetryPolicy
 from amapreduce.errors import ConfigError
 
 __all__ = [
     "ENV_ALIASES",
+    "ENV_FILE_VARIABLE",
     "ENV_PREFIX",
     "DecisionAuthor",
     "Settings",
     "default_setting",
+    "is_credential_name",
+    "load_env_file",
     "load_settings",
     "normalize_domains",
 ]
@@ -49,6 +54,19 @@ ENV_ALIASES: dict[str, str] = {
     "api_key": "OPENAI_API_KEY",
     "api_base": "OPENAI_BASE_URL",
 }
+
+_CREDENTIAL_VARIABLE = re.compile(r"(API[_-]?KEY|ACCESS[_-]?KEY|SECRET|SECRET[_-]?KEY|TOKEN|PASSWORD)$", re.IGNORECASE)
+"""Environment variables whose values are credentials (`ANTHROPIC_API_KEY`, `HF_TOKEN`, ...).
+LiteLLM reads its providers' keys from them itself, so they are keys of the run without being
+settings; `Settings.secret_values` names them for redaction. (`AMAPREDUCE_MAX_TOKENS` does not
+match: it ends in `TOKENS`.)"""
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether a variable (or header) of this name holds a credential (`..._API_KEY`, `..._TOKEN`,
+    `..._SECRET`, `..._PASSWORD`): what configuration from outside the settings (an MCP server's
+    `env`) registers for redaction, by the same rule as the process environment."""
+    return bool(_CREDENTIAL_VARIABLE.search(name))
 
 
 def normalize_domains(value: object) -> tuple[str, ...]:
@@ -202,6 +220,29 @@ class Settings(BaseModel):
     """Agent steps per sub-agent attempt (`AMAPREDUCE_SUBAGENT_MAX_STEPS`)."""
     manager_max_steps: int = Field(default=30, ge=1)
     """Agent steps of the manager (`AMAPREDUCE_MANAGER_MAX_STEPS`)."""
+    mcp: Path | None = None
+    """A JSON file of MCP servers, in Claude Desktop's `{"mcpServers": {...}}` format, whose tools
+    every search sub-agent gets (`AMAPREDUCE_MCP`, `--mcp`; needs the `mcp` extra)."""
+    mcp_manager: bool = False
+    """Give the MCP servers' tools to the manager too (`AMAPREDUCE_MCP_MANAGER`, `--mcp-manager`)."""
+    otel: bool = False
+    """Send OpenTelemetry traces of every run, one trace per run (`AMAPREDUCE_OTEL`, `--otel`;
+    needs the `otel` extra). Where they go is set by the standard `OTEL_*` variables
+    (`OTEL_EXPORTER_OTLP_ENDPOINT`, ...); the JSONL trace is written either way."""
+
+    _environ_secrets: tuple[str, ...] = PrivateAttr(default=())
+    """The credential variables `load_settings` saw (see `_CREDENTIAL_VARIABLE`)."""
+
+    def secret_values(self) -> tuple[str, ...]:
+        """Every credential of this configuration: each secret field's value (model and search
+        backend keys) and the credential-named environment variables `load_settings` read.
+
+        Why: a provider that refuses a key echoes it in its error; the run masks these values in
+        everything it stores or sends (`trace.register_secrets`, called where runs start and
+        models are built, since configuration imports no feature layer).
+        """
+        fields = (getattr(self, name) for name in type(self).model_fields)
+        return (*(v.get_secret_value() for v in fields if isinstance(v, SecretStr)), *self._environ_secrets)
 
     @field_validator("allowed_domains", "denied_domains", mode="before")
     @classmethod
@@ -236,21 +277,83 @@ def default_setting(name: str) -> Any:
     return Settings.model_fields[name].default
 
 
+_FLAGS = {
+    "search_backend": "--search",
+    "max_cost_usd": "--max-cost",
+    "crawl_max_chars": "--max-chars",
+    "allowed_domains": "--allow-domain",
+    "denied_domains": "--deny-domain",
+    "memory_model": "--model",
+}
+"""The command-line flag of each setting whose flag is not `--` plus its name with dashes: an
+override passed to `load_settings` comes from that flag, and a bad value's message names it."""
+
+ENV_FILE_VARIABLE = "AMAPREDUCE_ENV_FILE"
+"""Names the `.env` file to read instead of `./.env` (`/dev/null`: read none)."""
+
+
+def load_env_file(environ: MutableMapping[str, str] | None = None) -> tuple[Path | None, dict[str, str]]:
+    """Read the `.env` file and export to `environ` (default `os.environ`) each of its variables
+    that `environ` lacks (or has empty); return the file read (None: none) and its variables.
+
+    Which file: the one `AMAPREDUCE_ENV_FILE` names (it must exist), else `.env` in the current
+    folder when there is one. Why export, as python-dotenv's `load_dotenv` does: LiteLLM reads
+    its providers' keys (`ANTHROPIC_API_KEY`, ...) from the process environment itself, and a
+    user who keeps them in `.env` expects them to work. The process environment always wins: a
+    variable already set is never replaced.
+
+    Raises:
+        ConfigError: the named file is missing or unreadable, or a line is not `NAME=value`; the
+            message names the file and the line, never a value (it may be a key).
+    """
+    import io
+
+    from dotenv import dotenv_values
+    from dotenv.parser import parse_stream
+
+    env = os.environ if environ is None else environ
+    named = env.get(ENV_FILE_VARIABLE)
+    path = Path(named).expanduser() if named else Path(".env")
+    if not named and not path.is_file():
+        return None, {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({type(exc).__name__})"
+        where = f"`{ENV_FILE_VARIABLE}` names {str(path)!r}, which" if named else f"{str(path)!r}"
+        raise ConfigError(f"{where} {why}. Point {ENV_FILE_VARIABLE} at a file of NAME=value lines, "
+                          "or unset it to read ./.env.") from None
+    bad = next((b.original.line for b in parse_stream(io.StringIO(text)) if b.error), None)
+    if bad is not None:
+        raise ConfigError(f"{str(path)!r} line {bad} is not a `NAME=value` line. Fix or remove it "
+                          "(quote values with spaces or #).")
+    values = {k: v for k, v in dotenv_values(stream=io.StringIO(text)).items() if v is not None}
+    for key, value in values.items():
+        if not env.get(key):
+            env[key] = value
+    return path, values
+
+
 def load_settings(
     environ: Mapping[str, str] | None = None, **overrides: Any
 ) -> Settings:
     """Build `Settings` from the environment plus explicit overrides.
 
     Args:
-        environ: the environment to read; `os.environ` when None.
+        environ: the environment to read, exactly; when None, `os.environ` after the `.env`
+            file's variables it lacked were added to it (`load_env_file`).
         **overrides: values that win over the environment (None values are ignored).
 
     Secret fields also accept the conventional variable names in `ENV_ALIASES`
-    (e.g. `SERPER_API_KEY`) when their `AMAPREDUCE_*` variable is unset.
+    (e.g. `SERPER_API_KEY`) when their `AMAPREDUCE_*` variable is unset. The values of every
+    credential-named variable are kept for redaction (`Settings.secret_values`).
 
     Raises:
-        ConfigError: a variable or override has an invalid value; the message names it.
+        ConfigError: a variable or override has an invalid value; the message names the variable
+            (and the `.env` file it came from), or the command-line flag an override comes from.
+            The `.env` file is invalid (`load_env_file`).
     """
+    env_file, from_file = load_env_file() if environ is None else (None, {})
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for name in Settings.model_fields:
@@ -261,12 +364,20 @@ def load_settings(
             values[name] = raw
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return Settings.model_validate(values)
+        settings = Settings.model_validate(values)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        source = "override" if field in overrides else f"`{ENV_PREFIX}{field.upper()}`"
+        if overrides.get(field) is not None:  # a flag given (None: not given, the value is the environment's)
+            raise ConfigError(
+                f"{_FLAGS.get(field, '--' + field.replace('_', '-'))} is invalid (setting `{field}`): {err['msg']}, "
+                f"got {err.get('input')!r}."
+            ) from None
+        variable = ENV_PREFIX + field.upper()
+        where = f" (set in {str(env_file)!r})" if variable in from_file and from_file[variable] == env.get(variable) else ""
         raise ConfigError(
-            f"setting `{field}` is invalid ({source}): {err['msg']}, got {err.get('input')!r}. "
+            f"`{variable}`{where} is invalid (setting `{field}`): {err['msg']}, got {err.get('input')!r}. "
             f"Fix the value or unset it to use the default."
         ) from None
+    settings._environ_secrets = tuple(v for k, v in env.items() if v and _CREDENTIAL_VARIABLE.search(k))
+    return settings

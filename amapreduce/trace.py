@@ -1,33 +1,116 @@
-"""An append-only JSONL trace of every call, batch and attempt.
+"""An append-only JSONL trace of every call, batch and attempt, and the redaction of secrets.
 
 It sits in the foundation layer because every layer above writes to it (model calls and
 retries from `llm`, batches and attempts from `mapreduce`, the run directory from `run`);
-it imports nothing from the package. One line per event, written under a lock so threads
-never interleave lines. Secrets are removed before anything is written: keys that look like
-credentials are replaced by `[REDACTED]` at any depth.
+its only import from the package is `_text`. One line per event, written under a lock so
+threads never interleave lines, and flushed as it is written, so a killed run keeps every event
+up to the kill. The file is created readable by its owner only (0600), like
+the rest of a run directory (`_atomic` writes through `mkstemp`).
+
+Secrets are removed before anything is written, two ways:
+
+* by name: the value of a credential-like key (`api_key`, `authorization`, ...) becomes
+  `[REDACTED]` at any depth (`redact`);
+* by value: every configured key (model and search-backend keys, credential variables of the
+  environment) is registered once (`register_secrets`: by `llm.factory` and `llm.models` when a
+  model is built, by the search backends, by `run.lifecycle` when a run starts) and masked wherever
+  it appears inside any text (`redact_secrets`). Why by value: a provider that refuses a key echoes
+  it in its error ("Incorrect API key provided: sk-..."), and that text used to travel into the
+  trace, `result.json`, the journal and the retry prompts sent back to the model. Every place that
+  turns outside text into our text (model errors in `llm.retry`, search errors, the engine's retry
+  prompts) calls `redact_secrets`; `redact`, which the trace and `result.json` pass everything
+  through, is the last line of defence.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["NullTrace", "Trace", "TraceWriter", "redact"]
+from amapreduce._text import scrub
+
+__all__ = [
+    "MIN_SECRET_CHARS",
+    "REDACTED",
+    "NullTrace",
+    "Trace",
+    "TraceWriter",
+    "forget_secrets",
+    "redact",
+    "redact_secrets",
+    "register_secrets",
+]
+
+REDACTED = "[REDACTED]"
+"""What a secret becomes."""
+
+MIN_SECRET_CHARS = 8
+"""Shorter values are never registered: masking every "test" or "none" would garble the text
+while hiding nothing (no real key is that short)."""
 
 _SECRET_KEY = re.compile(r"(api[_-]?key|authorization|auth[_-]?token|secret|password|bearer)", re.IGNORECASE)
 
+_secrets_lock = threading.Lock()
+_secrets: tuple[str, ...] = ()
+"""Every registered value, longest first (a key that contains another is masked whole); replaced,
+never mutated, so readers need no lock."""
+
+
+def register_secrets(values: Iterable[str | None]) -> None:
+    """Mask each of `values` from now on wherever `redact_secrets` (or `redact`) sees it.
+
+    Process-wide and idempotent: a key registered by two runs is registered once. `None`, empty
+    and short values (under `MIN_SECRET_CHARS`) are ignored; surrounding whitespace is dropped.
+    """
+    global _secrets
+    fresh = {v.strip() for v in values if isinstance(v, str) and len(v.strip()) >= MIN_SECRET_CHARS}
+    with _secrets_lock:
+        if fresh <= set(_secrets):
+            return
+        _secrets = tuple(sorted(fresh.union(_secrets), key=lambda v: (-len(v), v)))
+
+
+def forget_secrets() -> None:
+    """Unregister every secret (tests: one test's keys must not mask another's text)."""
+    global _secrets
+    with _secrets_lock:
+        _secrets = ()
+
+
+def redact_secrets(text: str) -> str:
+    """`text` with every registered secret replaced by `[REDACTED]`; `text` itself (the same
+    object) when none occurs, so callers can tell, and the common case costs one substring
+    search per registered secret."""
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
 
 def redact(value: Any) -> Any:
-    """A copy of `value` with every credential-like key's value replaced by `[REDACTED]`."""
+    """A copy of `value` with every credential-like key's value replaced by `[REDACTED]` and every
+    registered secret masked inside every string, at any depth."""
+    if isinstance(value, str):
+        return redact_secrets(value)
     if isinstance(value, dict):
-        return {k: "[REDACTED]" if _SECRET_KEY.search(str(k)) else redact(v) for k, v in value.items()}
+        return {
+            (redact_secrets(k) if isinstance(k, str) else k): REDACTED if _SECRET_KEY.search(str(k)) else redact(v)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
     return value
+
+
+def _as_text(value: object) -> str:
+    """How `json.dumps` writes an object it cannot encode: its text, secrets masked."""
+    return redact_secrets(str(value))
 
 
 class Trace:
@@ -50,21 +133,30 @@ class NullTrace(Trace):
 
 
 class TraceWriter(Trace):
-    """Appends events as JSON lines to a file."""
+    """Appends events as JSON lines to a file, created 0600, each line flushed as it is written."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._file: TextIO | None = self.path.open("a", encoding="utf-8")
+        # The mode applies when the file is created; an existing trace (a resumed run) keeps its own.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._file: TextIO | None = os.fdopen(fd, "a", encoding="utf-8")
 
     def write(self, event: str, **data: Any) -> None:
-        """Append one event line: `{"ts", "event", ...data}`."""
-        line = json.dumps({"ts": round(time.time(), 6), "event": event, **redact(data)}, ensure_ascii=False, default=str)
+        """Append one event line: `{"ts", "event", ...data}`, secrets redacted.
+
+        Never fails on the text it is given: lone surrogates (a model's split emoji) become
+        U+FFFD (`_text.scrub`) on the serialised line, which also covers objects only `str()`
+        can write.
+        """
+        line = json.dumps({"ts": round(time.time(), 6), "event": event, **redact(data)}, ensure_ascii=False, default=_as_text)
+        line = scrub(line)
         with self._lock:
             if self._file is None:
                 raise ValueError(f"trace {str(self.path)!r} is closed; open a new TraceWriter")
             self._file.write(line + "\n")
+            self._file.flush()
 
     def close(self) -> None:
         """Flush and close the file (idempotent)."""

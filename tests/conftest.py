@@ -67,6 +67,7 @@ def _no_user_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("AMAPREDUCE_", "OPENAI_")):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("AMAPREDUCE_ENV_FILE", os.devnull)  # nor a developer's `.env`
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +83,17 @@ def _fresh_shared_limits() -> Iterator[None]:
     yield
     forget_shared_breakers()
     forget_shared_limiters()
+
+
+@pytest.fixture(autouse=True)
+def _no_registered_secrets() -> Iterator[None]:
+    """Configured keys are registered process-wide for redaction by value (`trace.register_secrets`):
+    a key one test registers must not mask text in the next."""
+    from amapreduce.trace import forget_secrets
+
+    forget_secrets()
+    yield
+    forget_secrets()
 
 
 @pytest.fixture()

@@ -9,7 +9,8 @@ import pytest
 
 from amapreduce.cli.app import main
 
-KEYS = {"task_id", "status", "rows", "missing_cells", "completeness", "score", "run_dir", "table_markdown", "memory"}
+KEYS = {"task_id", "status", "rows", "missing_cells", "completeness", "score", "score_corrected", "score_corrections",
+        "run_dir", "table_markdown", "memory"}
 METRICS = {"score", "precision_by_row", "recall_by_row", "f1_by_row", "precision_by_item", "recall_by_item", "f1_by_item"}
 
 

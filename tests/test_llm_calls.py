@@ -80,7 +80,7 @@ def test_retries_take_limiter_tickets_so_no_window_exceeds_rpm(tmp_path: Path) -
     (call,) = [e for e in events if e["event"] == "model_call"]
     assert call["role"] == "subagent" and call["model_id"] == "sim-model" and call["retries"] == 4 and call["error"] is None
     assert call["batch_id"] == "batch-007" and call["attempt"] == 2 and call["latency_s"] >= 0
-    assert call["usage"]["requests"] == 1 and call["usage"]["input_tokens"] > 0 and call["usage"]["cost_usd"] > 0
+    assert call["usage"]["requests"] == 1 and call["usage"]["prompt_tokens"] > 0 and call["usage"]["cost_usd"] > 0
     assert SECRET not in (tmp_path / "trace.jsonl").read_text()
 
 

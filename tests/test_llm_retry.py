@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from amapreduce.errors import ProviderRejected
 from amapreduce.llm.retry import ModelCallError, RetryPolicy, call_with_retries, classify
 
 
@@ -66,12 +67,22 @@ def test_exhausted_retries_raise_a_clear_error() -> None:
 
 
 def test_permanent_errors_are_not_retried() -> None:
+    """A refused key stops the run (`ProviderRejected`, tests/test_permanent_errors.py); any other
+    permanent error fails the call at once, unretried."""
     calls = []
 
     def call() -> str:
         calls.append(1)
         raise status_error(openai.AuthenticationError, 401)
 
-    with pytest.raises(ModelCallError, match="AuthenticationError"):
+    with pytest.raises(ProviderRejected, match="AuthenticationError"):
         call_with_retries(call, what="x", policy=RetryPolicy(), sleep=lambda s: None)
     assert len(calls) == 1
+
+    def other() -> str:
+        calls.append(1)
+        raise ValueError("the reply could not be read")
+
+    with pytest.raises(ModelCallError, match="ValueError"):
+        call_with_retries(other, what="x", policy=RetryPolicy(), sleep=lambda s: None)
+    assert len(calls) == 2

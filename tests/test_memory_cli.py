@@ -125,12 +125,14 @@ def test_distill_dry_run_and_with_a_model(store: str, capsys: pytest.CaptureFixt
 
 def test_reindex_and_errors_for_bad_stores(store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_json(capsys, "reindex", "--store", store) == {"vectors": 8}
-    assert main(["memory", "stats", "--store", str(tmp_path / "absent")]) == 1
+    # A missing store is "not found", exit 2 like every other (was 1: a newcomer's first hour, issue 16).
+    assert main(["memory", "stats", "--store", str(tmp_path / "absent")]) == 2
+    assert "no memory store at" in capsys.readouterr().err and not (tmp_path / "absent").exists()
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "memory.sqlite3").write_bytes(b"garbage" * 1000)
-    assert main(["memory", "list", "--store", str(bad)]) == 1
-    assert "corrupted" in capsys.readouterr().err
+    assert main(["memory", "list", "--store", str(bad)]) == 2  # not a store: bad input (issue 17)
+    assert "is empty or not an amapreduce memory store" in capsys.readouterr().err
 
 
 def test_default_store_comes_from_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -240,7 +240,7 @@ def test_the_sandbox_benchmark_uses_its_bundled_gold_rule_and_cost_weight(
     tasks, world = load_sandbox_tasks(Settings(cache_dir=template.cache))
     expected = score_answer(tasks[DEFAULT_TASK], world.gold_dir, template.markdown)
     saved = json.loads((run_dir / "result.json").read_text())
-    tokens = saved["usage"]["total"]["input_tokens"] + saved["usage"]["total"]["output_tokens"]
+    tokens = saved["usage"]["total"]["prompt_tokens"] + saved["usage"]["total"]["completion_tokens"]
     outcome = learn_from_run(run_dir, store=store, benchmark="sandbox", task_id=DEFAULT_TASK,
                              cache_dir=template.cache)
     assert outcome.label_rule == "success" and outcome.label == (expected["score"] == 1.0)

@@ -14,8 +14,9 @@ from amapreduce.mapreduce.prior import Prior
 from amapreduce.memory import ExperientialMemory, MemoryStore, StoreCorrupted, StoreVersionError
 from amapreduce.memory.index import INDEX_FILE, PERSIST_AFTER
 from amapreduce.memory.records import DecisionSummary, Record
-from amapreduce.memory.schema import DB_NAME, SCHEMA_VERSION
+from amapreduce.memory.schema import DB_NAME, SCHEMA_VERSION, NotAMemoryStore
 from amapreduce.memory.store import get_hint, hint_provenance, insert_hint, insert_record, record_count
+from tests.test_store_integrity import start_together
 
 WRITERS, WRITES = 8, 100
 
@@ -34,15 +35,7 @@ def _writer(folder: str, worker: int, start: multiprocessing.synchronize.Event) 
 def test_eight_processes_times_one_hundred_writes_lose_nothing(tmp_path: Path) -> None:
     with MemoryStore(tmp_path, encoder="hashing:64") as store, store.write() as conn:
         insert_hint(conn, "Shared hint.", 2, origin="test", hint_id="shared")
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Event()
-    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, start)) for w in range(WRITERS)]
-    for p in procs:
-        p.start()
-    start.set()
-    for p in procs:
-        p.join(300)
-    assert [p.exitcode for p in procs] == [0] * WRITERS
+    start_together(_writer, [(str(tmp_path), w) for w in range(WRITERS)])
     with MemoryStore(tmp_path) as store, store.read() as conn:
         assert store.counts()["records"] == WRITERS * WRITES == record_count(conn)
         ids = {r[0] for r in conn.execute("SELECT id FROM records")}
@@ -55,10 +48,23 @@ def test_eight_processes_times_one_hundred_writes_lose_nothing(tmp_path: Path) -
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_a_corrupted_store_gives_a_clear_error(tmp_path: Path) -> None:
+def test_a_file_that_is_not_a_store_gives_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / DB_NAME).write_bytes(b"this is not a database at all" * 100)
-    with pytest.raises(StoreCorrupted, match="corrupted or not an amapreduce store"):
+    with pytest.raises(NotAMemoryStore, match="is empty or not an amapreduce memory store; restore it or pass a new path"):
         MemoryStore(tmp_path)
+    assert (tmp_path / DB_NAME).read_bytes() == b"this is not a database at all" * 100
+
+
+def test_a_store_with_damaged_tables_gives_a_clear_error(tmp_path: Path) -> None:
+    with MemoryStore(tmp_path, encoder="hashing:64") as store, store.write() as conn:
+        for i in range(200):
+            insert_hint(conn, f"hint number {i} " * 20, 2, origin="test")
+    with (tmp_path / DB_NAME).open("r+b") as fh:  # the header stays, pages after it are overwritten
+        fh.seek(4096 * 2)
+        fh.write(b"\xff" * 4096 * 8)
+    with pytest.raises(StoreCorrupted, match="corrupted or not an amapreduce store"):
+        with MemoryStore(tmp_path) as store:
+            store.counts()
 
 
 def test_a_store_from_a_newer_version_is_refused(tmp_path: Path) -> None:

@@ -59,20 +59,18 @@ def test_mapreduce_run_setup_failure_writes_a_failed_result(tmp_path: Path) -> N
     assert saved["error"] == "cannot build the subagent client"
 
 
-def test_corrupt_memory_store_fails_the_ask_run_with_a_record(
+def test_a_file_that_is_not_a_memory_store_is_refused_before_any_run_folder(
     env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = tmp_path / "store"
     store.mkdir()
     (store / "memory.sqlite3").write_text("not a database", encoding="utf-8")
     code = main(["ask", "q", "--model", "m", "--api-base", "http://127.0.0.1:9/v1", "--memory", str(store), "--json"])
-    assert code == 1 and "corrupted" in capsys.readouterr().err
-    saved = only_run(env)
-    assert saved["status"] == "failed" and "corrupted" in saved["error"]
-    assert main(["runs", "list", "--runs-dir", str(env), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["runs"][0]["status"] == "failed"  # listed, not skipped
-    assert main(["runs", "show", next(env.iterdir()).name, "--runs-dir", str(env)]) == 0
-    assert "error: memory store" in capsys.readouterr().out
+    # A file that is not a store is bad input (exit 2, issue 17), refused in one line, and the
+    # refusal comes before the run: no `failed` run folder is left behind for a usage mistake.
+    assert code == 2 and "is empty or not an amapreduce memory store" in capsys.readouterr().err
+    assert not env.exists()
+    assert (store / "memory.sqlite3").read_text(encoding="utf-8") == "not a database"  # never written
 
 
 def test_missing_memory_store_is_a_usage_error_naming_the_flag(

@@ -30,9 +30,11 @@ def test_invalid_environment_value_names_the_variable() -> None:
         load_settings({"AMAPREDUCE_WORKERS": "0"})
 
 
-def test_invalid_override_is_reported() -> None:
-    with pytest.raises(ConfigError, match=r"`workers` is invalid \(override\)"):
+def test_invalid_override_is_reported_by_the_flag_it_comes_from() -> None:
+    with pytest.raises(ConfigError, match=r"^--workers is invalid \(setting `workers`\): .*got -1\.$"):
         load_settings({}, workers=-1)
+    with pytest.raises(ConfigError, match=r"^--search is invalid \(setting `search_backend`\)"):
+        load_settings({}, search_backend=12)
 
 
 def test_max_batches_caps_user_decisions_only_when_set_explicitly() -> None:

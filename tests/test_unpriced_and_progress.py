@@ -55,7 +55,7 @@ def test_a_run_that_used_an_unpriced_model_has_no_cost_but_its_priced_roles_keep
     assert meter.cost_usd() is None and meter.unpriced() == ["local/llama"]
     document = meter.to_json()
     assert document["total"]["cost_usd"] is None  # was 0.0012: the priced part passed off as the whole
-    assert document["total"]["input_tokens"] == 6000 and document["unpriced_models"] == ["local/llama"]
+    assert document["total"]["prompt_tokens"] == 6000 and document["unpriced_models"] == ["local/llama"]
     assert document["by_role"]["manager"]["cost_usd"] == pytest.approx(1.2e-3)
     assert document["by_role"]["subagent"]["cost_usd"] is None
     assert meter.cost_text() == "unpriced (local/llama; $0.0012 for the priced models)"
@@ -67,14 +67,15 @@ def test_simulated_models_are_priced_at_zero_not_unpriced() -> None:
     meter.record("subagent", "simulated/sandbox", Usage(requests=2, input_tokens=400, output_tokens=50))
     assert meter.cost_usd() == 0.0 and meter.unpriced() == []
     assert meter.to_json()["total"]["cost_usd"] == 0.0 and meter.cost_text() == "$0.0000"
-    assert usage_json(meter) == {"requests": 2, "prompt_tokens": 400, "completion_tokens": 50, "cost_usd": 0.0,
+    assert usage_json(meter) == {"requests": 2, "prompt_tokens": 400, "completion_tokens": 50, "cached_tokens": 0, "cost_usd": 0.0,
                                  "unpriced_models": []}
 
 
 def test_json_usage_says_null_and_names_the_unpriced_models() -> None:
     meter = UsageMeter(prices=PRICED)
     meter.record("subagent", "openai/my-vllm-model", Usage(requests=1, input_tokens=10, output_tokens=5))
-    assert usage_json(meter) == {"requests": 1, "prompt_tokens": 10, "completion_tokens": 5, "cost_usd": None,
+    assert usage_json(meter) == {"requests": 1, "prompt_tokens": 10, "completion_tokens": 5, "cached_tokens": 0,
+                                 "cost_usd": None,
                                  "unpriced_models": ["openai/my-vllm-model"]}
 
 

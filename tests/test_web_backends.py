@@ -15,7 +15,7 @@ import pytest
 from test_web_fetch import LocalServer, send, send_json
 
 from amapreduce._retry import RetryPolicy
-from amapreduce.errors import ConfigError
+from amapreduce.errors import ConfigError, ProviderRejected
 from amapreduce.settings import load_settings
 from amapreduce.web.backends import BackendError, make_backend
 from amapreduce.web.backends.base import SEARCH_RETRY, RemoteBackend
@@ -160,8 +160,9 @@ def test_serper_request_and_parsing(api: LocalServer) -> None:
 
 
 def test_serper_bad_key_is_not_retried(api: LocalServer) -> None:
+    """A refused key refuses every search: it stops the run (`ProviderRejected`), unretried."""
     api.routes["/search"] = send_json({"message": "Unauthorized."}, status=401)
-    with pytest.raises(BackendError, match="refused the API key"):
+    with pytest.raises(ProviderRejected, match="`serper` refused its API key.*SERPER_API_KEY"):
         SerperBackend("bad", base_url=api.url, **NO_WAIT).search("q", 3)
     assert len(api.requests) == 1
 

@@ -10,7 +10,8 @@ smolagents shows every tool exception to the model as an observation and goes on
 for a bad URL and wrong for an outage: with the search backend down, a manager once spent all 31
 of its steps (each a paid model call with a real LLM) on the same DNS error and the run then
 looked like the model's fault. So when a tool raises one of `mapreduce.result.RUN_STOPPING_ERRORS`
-(the search backend's breaker gave up: `SearchUnavailable`; a provider down; the budget spent) or
+(the search backend's breaker gave up: `SearchUnavailable`; a provider down, or refusing the run's
+key or model: `ProviderRejected`; the budget spent) or
 the `mapreduce` tool's `RunCancelled`, `manager.run` raises an `AgentError` caused by it, and
 `run.ask` ends the run with that error's status and one-line reason (`failed` for an outage).
 """

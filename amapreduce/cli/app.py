@@ -28,6 +28,7 @@ _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
     ("amapreduce.cli.memory", "app", "memory", "Inspect, search, prune, distil and teach the experiential memory."),
     ("amapreduce.cli.web", "register", None, "Search, crawl, cache and corpus commands."),
     ("amapreduce.cli.demo", "register", None, "Run the whole pipeline offline with a simulated model."),
+    ("amapreduce.cli.ui", "register", None, "Look at runs, tables, traces, memory and evaluations in a browser."),
 )
 
 app = typer.Typer(

@@ -12,9 +12,13 @@ from amapreduce.cli.exit_codes import EXIT_CODES_HELP
 
 if TYPE_CHECKING:
     from amapreduce.run.ask import AskOutcome
-    from amapreduce.settings import Settings
 
-__all__ = ["check_run_setup", "register", "runs_app"]
+__all__ = ["OTEL_HELP", "register", "runs_app"]
+
+OTEL_HELP = (
+    "Send OpenTelemetry traces (one trace per run; smolagents spans plus ours) to the collector the OTEL_* "
+    "variables name (default OTLP http://localhost:4318). Needs: pip install 'amapreduce[otel]'. Or AMAPREDUCE_OTEL=1."
+)
 
 runs_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -30,57 +34,39 @@ def _memory_store(memory: Path | None, no_memory: bool, default: Path) -> Path |
     return default if (default / DB_NAME).is_file() else None
 
 
-def check_run_setup(settings: Settings, roles: tuple[str, ...]) -> None:
-    """Refuse a run whose models or search backend cannot be built, before it makes a run directory.
-
-    Why: a run builds its parts inside its run directory, so a mistyped `--search bing` or a
-    model id without a provider used to leave a `failed` run behind for a usage mistake. Building
-    the same role models and the search backend here (no request is sent) raises the same
-    `ConfigError` first: exit 2, and nothing is created.
-
-    Args:
-        settings: the run's settings.
-        roles: the roles the run will build a model for (`manager`, `subagent`, ...).
-
-    Raises:
-        ConfigError: a model id or the search backend is not usable as given.
-    """
-    from amapreduce.llm.factory import build_role_model, model_for_role, new_meter
-    from amapreduce.web.backends import make_backend
-
-    meter = new_meter(settings)
-    for role in roles:
-        model_id = model_for_role(settings, role)
-        if model_id is not None:
-            build_role_model(settings, role, model_id, meter=meter)
-    make_backend(settings.search_backend, settings)
-
-
 def ask(
     query: str = typer.Argument(..., help="The wide-search question."),
     model: str | None = typer.Option(None, "--model", help="LiteLLM id (openai/gpt-5-mini) or the server's model name."),
     api_base: str | None = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."),
-    search: str | None = typer.Option(None, "--search", help="ddgs | searxng:URL | serper | tavily | corpus:INDEX"),
+    search: str | None = typer.Option(None, "--search", help=(
+        "ddgs | searxng:URL | serper | tavily | corpus:INDEX, or an installed plug-in's NAME[:ARG] "
+        "(`amapreduce search --list-backends`).")),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once."),
     memory: Path | None = typer.Option(None, "--memory", help="Experiential-memory store for the plan stage."),
     no_memory: bool = typer.Option(False, "--no-memory", help="Run without experiential memory."),
+    mcp: Path | None = typer.Option(None, "--mcp", metavar="CONFIG", help=(
+        "JSON file of MCP servers (Claude Desktop's {\"mcpServers\": ...} format) whose tools every search "
+        "sub-agent gets; needs the `mcp` extra.")),
+    mcp_manager: bool = typer.Option(False, "--mcp-manager", help="Give the MCP servers' tools to the manager too."),
     out: Path | None = typer.Option(None, "--out", help="Also write the markdown table here."),
     csv_out: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV here."),
     max_cost: float | None = typer.Option(None, "--max-cost", help=(
         "Stop after spending this many dollars. Models with no known price (a local vLLM or llama.cpp model) count "
         "as $0: price them in the JSON file named by AMAPREDUCE_PRICES_FILE, or use --max-tokens.")),
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="Stop after this many tokens."),
+    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Answer a wide-search question with a table (manager + parallel search sub-agents)."""
     from amapreduce.run.ask import run_ask
-    from amapreduce.run.wiring import require_model
+    from amapreduce.run.wiring import check_run_setup, require_model
     from amapreduce.settings import load_settings
 
     if memory is not None and no_memory:
         raise typer.BadParameter("give either --memory STORE or --no-memory, not both")
     settings = load_settings(
-        model=model, api_base=api_base, search_backend=search, workers=workers, max_cost_usd=max_cost, max_tokens=max_tokens
+        model=model, api_base=api_base, search_backend=search, workers=workers, max_cost_usd=max_cost, max_tokens=max_tokens,
+        otel=otel or None, mcp=mcp, mcp_manager=mcp_manager or None,
     )
     require_model(settings)
     store = _memory_store(memory, no_memory, settings.memory_store)
@@ -94,7 +80,7 @@ def report_ask(outcome: AskOutcome, *, as_json: bool, out: Path | None = None, c
     object or the table and a summary line, and the exit code of how it ended (`exit_for_run`).
     One output contract for `ask` and for `runs resume` of an `ask` run."""
     from amapreduce.cli.exit_codes import exit_for_run
-    from amapreduce.cli.output import usage_json, write_table_copies
+    from amapreduce.cli.output import counted, effort_text, usage_json, write_table_copies
 
     write_table_copies(outcome.table, outcome.markdown, out=out, csv_out=csv_out)
     completeness = outcome.record["completeness"]
@@ -110,6 +96,7 @@ def report_ask(outcome: AskOutcome, *, as_json: bool, out: Path | None = None, c
                     "table_markdown": outcome.markdown,
                     "usage": usage_json(outcome.meter),
                     "run_dir": str(outcome.run_dir.path),
+                    **({"error": outcome.ending.error} if outcome.ending.error else {}),
                 },
                 ensure_ascii=False,
             )
@@ -117,7 +104,9 @@ def report_ask(outcome: AskOutcome, *, as_json: bool, out: Path | None = None, c
     else:
         typer.echo(outcome.markdown)
         typer.echo(
-            f"{completeness['rows']} rows, {completeness['missing_cells']} missing cells ({outcome.status}); "
+            f"{counted(completeness['rows'], 'row')}, {counted(completeness['missing_cells'], 'missing cell')} "
+            f"({outcome.status}{f': {outcome.ending.error}' if outcome.ending.error else ''}); "
+            f"{effort_text(completeness)}; "
             f"{outcome.meter.cost_text()}. Run directory: {outcome.run_dir.path}",
             err=True,
         )
@@ -227,6 +216,7 @@ def runs_resume(
     run: str = typer.Argument(..., help="Run folder name (from `runs list`) or path."),
     runs_dir: Path | None = typer.Option(None, "--runs-dir", help="Folder of run directories (default: runs/)."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once (default: the run's)."),
+    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
     as_json: bool = typer.Option(False, "--json", help=(
         "Print exactly one JSON object on stdout (as `mapreduce run --json`, or `ask --json` for an `ask` run).")),
 ) -> None:
@@ -242,6 +232,7 @@ def runs_resume(
     from amapreduce.run.ask import resume_ask_run
     from amapreduce.run.mapreduce_run import resume_decision_run
     from amapreduce.run.resume import resume_settings, saved_run
+    from amapreduce.run.run_journal import RunKind
     from amapreduce.run.rundir import run_path
     from amapreduce.settings import load_settings
 
@@ -251,9 +242,9 @@ def runs_resume(
         status = saved.ended.label if saved.ended is not None else ""
         typer.echo(f"the run in {path} already finished ({status}); there is nothing to resume.", err=True)
         return
-    settings = resume_settings(saved, workers=workers)
+    settings = resume_settings(saved, workers=workers, otel=otel or None)
     show_progress = None if not as_json else False
-    if saved.first.command == "ask":
+    if saved.first.command is RunKind.ASK:
         report_ask(resume_ask_run(path, saved, settings, show_progress=show_progress), as_json=as_json)
     else:
         report_run(resume_decision_run(path, saved, settings, show_progress=show_progress), as_json=as_json)

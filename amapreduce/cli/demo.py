@@ -12,7 +12,9 @@ from typing import Any
 
 import typer
 
+from amapreduce.cli.ask import OTEL_HELP
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
+from amapreduce.cli.output import counted, effort_text
 
 __all__ = ["demo", "register"]
 
@@ -35,6 +37,7 @@ def demo(
     serve: bool = typer.Option(False, "--serve", help="Serve the simulated model as a loopback OpenAI-compatible "
                                "endpoint and print the `ask` line to use against it (Ctrl-C stops)."),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="With --serve: the loopback port (0: any free port)."),
+    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
     """Run a sandbox task end to end with a simulated model, offline; print the table and its score.
 
@@ -46,11 +49,13 @@ def demo(
     from amapreduce.demo.faults import FaultPlan
     from amapreduce.demo.run import run_demo
     from amapreduce.errors import UserError
+    from amapreduce.run.wiring import start_tracing
     from amapreduce.settings import load_settings
 
     if memory is not None and no_memory:
         raise UserError("use either --memory STORE or --no-memory, not both.")
-    settings = load_settings(workers=workers)
+    settings = load_settings(workers=workers, otel=otel or None)
+    start_tracing(settings)
     if serve:
         _serve(task_id, port, settings)
         return
@@ -65,18 +70,23 @@ def demo(
         injected = ", ".join(f"{k} {v}" for k, v in sorted(outcome.faults.items())) or "none"
         typer.echo(outcome.ask.markdown)
         typer.echo(
-            f"\nTask {outcome.task_id} ({outcome.ask.status}): {c['rows']} rows, {c['missing_cells']} missing cells; "
-            f"{c['batches']} batches, {c['retries']} retries, {c['patch_rounds']} patch rounds; faults injected: {injected}."
+            f"\nTask {outcome.task_id} ({outcome.ask.status}): {counted(c['rows'], 'row')}, "
+            f"{counted(c['missing_cells'], 'missing cell')}; {effort_text(c)}; faults injected: {injected}."
         )
-        s = outcome.score
-        typer.echo(
-            f"Score against the sandbox gold (exact judge): success {s['score']:g}, item F1 {s['f1_by_item']:.3f}, "
-            f"row F1 {s['f1_by_row']:.3f}."
-        )
+        typer.echo(f"Score against the sandbox gold (exact judge): {_metrics_text(outcome.score)}.")
+        if outcome.corrected_score and outcome.corrected_score != outcome.score:
+            from amapreduce.evaluation.score import explain_corrections
+
+            typer.echo(f"Corrected score (`eval score --corrected`): {_metrics_text(outcome.corrected_score)}.\n"
+                       f"  Why they differ: {explain_corrections(outcome.corrections)}")
         typer.echo(f"Model: simulated (not an LLM). Run directory: {outcome.ask.run_dir.path}")
         if outcome.memory is not None:
             _echo_memory(outcome.memory, outcome.ask.tool.decisions)
     exit_for_run(outcome.ask.ending.status)
+
+
+def _metrics_text(score: dict[str, float]) -> str:
+    return f"success {score['score']:g}, item F1 {score['f1_by_item']:.3f}, row F1 {score['f1_by_row']:.3f}"
 
 
 def _echo_memory(memory: dict[str, Any], decisions: list[Any]) -> None:

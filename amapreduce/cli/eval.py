@@ -185,6 +185,23 @@ def _trials(pred_dirs: list[Path], pred_jsonl: Path | None, candidate_ids: list[
     return [Trial(str(d), load_predictions_dir(d, candidate_ids)) for d in pred_dirs]
 
 
+def _folders_text(trials: list[Trial]) -> str:
+    """The trials' sources for an error message, each folder with what it holds:
+    `runs/t1 (3 .md files, e.g. 'ws_001.md')`, `runs/t2 (no .md file)`."""
+    from amapreduce.cli.output import counted
+
+    parts = []
+    for trial in trials:
+        folder = Path(trial.label)
+        if not folder.is_dir():
+            parts.append(trial.label)
+            continue
+        names = sorted(p.name for p in folder.glob("*.md"))
+        held = f"{counted(len(names), '.md file')}, e.g. {names[0]!r}" if names else "no .md file"
+        parts.append(f"{folder} ({held})")
+    return "; ".join(parts)
+
+
 def _task_ids(all_ids: list[str], ids: str | None, all_tasks: bool, trials: list[Trial]) -> list[str]:
     if ids is not None and all_tasks:
         raise UserError("use either --ids or --all-tasks, not both.")
@@ -198,9 +215,8 @@ def _task_ids(all_ids: list[str], ids: str | None, all_tasks: bool, trials: list
     answered = {iid for t in trials for iid, text in t.answers.items() if text is not None}
     chosen = [i for i in all_ids if i in answered]
     if not chosen:
-        raise UserError(
-            "no answer file matches a task id. Name answers <instance_id>.md, or pass --ids / --all-tasks."
-        )
+        raise UserError(f"no answer in {_folders_text(trials)} matches a task id. Name answers <instance_id>.md, "
+                        "or pass --ids / --all-tasks.")
     return chosen
 
 

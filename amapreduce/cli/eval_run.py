@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from amapreduce.cli.ask import OTEL_HELP
 from amapreduce.cli.exit_codes import EVAL_EXIT_CODES_HELP
 from amapreduce.errors import UserError
 
@@ -98,6 +99,7 @@ def run(
     max_cost: Annotated[float | None, typer.Option(
         "--max-cost", min=0.0, help="Stop starting trials once the evaluation has spent this many USD.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the evaluation in DIR / --out.")] = False,
+    otel: Annotated[bool, typer.Option("--otel", help=OTEL_HELP)] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")] = False,
 ) -> None:
     """Run a benchmark end to end (manager, mapreduce, sub-agents), score it, and let the memory learn.
@@ -118,7 +120,7 @@ def run(
         raise UserError("--out DIR is required (or `eval run --resume DIR` to continue an evaluation).")
     if resume_dir is not None and not resume:
         raise UserError(f"unexpected argument {str(resume_dir)!r}; to continue an evaluation use --resume.")
-    base = load_settings(model=model, api_base=api_base, workers=workers)
+    base = load_settings(model=model, api_base=api_base, workers=workers, otel=otel or None)
     if benchmark is None:
         if not resume:
             raise UserError("--benchmark is required: widesearch, deepwidesearch or sandbox.")
@@ -208,7 +210,7 @@ def _check_setup(config: EvalConfig, settings: Settings, *, simulated: bool) -> 
     Raises:
         UserError: the search backend or a role's model cannot be built as given.
     """
-    from amapreduce.cli.ask import check_run_setup
+    from amapreduce.run.wiring import check_run_setup
 
     if simulated and not config.search.startswith("corpus:"):
         raise UserError(f"--search {config.search!r}: the simulated model searches a local corpus only. Use "

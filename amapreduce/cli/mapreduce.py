@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from amapreduce.cli.ask import OTEL_HELP
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
 
 if TYPE_CHECKING:
@@ -73,11 +74,17 @@ def run(
     decision_file: str = typer.Argument(..., metavar="DECISION.json", help="Decision file to execute."),
     model: str | None = typer.Option(None, "--model", help="Sub-agent model: LiteLLM id or the server's model name."),
     api_base: str | None = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."),
-    search: str | None = typer.Option(None, "--search", help="ddgs | searxng:URL | serper | tavily | corpus:INDEX"),
+    search: str | None = typer.Option(None, "--search", help=(
+        "ddgs | searxng:URL | serper | tavily | corpus:INDEX, or an installed plug-in's NAME[:ARG] "
+        "(`amapreduce search --list-backends`).")),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once."),
     max_batches: int | None = typer.Option(None, "--max-batches", min=1, help=MAX_BATCHES_HELP),
+    mcp: Path | None = typer.Option(None, "--mcp", metavar="CONFIG", help=(
+        "JSON file of MCP servers (Claude Desktop's {\"mcpServers\": ...} format) whose tools every search "
+        "sub-agent gets; needs the `mcp` extra.")),
     out: Path | None = typer.Option(None, "--out", help="Also write the markdown table here."),
     csv_out: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV here."),
+    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Run a decision through the engine and search sub-agents, with no manager.
@@ -85,15 +92,15 @@ def run(
     For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/; a
     command refused for bad input (exit 2) leaves nothing.
     """
-    from amapreduce.cli.ask import check_run_setup
     from amapreduce.decision.model import load_decision
     from amapreduce.run.mapreduce_run import run_decision
-    from amapreduce.run.wiring import require_model
+    from amapreduce.run.wiring import check_run_setup, require_model
     from amapreduce.settings import load_settings
 
     decision = load_decision(decision_file)
     settings = load_settings(
-        model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches
+        model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches,
+        otel=otel or None, mcp=mcp,
     )
     require_model(settings)
     check_run_setup(settings, ("subagent", "extraction"))
@@ -107,7 +114,7 @@ def report_run(outcome: MapReduceRunOutcome, *, as_json: bool, out: Path | None 
     (`exit_for_run`). One output contract for `mapreduce run` and `runs resume`.
     """
     from amapreduce.cli.exit_codes import exit_for_run
-    from amapreduce.cli.output import usage_json, write_table_copies
+    from amapreduce.cli.output import counted, usage_json, write_table_copies
 
     result = outcome.result
     write_table_copies(result.table, result.markdown(), out=out, csv_out=csv_out)
@@ -132,7 +139,8 @@ def report_run(outcome: MapReduceRunOutcome, *, as_json: bool, out: Path | None 
         typer.echo(result.markdown())
         s = result.summary
         typer.echo(
-            f"{s.rows} rows, {s.missing_cells} missing cells, {s.patch_rounds} patch rounds, {s.retries} retries "
+            f"{counted(s.rows, 'row')}, {counted(s.missing_cells, 'missing cell')}, "
+            f"{counted(s.patch_rounds, 'patch round')}, {counted(s.retries, 'retry')} "
             f"({outcome.status}{f': {outcome.ending.error}' if outcome.ending.error else ''}). "
             f"Run directory: {outcome.run_dir.path}",
             err=True,

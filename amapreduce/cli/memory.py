@@ -35,7 +35,11 @@ def _folder(store: Path | None) -> Path:
     return load_settings().memory_store
 
 
-def _open(store: Path | None, *, encoder: str | None = None, create: bool = False) -> MemoryStore:
+def _open(store: Path | None, *, encoder: str | None = None, create: bool = False,
+          readonly: bool = False) -> MemoryStore:
+    """The store behind `--store`. Commands that only look (`stats`, `list`, `show`, `search`,
+    `export`, `prune --dry-run`) open it `readonly`: SQLite's read-only mode, so they never write
+    to the file, not even a schema into an empty one."""
     from amapreduce.memory import MemoryStore
     from amapreduce.memory.schema import DB_NAME
 
@@ -44,11 +48,11 @@ def _open(store: Path | None, *, encoder: str | None = None, create: bool = Fals
         from amapreduce.settings import load_settings
 
         encoder = load_settings().memory_encoder  # a store's encoder is fixed when it is created
-    return MemoryStore(folder, encoder=encoder, create=create)
+    return MemoryStore(folder, encoder=encoder, create=create, readonly=readonly)
 
 
 def _memory(store: Path | None, *, encoder: str | None = None, model: Any | None = None,
-            **config: Any) -> ExperientialMemory:
+            readonly: bool = False, **config: Any) -> ExperientialMemory:
     from amapreduce.errors import ConfigError
     from amapreduce.memory import ExperientialMemory, MemoryConfig
 
@@ -56,7 +60,7 @@ def _memory(store: Path | None, *, encoder: str | None = None, model: Any | None
         cfg = MemoryConfig(**{k: v for k, v in config.items() if v is not None})
     except ValueError as exc:
         raise ConfigError(f"invalid memory option: {exc.errors()[0]['msg']}. Check the flag values.") from None  # type: ignore[attr-defined]
-    return ExperientialMemory(_open(store, encoder=encoder), config=cfg, model=model)
+    return ExperientialMemory(_open(store, encoder=encoder, readonly=readonly), config=cfg, model=model)
 
 
 def _emit(as_json: bool, payload: Any, text: str) -> None:
@@ -94,11 +98,16 @@ def _memory_model(model: str | None, api_base: str | None) -> Any | None:
 @app.command("import")
 def import_(file: Annotated[Path, typer.Argument(metavar="FILE", help="JSONL export or reference insights.json.")],
             store: Path | None = StoreOpt, encoder: str | None = EncoderOpt, as_json: bool = JsonOpt) -> None:
-    """Import records and hints from a JSONL export or the reference's insights.json."""
-    from amapreduce.memory.io import import_file
+    """Import records and hints from a JSONL export or the reference's insights.json.
 
+    The whole file is checked before the store is opened: a malformed one exits 2 with one line
+    naming the line and the problem, and nothing is written (not even a new store).
+    """
+    from amapreduce.memory.io import import_file, read_import
+
+    parsed = read_import(file)
     with _open(store, encoder=encoder, create=True) as st:
-        counts = import_file(st, file)
+        counts = import_file(st, parsed)
     _emit(as_json, {"file": str(file), **counts},
           f"imported {counts['records']} records and {counts['hints']} hints from {file} "
           f"({counts['skipped']} already present)")
@@ -110,7 +119,7 @@ def export(file: Annotated[Path, typer.Argument(metavar="FILE", help="JSONL file
     """Export every record and hint as versioned JSONL."""
     from amapreduce.memory.io import export_jsonl
 
-    with _open(store) as st:
+    with _open(store, readonly=True) as st:
         counts = export_jsonl(st, file)
     _emit(as_json, {"file": str(file), **counts}, f"exported {counts['records']} records and {counts['hints']} hints to {file}")
 
@@ -137,7 +146,7 @@ def search(query: str = typer.Argument(..., metavar="QUERY"), store: Path | None
     level = core_log.level
     core_log.setLevel(logging.ERROR)  # a failed projection is reported once, below, not also as a log line
     try:
-        with _memory(store, model=llm, k_pos=k_pos, k_neg=k_neg, k_hints=k_hints,
+        with _memory(store, model=llm, readonly=True, k_pos=k_pos, k_neg=k_neg, k_hints=k_hints,
                      min_similarity=min_similarity) as mem:
             retrieval, prior = mem.search(query, task_id=task_id)
     finally:
@@ -173,7 +182,7 @@ def list_(store: Path | None = StoreOpt,
     if label not in (None, "positive", "negative"):
         raise UserError(f"--label must be positive or negative, got {label!r}.")
     both = records == hints
-    with _open(store) as st:
+    with _open(store, readonly=True) as st:
         items = list_items(st, records=records or both, hints=hints or both,
                            label=None if label is None else label == "positive", contains=contains, sort=sort,
                            descending=desc, limit=limit)
@@ -191,7 +200,7 @@ def show(item_id: str = typer.Argument(..., metavar="ID"), store: Path | None = 
     """Show one record or hint in full, with its provenance and change log."""
     from amapreduce.memory.inspection import show_item
 
-    with _open(store) as st:
+    with _open(store, readonly=True) as st:
         item = show_item(st, item_id)
     _emit(as_json, item, json.dumps(item, ensure_ascii=False, indent=2, default=str))
 
@@ -201,7 +210,7 @@ def stats(store: Path | None = StoreOpt, as_json: bool = JsonOpt) -> None:
     """Counts, label balance, hint-score histogram and clusters."""
     from amapreduce.memory.inspection import stats as compute
 
-    with _open(store) as st:
+    with _open(store, readonly=True) as st:
         data = compute(st)
     lines = [f"{k}: {v}" for k, v in data.items()]
     _emit(as_json, data, "\n".join(lines))
@@ -215,7 +224,7 @@ def prune(store: Path | None = StoreOpt,
     """Remove hints whose score w is at or below the threshold."""
     from amapreduce.memory.store import prune_hints
 
-    with _open(store) as st:
+    with _open(store, readonly=dry_run) as st:
         if dry_run:
             with st.read() as conn:
                 doomed = prune_hints(conn, threshold, dry_run=True)

@@ -18,24 +18,41 @@ if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.table.table import Table
 
-__all__ = ["cost_cell", "usage_json", "write_table_copies"]
+__all__ = ["cost_cell", "counted", "effort_text", "usage_json", "write_table_copies"]
 
 
 def usage_json(meter: UsageMeter) -> dict[str, Any]:
-    """The `usage` object of the CLI's JSON outputs.
+    """The `usage` object of the CLI's JSON outputs: the run's total in `result.json`'s words
+    (`Usage.to_json`), plus `unpriced_models`.
 
     `cost_usd` is null when a model without a known price was used, and `unpriced_models` names
     those models (empty when every call was priced): a script must not read an unknown cost as $0.
     """
-    total = meter.total()
     cost = meter.cost_usd()
     return {
-        "requests": total.requests,
-        "prompt_tokens": total.input_tokens,
-        "completion_tokens": total.output_tokens,
+        **meter.total().to_json(),
         "cost_usd": None if cost is None else round(cost, 6),
         "unpriced_models": meter.unpriced(),
     }
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`n` and `noun` in the right number: `1 patch round`, `2 patch rounds`, `0 retries`."""
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {plural or (noun[:-1] + 'ies' if noun.endswith('y') and noun[-2:-1] not in 'aeiou' else noun + 's')}"
+
+
+def effort_text(completeness: Mapping[str, Any]) -> str:
+    """How hard a run worked, from its `completeness` record (`mapreduce.result.completeness_record`):
+    `12 batches, 3 retries, 2 patch rounds`, or, when the run executed several decisions,
+    `... 4 patch rounds over 2 executions` (patch rounds are run per execution, up to
+    `AMAPREDUCE_PATCH_ROUNDS` each, and summed over the run)."""
+    executions = int(completeness.get("executions") or 0)
+    text = (f"{counted(int(completeness.get('batches') or 0), 'batch', 'batches')}, "
+            f"{counted(int(completeness.get('retries') or 0), 'retry')}, "
+            f"{counted(int(completeness.get('patch_rounds') or 0), 'patch round')}")
+    return text + (f" over {counted(executions, 'execution')}" if executions > 1 else "")
 
 
 def cost_cell(row: Mapping[str, Any]) -> str:

@@ -24,16 +24,50 @@ def _corpora(paths: list[Path] | None) -> dict[str, Path]:
     return {CorpusIndex.open(p).name: p for p in paths or []}
 
 
+def _list_backends(as_json: bool) -> None:
+    """Print every registered search backend: built-in, or from which installed package."""
+    from amapreduce.web.backends.registry import available_backends
+
+    entries = available_backends().values()
+    if as_json:
+        typer.echo(json.dumps([
+            {"name": e.name, "spec": e.spec(), "builtin": e.builtin, "distribution": e.distribution,
+             "version": e.version, "description": e.description(), "entry_point": e.value,
+             **({"conflict": list(e.others)} if e.conflict else {}),
+             **({"ignored": list(e.others)} if e.builtin and e.others else {})}
+            for e in entries
+        ], ensure_ascii=False))
+        return
+    for e in entries:
+        source = "built-in" if e.builtin else f"{e.distribution} {e.version}".strip()
+        note = ""
+        if e.conflict:
+            note = f"  [unusable: also registered by {', '.join(e.others)}]"
+        elif e.others:
+            note = f"  [a plug-in of this name from {', '.join(e.others)} is ignored]"
+        typer.echo(f"{e.spec():<22} {source:<22} {e.description()}{note}".rstrip())
+
+
 def search(
-    query: Annotated[str, typer.Argument(help="What to search for.")],
+    query: Annotated[str | None, typer.Argument(help="What to search for.")] = None,
     backend: Annotated[str | None, typer.Option(
-        "--backend", help="ddgs | searxng:URL | serper | tavily | corpus:INDEX (default: settings)."
+        "--backend", help="ddgs | searxng:URL | serper | tavily | corpus:INDEX, or an installed plug-in's "
+        "NAME[:ARG] (see --list-backends; default: settings)."
     )] = None,
     n: Annotated[int, typer.Option("-n", "--n", help="Number of results.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of results.")] = False,
+    list_backends: Annotated[bool, typer.Option(
+        "--list-backends", help="List the search backends, built-in and from installed plug-ins, and exit."
+    )] = False,
 ) -> None:
-    """Search with one backend and print the ranked results."""
+    """Search with one backend and print the ranked results (or list the backends)."""
     from amapreduce.settings import load_settings
+
+    if list_backends:
+        _list_backends(as_json)
+        return
+    if query is None:
+        raise typer.BadParameter("give a QUERY to search for, or --list-backends.")
     from amapreduce.web.service import WebService
     from amapreduce.web.tools import format_results
 

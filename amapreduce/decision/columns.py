@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from amapreduce.errors import DecisionError
+from amapreduce.table.keys import is_blank
 
 __all__ = ["ColumnSpec", "columns_from_schema", "normalize_key_name"]
 
@@ -48,8 +49,10 @@ def normalize_key_name(name: str) -> str:
 
 
 def _column(name: Any, spec: Any, where: str) -> ColumnSpec:
-    if not isinstance(name, str) or not name.strip():
-        raise DecisionError(f"json_schema {where}: a column name must be a non-empty string, got {name!r}.")
+    if not isinstance(name, str) or is_blank(name):
+        raise DecisionError(
+            f"json_schema {where}: a column name must be a string with a visible character, got {name!r}."
+        )
     if spec is None:
         spec = {}
     if not isinstance(spec, Mapping):

@@ -12,14 +12,21 @@ values identify the task's entity, so the engine takes them from the matrix, nev
 sub-agent. `key_columns` (default: the mapped matrix columns) identify a row of the table.
 When the key includes a column the matrix does not fill (e.g. `rank` under a `year` task), one
 task may yield several rows; `rows_per_task` then says how many are expected.
+
+A decision is outside text (a user's file, a model's tool call): every string in it is scrubbed
+of unencodable code points (`amapreduce._text.scrub_data`) before validation, so a lone
+surrogate can neither crash a writer nor the console later. Numbers are bounded where a larger
+one can only be a mistake (`MAX_BATCH_SIZE`, `MAX_ROWS_PER_TASK`), and a key cell must show
+something (`table.keys.is_blank`): a zero-width space names no entity.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import (
     BaseModel,
@@ -31,13 +38,47 @@ from pydantic import (
     model_validator,
 )
 
+from amapreduce._text import scrub_data
 from amapreduce.decision.columns import ColumnSpec, columns_from_schema
-from amapreduce.decision.strategy import ByAttr, Int, OpenGroup, OpenStrategy, PerAtom, Strategy
-from amapreduce.decision.template import PLACEHOLDER, placeholders, render
+from amapreduce.decision.strategy import (
+    MAX_BATCH_SIZE,
+    ByAttr,
+    Int,
+    OpenGroup,
+    OpenStrategy,
+    PerAtom,
+    Strategy,
+)
+from amapreduce.decision.template import PLACEHOLDER, misspelt_placeholders, placeholders, render
 from amapreduce.errors import DecisionError
-from amapreduce.table.keys import normalize_value
+from amapreduce.table.keys import is_blank, normalize_value
 
-__all__ = ["Decision", "load_decision"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["MAX_ROWS_PER_TASK", "Decision", "load_decision"]
+
+MAX_ROWS_PER_TASK = 10_000
+"""Most rows one task may be asked for (`rows_per_task`). A sub-agent answers a task in one
+reply; "top 10 000" is already far beyond one reply, so a larger number (`1e18`) is a mistake."""
+
+_PER_BATCH = "tasks per batch (one sub-agent answers a whole batch in one reply)"
+_LIMITS = {
+    "batch_size": _PER_BATCH,
+    "chunk_size": _PER_BATCH,
+    "max_group_size": _PER_BATCH,
+    "rows_per_task": "rows per task (one sub-agent answers a task in one reply; list more tasks instead)",
+}
+"""What each bounded field counts, for the message that refuses a number over its bound."""
+
+
+def _shown(value: Any, limit: int = 24) -> str:
+    """`value` for a one-line message (a string as it is, anything else as its repr), abbreviated:
+    a 4,000-digit number must not fill the screen (nor reach `str(int)`'s 4,300-digit limit)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 80:  # > 24 digits
+        return f"a number of about {round(value.bit_length() * math.log10(2)):,} digits"
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
 def _cell_to_str(value: Any, where: str) -> str:
@@ -46,8 +87,11 @@ def _cell_to_str(value: Any, where: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
-        return str(value)
-    raise ValueError(f"{where} must be a string (or number), got {value!r}")
+        try:
+            return str(value)
+        except ValueError:  # an integer beyond `str(int)`'s 4,300-digit limit
+            raise ValueError(f"{where} is {_shown(value)}; write an entity's name or number as text") from None
+    raise ValueError(f"{where} must be a string (or number), got {_shown(value, 80)}")
 
 
 class Decision(BaseModel):
@@ -62,18 +106,25 @@ class Decision(BaseModel):
     json_schema: dict[str, Any] | list[Any]
     """Output columns: a JSON schema (`properties` in order) or a list of column names."""
     batch_strategy: Strategy = Field(default_factory=PerAtom)
-    batch_size: Int | None = Field(default=None, ge=1)
+    batch_size: Int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
     """Tasks per batch for `per_atom` (and the leftover chunk size for `open`)."""
     key_columns: list[str] | None = None
     """Columns that identify a table row (default: the matrix-mapped columns)."""
     matrix_columns: list[str | None] | None = None
     """Output column filled by each matrix column (null: context only). Default: the first K₀ columns."""
-    rows_per_task: Int | None = Field(default=None, ge=1)
+    rows_per_task: Int | None = Field(default=None, ge=1, le=MAX_ROWS_PER_TASK)
     """Rows each task must yield when the key is finer than the matrix (e.g. top-10 per year)."""
 
     _column_specs: tuple[ColumnSpec, ...] = PrivateAttr(default=())
     _mapped: tuple[str | None, ...] = PrivateAttr(default=())
     _keys: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scrub(cls, data: Any) -> Any:
+        # Outside text: a lone surrogate (`"\ud800"` in a JSON file) becomes U+FFFD here, once,
+        # so nothing downstream (plan output, prompts, trace, tables) meets an unencodable string.
+        return scrub_data(data) if isinstance(data, Mapping) else data
 
     @field_validator("task_matrix", mode="before")
     @classmethod
@@ -145,10 +196,16 @@ class Decision(BaseModel):
         used = placeholders(self.template)
         if not self.template.strip():
             raise ValueError("template is empty; write the atomic sub-query with __0__ … placeholders")
-        bad = [i for i in used if i >= width]
+        misspelt = misspelt_placeholders(self.template)
+        if misspelt:
+            raise ValueError(
+                f"template has {misspelt[0]!r}, a placeholder whose digits are not ASCII 0-9 "
+                "(fullwidth or another script's digits); write placeholders as __0__, __1__ and so on"
+            )
+        bad = [m.group(0) for m in PLACEHOLDER.finditer(self.template) if placeholders(m.group(0))[0] >= width]
         if bad:
             raise ValueError(
-                f"template uses __{bad[0]}__ but task_matrix rows have {width} cells "
+                f"template uses {_shown(bad[0], 40)} but task_matrix rows have {width} cells "
                 f"(placeholders __0__ … __{width - 1}__)"
             )
         if not used and len(self.task_matrix) > 1:
@@ -200,9 +257,12 @@ class Decision(BaseModel):
         keyed = [(j, col) for j, col in enumerate(self._mapped) if col is not None and col in self._keys]
         for i, row in enumerate(self.task_matrix):
             for j, col in keyed:
-                if not row[j].strip():
+                if is_blank(row[j]):
+                    what = "an empty cell" if not row[j].strip() else (
+                        f"a cell with no visible character ({row[j]!r}: only zero-width, format or space characters)"
+                    )
                     raise ValueError(
-                        f"task_matrix row {i} ({row!r}) has an empty cell for key column {col!r} "
+                        f"task_matrix row {i} ({_shown(row, 80)}) has {what} for key column {col!r} "
                         f"(task_matrix[{i}][{j}]); every row must name its entity, so fill the cell or drop the row"
                     )
 
@@ -217,7 +277,7 @@ class Decision(BaseModel):
             raise ValueError(f"{where} needs `attribute_index` or `attribute_name`")
         if index >= width:
             raise ValueError(
-                f"{where}.attribute_index {index} is out of range: rows have {width} cells (0 … {width - 1})"
+                f"{where}.attribute_index {_shown(index)} is out of range: rows have {width} cells (0 … {width - 1})"
             )
         return index
 
@@ -233,7 +293,9 @@ class Decision(BaseModel):
                 if group.indices is not None:
                     for i in group.indices:
                         if not 0 <= i < n:
-                            raise ValueError(f"{where}.indices has {i}, out of range for {n} rows (0 … {n - 1})")
+                            raise ValueError(
+                                f"{where}.indices has {_shown(i)}, out of range for {n} rows (0 … {n - 1})"
+                            )
                         if i in owner:
                             raise ValueError(f"row {i} is in batch_strategy.groups[{owner[i]}] and groups[{g}]")
                         owner[i] = g
@@ -292,6 +354,47 @@ class Decision(BaseModel):
         return {col: self.task_matrix[i][j] for j, col in enumerate(self._mapped) if col is not None}
 
     @classmethod
+    def from_dataframe(
+        cls, df: pd.DataFrame, *, template: str, columns: Sequence[str] | Mapping[str, Any],
+        key_columns: Sequence[str] | None = None, context_columns: Sequence[str] = (), **fields: Any,
+    ) -> Decision:
+        """A decision whose task matrix is `df`'s rows: for a DataFrame of entities, find `columns`.
+
+        Each of `df`'s columns, in order, is a matrix column (`__0__` in `template` is the first)
+        and an output column of the same name, except `context_columns`, which only fill the
+        template. `columns` are the output columns to find, after `df`'s: names, or a map of name
+        to `{"type": ..., "description": ...}`. `key_columns` defaults to `df`'s output columns;
+        `fields` are other decision fields (`batch_strategy`, `batch_size`, `rows_per_task`).
+        A cell is written as text (a missing one, None or NaN, as empty).
+
+        Raises:
+            DecisionError: the decision is invalid (an empty frame, a column name that is not
+                text, a context column not in `df`, an empty key cell, ...).
+        """
+        import pandas as pd
+
+        names = list(df.columns)
+        if not all(isinstance(n, str) for n in names):
+            raise DecisionError(f"DataFrame column names must be text, got {names!r}; rename them (df.columns = [...]).")
+        unknown = [c for c in context_columns if c not in names]
+        if unknown:
+            raise DecisionError(f"context_columns {unknown} are not columns of the DataFrame {names}.")
+        mapped = [None if n in context_columns else n for n in names]
+        found = dict(columns) if isinstance(columns, Mapping) else dict.fromkeys(
+            [columns] if isinstance(columns, str) else columns)
+        if made := sorted({"task_matrix", "json_schema", "matrix_columns"} & fields.keys()):
+            raise DecisionError(f"from_dataframe makes {made} from the DataFrame; give `columns`/`context_columns`.")
+        if repeated := [c for c in found if c in mapped]:
+            raise DecisionError(f"columns {repeated} are already DataFrame columns; list only the columns to find.")
+        matrix = [["" if pd.api.types.is_scalar(v) and pd.isna(v) else v.item() if hasattr(v, "item") else v
+                   for v in row] for row in df.itertuples(index=False, name=None)]
+        return cls.parse({
+            **fields, "task_matrix": matrix, "template": template, "matrix_columns": mapped,
+            "json_schema": {"properties": {**{n: {} for n in mapped if n is not None}, **found}},
+            "key_columns": None if key_columns is None else list(key_columns),
+        })
+
+    @classmethod
     def parse(cls, data: Any) -> Decision:
         """Validate raw JSON data into a `Decision`, translating errors into one `DecisionError`."""
         if not isinstance(data, Mapping):
@@ -345,6 +448,9 @@ def _describe(exc: ValidationError) -> str:
         msg = f"unknown batch strategy {tag!r}; use one of 'per_atom', 'by_attr', 'open'"
     elif first["type"] == "union_tag_not_found":
         msg = "batch strategy has no `type`; give one of 'per_atom', 'by_attr', 'open'"
+    elif first["type"] == "less_than_equal" and first["loc"] and first["loc"][-1] in _LIMITS:
+        bound = (first.get("ctx") or {}).get("le")
+        msg = f"{_shown(first.get('input'))} is too large; at most {bound:,} {_LIMITS[first['loc'][-1]]}"
     elif first["type"] == "extra_forbidden":
         what, model = _owner(tuple(first["loc"]))
         msg = f"unknown field; allowed {what} fields are " + ", ".join(sorted(model.model_fields))

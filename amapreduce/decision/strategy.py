@@ -13,9 +13,23 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-__all__ = ["ByAttr", "Int", "OpenGroup", "OpenStrategy", "PerAtom", "Strategy", "StrategyName"]
+__all__ = [
+    "MAX_BATCH_SIZE",
+    "ByAttr",
+    "Int",
+    "OpenGroup",
+    "OpenStrategy",
+    "PerAtom",
+    "Strategy",
+    "StrategyName",
+]
 
 StrategyName = Literal["per_atom", "by_attr", "open"]
+
+MAX_BATCH_SIZE = 1_000
+"""Most tasks one batch may hold (`batch_size`, `chunk_size`, `max_group_size`). One sub-agent
+answers a whole batch in one reply, so a batch of more than a thousand tasks cannot be answered;
+a larger number is a mistake (`1e18`, a pasted 4,000-digit number), refused by name."""
 
 
 def _reject_bool(value: Any) -> Any:
@@ -52,7 +66,7 @@ class ByAttr(_Strict):
     """0-based matrix column to group by."""
     attribute_name: str | None = None
     """Name of the output column the matrix column fills (see `Decision.matrix_columns`)."""
-    max_group_size: Int | None = Field(default=None, ge=1)
+    max_group_size: Int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
     """Split a group larger than this into consecutive chunks."""
     group_rationales: dict[str, str] = Field(default_factory=dict)
     """Optional rationale per attribute value."""
@@ -92,7 +106,7 @@ class OpenStrategy(_Strict):
 
     type: Literal["open"] = "open"
     groups: list[OpenGroup] = Field(default_factory=list)
-    chunk_size: Int | None = Field(default=None, ge=1)
+    chunk_size: Int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
     """Chunk size for rows in no group (falls back to the decision's `batch_size`, then 1)."""
     attribute_index: Int | None = Field(default=None, ge=0)
     """Default attribute column for groups given by `attribute_value`."""

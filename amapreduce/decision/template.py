@@ -3,6 +3,11 @@
 Filling is a single regex pass over the template: a cell value is never scanned again, so a
 value that happens to contain `__1__` cannot inject text into another slot (the reference
 replaced placeholders one after another and was open to exactly that).
+
+A placeholder's index is ASCII digits only. Python's `\\d` also matches fullwidth (`０`) and
+other scripts' digits, and `int()` reads them, so `__０__` used to fill like `__0__` while
+looking like something else; `misspelt_placeholders` finds such look-alikes so the decision
+validator can refuse them by name instead.
 """
 
 from __future__ import annotations
@@ -10,15 +15,32 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["PLACEHOLDER", "placeholders", "render"]
+__all__ = ["MAX_PLACEHOLDER_DIGITS", "PLACEHOLDER", "misspelt_placeholders", "placeholders", "render"]
 
-PLACEHOLDER = re.compile(r"__(\d+)__")
-"""A placeholder: two underscores, a column index, two underscores."""
+PLACEHOLDER = re.compile(r"__([0-9]+)__")
+"""A placeholder: two underscores, a column index in ASCII digits, two underscores."""
+
+_ANY_DIGITS = re.compile(r"__(\d+)__")
+"""A placeholder-shaped run with any Unicode decimal digits (what `PLACEHOLDER` must not accept)."""
+
+MAX_PLACEHOLDER_DIGITS = 6
+"""Longest index `placeholders` reads as a number; a longer one (no matrix has a million columns)
+is reported as the index 10**6, so a 5,000-digit placeholder never reaches `int()`'s digit limit."""
 
 
 def placeholders(text: str) -> list[int]:
     """The placeholder indices used in `text`, sorted and without repeats."""
-    return sorted({int(m) for m in PLACEHOLDER.findall(text)})
+    return sorted({_index(m) for m in PLACEHOLDER.findall(text)})
+
+
+def _index(digits: str) -> int:
+    stripped = digits.lstrip("0") or "0"
+    return int(stripped) if len(stripped) <= MAX_PLACEHOLDER_DIGITS else 10**MAX_PLACEHOLDER_DIGITS
+
+
+def misspelt_placeholders(text: str) -> list[str]:
+    """Placeholder-shaped runs in `text` whose digits are not ASCII (`__０__`, `__٣__`), in order."""
+    return [m.group(0) for m in _ANY_DIGITS.finditer(text) if not m.group(1).isascii()]
 
 
 def render(template: str, row: Sequence[str]) -> str:
@@ -29,7 +51,7 @@ def render(template: str, row: Sequence[str]) -> str:
     """
 
     def substitute(match: re.Match[str]) -> str:
-        index = int(match.group(1))
+        index = _index(match.group(1))
         return row[index] if index < len(row) else match.group(0)
 
     return PLACEHOLDER.sub(substitute, template)

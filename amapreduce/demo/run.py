@@ -9,7 +9,7 @@ network, no API key is needed, and the result is scored like `amapreduce eval sc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from amapreduce.memory.protocol import InstanceSession
     from amapreduce.run.ask import AskOutcome
 
-__all__ = ["DEFAULT_TASK", "DemoOutcome", "demo_settings", "load_sandbox_tasks", "run_demo", "score_answer"]
+__all__ = ["DEFAULT_TASK", "DemoOutcome", "demo_settings", "load_sandbox_tasks", "run_demo", "score_answer",
+           "score_answer_corrected"]
 
 DEFAULT_TASK = "sbx_en_001"
 """The task `amapreduce demo` runs when none is given (13 countries: quick and readable)."""
@@ -36,7 +37,12 @@ class DemoOutcome:
     task_id: str
     ask: AskOutcome
     score: dict[str, float]
-    """The WideSearch metrics of the table against the sandbox gold (exact judge)."""
+    """The WideSearch metrics of the table against the sandbox gold (exact judge), as the official
+    scorer computes them."""
+    corrected_score: dict[str, float] = field(default_factory=dict)
+    """The same metrics with the scorer's bug fixes (`eval score --corrected`)."""
+    corrections: dict[str, int] = field(default_factory=dict)
+    """What those fixes changed in this table (the scorer's counts, only the non-zero ones)."""
     faults: dict[str, int]
     """Faults injected, by kind."""
     memory: dict[str, Any] | None = None
@@ -52,6 +58,8 @@ class DemoOutcome:
             "missing_cells": completeness["missing_cells"],
             "completeness": completeness,
             "score": self.score,
+            "score_corrected": self.corrected_score,
+            "score_corrections": self.corrections,
             "run_dir": str(self.ask.run_dir.path),
             "table_markdown": self.ask.markdown,
             "memory": self.memory,
@@ -83,14 +91,25 @@ def demo_settings(base: Settings, index_dir: Any) -> Settings:
 
 def score_answer(task: TaskSpec, gold_dir: Any, markdown: str) -> dict[str, float]:
     """WideSearch metrics of `markdown` against the task's gold (exact judge, identity alignment)."""
+    return score_answer_corrected(task, gold_dir, markdown, corrected=False)[0]
+
+
+def score_answer_corrected(
+    task: TaskSpec, gold_dir: Any, markdown: str, *, corrected: bool = True
+) -> tuple[dict[str, float], dict[str, int]]:
+    """`score_answer`, with the scorer's bug fixes when `corrected` (`eval score --corrected`); also
+    what the fixes changed (the scorer's non-zero correction counts, e.g. `B1 cells rendered as
+    integers`)."""
     from amapreduce.evaluation.judges import ExactJudge, IdentityAligner
     from amapreduce.evaluation.loaders import load_gold
     from amapreduce.evaluation.preprocess import DateContext
     from amapreduce.evaluation.score import METRIC_FIELDS, ScoreConfig, score_table
 
-    cfg = ScoreConfig(benchmark="widesearch", judge=ExactJudge(), aligner=IdentityAligner(), dates=DateContext())
+    cfg = ScoreConfig(benchmark="widesearch", judge=ExactJudge(), aligner=IdentityAligner(), dates=DateContext(),
+                      corrected=corrected)
     result = score_table(task, load_gold(gold_dir, task), markdown, cfg)
-    return {name: float(getattr(result, name)) for name in METRIC_FIELDS}
+    changed = {what: int(n) for what, n in sorted(result.corrections.items()) if n}
+    return {name: float(getattr(result, name)) for name in METRIC_FIELDS}, changed
 
 
 def run_demo(
@@ -125,6 +144,7 @@ def run_demo(
     from amapreduce.llm.factory import new_meter
     from amapreduce.memory.protocol import InstanceSession
     from amapreduce.run.ask import run_ask
+    from amapreduce.run.run_journal import RunKind
     from amapreduce.testing.scripted import SIMULATED_PRICES
 
     tasks, world = load_sandbox_tasks(settings)
@@ -145,13 +165,16 @@ def run_demo(
             prior_provider=session.snapshot if session is not None else None,
             task_id=chosen,
             show_progress=show_progress,
+            kind=RunKind.DEMO,
         )
         score = score_answer(task, world.gold_dir, outcome.markdown)
+        corrected, corrections = score_answer_corrected(task, world.gold_dir, outcome.markdown)
         learned = _learn(memory, session, outcome, score) if memory is not None and session is not None else None
     finally:
         if memory is not None:
             memory.close()
-    return DemoOutcome(task_id=chosen, ask=outcome, score=score, faults=dict(model.faults.injected), memory=learned)
+    return DemoOutcome(task_id=chosen, ask=outcome, score=score, corrected_score=corrected, corrections=corrections,
+                       faults=dict(model.faults.injected), memory=learned)
 
 
 def _demo_memory(store: Path) -> ExperientialMemory:

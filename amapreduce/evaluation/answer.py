@@ -6,6 +6,10 @@ quirks (first vs last fence, the pipe fallback, separator-line removal, `read_cs
 strings and per-column dtype inference). Any deviation changes scores, so this module reproduces
 that behaviour step by step and leaves the corrections to the `--corrected` mode of the scorer.
 
+An answer is a model's text: it is scrubbed of lone surrogates (`amapreduce._text.scrub`) before
+extraction, so the cells, the detail files and the judges' prompts only ever hold encodable text
+(clean text, the official case, passes through unchanged).
+
 pandas is imported inside the functions: the CLI imports this package at startup only lazily,
 and `amapreduce --help` must stay fast.
 """
@@ -16,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from amapreduce._text import scrub
 from amapreduce.errors import RunError
 
 if TYPE_CHECKING:
@@ -78,6 +83,7 @@ def extract_table_text(
     """
     if benchmark not in ("widesearch", "deepwidesearch"):
         raise ValueError(f"benchmark must be 'widesearch' or 'deepwidesearch', got {benchmark!r}")
+    text = scrub(text)
     if corrected:
         return _extract_corrected(text)
     blocks: list[str] = _FENCE_RE.findall(text)

@@ -3,17 +3,22 @@
 Why our own loaders: the official WideSearch local loader crashes on the released jsonl (its
 `evaluation` field is a JSON *string*, bug B9) and the HF loader downloads the dataset. These
 read the same files offline and turn every malformed input into a `UserError` naming the file
-and line, never a traceback.
+and line, never a traceback: bytes that are not UTF-8, nesting deeper than the JSON parser's
+recursion limit and integers beyond `int`'s 4,300-digit limit included. Strings read from a jsonl
+(an answer a model wrote, a task's text) are scrubbed of lone surrogates (`amapreduce._text`), so
+a `"\\ud83d"` escape in a response is scored as the text around it, not refused or crashed on.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from amapreduce._text import scrub_data
 from amapreduce.errors import UserError
 from amapreduce.evaluation.answer import norm_column
 
@@ -83,6 +88,37 @@ class PredictionLine(BaseModel):
     response: str | None
 
 
+def _json_value(text: str, where: str, what: str) -> Any:
+    """`text` parsed as JSON, its strings scrubbed; any way it fails is a `UserError` at `where`."""
+    try:
+        return scrub_data(json.loads(text))
+    except json.JSONDecodeError as exc:
+        reason = f"{exc.msg} at column {exc.colno}"
+    except RecursionError:
+        reason = "nested too deeply to read"
+    except ValueError as exc:  # an integer longer than 4,300 digits
+        reason = str(exc).split(";")[0]
+    raise UserError(f"malformed {what} {where}: {reason}. Each line must be one JSON object.")
+
+
+def _json_lines(path: Path, what: str) -> Iterator[tuple[str, Any]]:
+    """(`path:line`, scrubbed JSON value) for each non-blank line of a jsonl file.
+
+    Lines are decoded one by one, so a byte that is not UTF-8 is reported with its line number.
+    """
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(
+                    f"malformed {what} {where}: byte {exc.start + 1} is not UTF-8 ({exc.reason}). Save the file as UTF-8."
+                ) from None
+            if line.strip():
+                yield where, _json_value(line, where, what)
+
+
 def load_tasks(path: Path, benchmark: Literal["widesearch", "deepwidesearch"]) -> dict[str, TaskSpec]:
     """Load a task jsonl into `{instance_id: TaskSpec}`, in file order.
 
@@ -94,35 +130,29 @@ def load_tasks(path: Path, benchmark: Literal["widesearch", "deepwidesearch"]) -
     if not path.is_file():
         raise UserError(f"tasks file not found: {path}. Pass the benchmark's jsonl with --tasks.")
     tasks: dict[str, TaskSpec] = {}
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                item = json.loads(line)
-                if not isinstance(item, dict):
-                    raise TypeError(f"expected a JSON object, got {type(item).__name__}")
-                evaluation = item.get("evaluation")
-                if isinstance(evaluation, str):
-                    item["evaluation"] = json.loads(evaluation)
-                if "query" not in item and "question" in item:
-                    item["query"] = item["question"]
-                if not isinstance(item.get("entity", ""), str):
-                    item["entity"] = json.dumps(item["entity"], ensure_ascii=False)
-                task = TaskSpec.model_validate(item)
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise UserError(
-                    f"malformed task line {where}: {exc}. Each line must be one JSON task."
-                ) from None
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                field = ".".join(str(p) for p in err["loc"])
-                raise UserError(
-                    f"malformed task line {where}: field `{field}`: {err['msg']}. "
-                    f"Is this a {benchmark} tasks file?"
-                ) from None
-            tasks[task.instance_id] = task
+    for where, item in _json_lines(path, "task line"):
+        if not isinstance(item, dict):
+            raise UserError(
+                f"malformed task line {where}: expected a JSON object, got {type(item).__name__}. "
+                "Each line must be one JSON task."
+            )
+        evaluation = item.get("evaluation")
+        if isinstance(evaluation, str):
+            item["evaluation"] = _json_value(evaluation, f"{where} (`evaluation`)", "task line")
+        if "query" not in item and "question" in item:
+            item["query"] = item["question"]
+        if not isinstance(item.get("entity", ""), str):
+            item["entity"] = json.dumps(item["entity"], ensure_ascii=False)
+        try:
+            task = TaskSpec.model_validate(item)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"])
+            raise UserError(
+                f"malformed task line {where}: field `{field}`: {err['msg']}. "
+                f"Is this a {benchmark} tasks file?"
+            ) from None
+        tasks[task.instance_id] = task
     if not tasks:
         raise UserError(f"tasks file {path} holds no task. Pass the benchmark's jsonl with --tasks.")
     return tasks
@@ -250,26 +280,23 @@ def load_predictions_jsonl(path: Path) -> dict[str, dict[str, str | None]]:
     if not path.is_file():
         raise UserError(f"--pred-jsonl {path} not found.")
     trials: dict[str, dict[str, str | None]] = {}
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = PredictionLine.model_validate_json(line)
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                field = ".".join(str(p) for p in err["loc"]) or "line"
-                raise UserError(
-                    f"malformed prediction line {path}:{lineno}: `{field}`: {err['msg']}. "
-                    f'Each line must be {{"instance_id": ..., "trial": ..., "response": ...}}.'
-                ) from None
-            bucket = trials.setdefault(str(item.trial), {})
-            if item.instance_id in bucket:
-                raise UserError(
-                    f"duplicate prediction {path}:{lineno}: trial {item.trial!r} already has "
-                    f"{item.instance_id}. Keep one answer per task and trial."
-                )
-            bucket[item.instance_id] = item.response
+    for where, value in _json_lines(path, "prediction line"):
+        try:
+            item = PredictionLine.model_validate(value)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or "line"
+            raise UserError(
+                f"malformed prediction line {where}: `{field}`: {err['msg']}. "
+                f'Each line must be {{"instance_id": ..., "trial": ..., "response": ...}}.'
+            ) from None
+        bucket = trials.setdefault(str(item.trial), {})
+        if item.instance_id in bucket:
+            raise UserError(
+                f"duplicate prediction {where}: trial {item.trial!r} already has "
+                f"{item.instance_id}. Keep one answer per task and trial."
+            )
+        bucket[item.instance_id] = item.response
     if not trials:
         raise UserError(f"--pred-jsonl {path} holds no prediction.")
     try:

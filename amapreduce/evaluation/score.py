@@ -19,7 +19,7 @@ from amapreduce.evaluation.loaders import ColumnRule, GoldTable, TaskSpec
 from amapreduce.evaluation.metrics import MetricSet
 from amapreduce.evaluation.preprocess import DateContext, Preprocessor
 
-__all__ = ["ScoreConfig", "TableResult", "score_table"]
+__all__ = ["ScoreConfig", "TableResult", "explain_corrections", "score_table"]
 
 METRIC_FIELDS = (
     "score",
@@ -30,6 +30,32 @@ METRIC_FIELDS = (
     "recall_by_item",
     "f1_by_item",
 )
+
+
+_BUG_EFFECTS = {
+    "B1": "one blank in an integer column turns its cells into floats (`213.0` is not `213`)",
+    "B2": "near-duplicate keys join one gold row twice",
+    "B5": "newlines, tabs and full-width spaces stay in compared strings",
+    "B6": "partial dates take today's month or year",
+    "B11": "tables and numbers are read by the first fence or first number only",
+    "B12": "a cell starting with a quote loses its quotes",
+}
+"""What each official bug does to a score, in a clause (docs/scorer-rules.md, "Known bugs")."""
+
+
+def explain_corrections(corrections: dict[str, int]) -> str:
+    """One line on why a `--corrected` score differs from the official one, from a table's
+    non-zero correction counts (`TableResult.corrections`, keyed `"B1 cells rendered as
+    integers"`): which official bugs changed how many cells, and what each does."""
+    parts = []
+    for what, n in corrections.items():
+        bug = what.split()[0].split("/")[0]
+        effect = _BUG_EFFECTS.get(bug)
+        parts.append(f"{what}: {n}" + (f" ({bug}: {effect})" if effect else ""))
+    if not parts:
+        return "the official scorer's known bugs (docs/scorer-rules.md) change this table's score."
+    return ("the official scorer keeps its known bugs, so published numbers stay comparable; here "
+            + "; ".join(parts) + ".")
 
 
 @dataclass

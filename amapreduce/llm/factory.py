@@ -16,6 +16,7 @@ from amapreduce.llm.breaker import BreakerPolicy
 from amapreduce.llm.meter import Budget, Price, PriceTable, UsageMeter, load_price_overrides
 from amapreduce.llm.models import ManagedModel, ModelSpec, build_model
 from amapreduce.llm.retry import ProviderRetryHandler
+from amapreduce.trace import register_secrets
 
 if TYPE_CHECKING:
     from smolagents import Model
@@ -70,7 +71,11 @@ def build_role_model(
         inner: replaces the provider client (a simulated model in the demo and tests).
         trace: where every call and retry is recorded (`model_call`, `model_retry` events).
         on_retry: told of each provider retry.
+
+    Every key the settings know (`Settings.secret_values`) is registered for redaction by value
+    first: a LiteLLM provider reads its key from the environment, where the spec cannot see it.
     """
+    register_secrets(settings.secret_values())
     spec = ModelSpec(
         model_id=model_id,
         api_base=settings.api_base,

@@ -29,7 +29,7 @@ from smolagents.models import ChatMessage, Model
 
 from amapreduce.errors import ConfigError, ProviderUnavailable
 from amapreduce.llm.breaker import BreakerPolicy, CircuitBreaker, is_outage, shared_breaker
-from amapreduce.llm.messages import estimate_tokens, message_text
+from amapreduce.llm.messages import estimate_tokens, message_text, without_secrets
 from amapreduce.llm.meter import UsageMeter, litellm_offline
 from amapreduce.llm.retry import (
     ModelCallError,
@@ -39,17 +39,22 @@ from amapreduce.llm.retry import (
     Transient,
     call_with_retries,
 )
-from amapreduce.llm.scope import scope_labels
+from amapreduce.llm.scope import scope_cancelled, scope_labels
 from amapreduce.llm.usage import Usage
 from amapreduce.ratelimit import WindowLimiter, WindowPolicy, shared_limiter
+from amapreduce.trace import redact_secrets, register_secrets
 
 if TYPE_CHECKING:
     from amapreduce.trace import Trace
 
-__all__ = ["ROLES", "ManagedModel", "ModelSpec", "build_model", "cached_tokens", "is_reasoning_model", "provider_of"]
+__all__ = ["NO_KEY", "ROLES", "ManagedModel", "ModelSpec", "build_model", "cached_tokens", "is_reasoning_model", "provider_of"]
 
 ROLES = ("manager", "subagent", "extraction", "memory", "judge")
 """The roles a run assigns models to; each may use its own model."""
+
+NO_KEY = "not-needed"
+"""The key an OpenAI-compatible client is given when none is configured (local servers take any);
+not a secret, so never registered for redaction."""
 
 _REASONING = re.compile(r"(^|/)(o1|o3|o4|gpt-5)([-.]|$)|deepseek-r1|reasoner", re.IGNORECASE)
 
@@ -106,7 +111,7 @@ def _inner_model(spec: ModelSpec) -> Model:
         return OpenAIModel(
             model_id=spec.model_id,
             api_base=spec.api_base,
-            api_key=key or "not-needed",
+            api_key=key or NO_KEY,
             client_kwargs={"max_retries": 0, "timeout": spec.timeout_s},
             flatten_messages_as_text=spec.flatten_messages,
             retry=False,  # smolagents' own retryer would sleep ~60 s on a 429 beneath our policy
@@ -172,7 +177,10 @@ class ManagedModel(Model):
     `ProviderUnavailable` without sending anything) and reports its outcome to it. Each HTTP attempt — the first and every retry — takes its own ticket from the provider's
     limiter, since each one is a request the provider counts. Each call writes one `model_call`
     trace event (role, model id, tokens, latency, retries, error) and each retry one
-    `model_retry` event, tagged with the batch and attempt of the open `usage_scope`.
+    `model_retry` event, tagged with the batch and attempt of the open `usage_scope`. A request
+    the provider refuses for good (a wrong key, no such model: `llm.retry.rejected_status`) is not
+    retried: the call raises `ProviderRejected`, which stops the run. The messages sent have every
+    registered secret masked (`llm.messages.without_secrets`).
 
     Args:
         inner: the model that talks to the provider (or a simulated model).
@@ -184,6 +192,10 @@ class ManagedModel(Model):
         sleep: replaces `time.sleep` between retries (tests).
         trace: where call and retry events go (None: not traced).
         on_retry: told of each retry as a `ProviderRetry` (e.g. to count retries in progress).
+        provider: the provider's key in a `ProviderRejected` (`build_model`: `provider_of(spec)`).
+
+    The inner client's API key is registered for redaction by value (`trace.register_secrets`):
+    an error that echoes it is masked in every message, trace event and prompt.
     """
 
     def __init__(
@@ -198,8 +210,13 @@ class ManagedModel(Model):
         sleep: Any = None,
         trace: Trace | None = None,
         on_retry: ProviderRetryHandler | None = None,
+        provider: str | None = None,
     ) -> None:
         super().__init__(model_id=inner.model_id)
+        client_kwargs = getattr(inner, "client_kwargs", None)
+        keys = (getattr(inner, "api_key", None), client_kwargs.get("api_key") if isinstance(client_kwargs, dict) else None)
+        register_secrets(key for key in keys if key != NO_KEY)
+        self.provider = provider
         self.inner = inner
         self.role = role
         self.meter = meter
@@ -211,16 +228,10 @@ class ManagedModel(Model):
         self.on_retry = on_retry
 
     def _describe(self, exc: BaseException | None) -> str | None:
-        """An error for the trace: capped at 1,000 characters, and never the API key (servers may echo it)."""
+        """An error for the trace: capped at 1,000 characters, and never a key (servers may echo it)."""
         if exc is None:
             return None
-        text = f"{type(exc).__name__}: {exc}"
-        client_kwargs = getattr(self.inner, "client_kwargs", None)
-        keys = (getattr(self.inner, "api_key", None), client_kwargs.get("api_key") if isinstance(client_kwargs, dict) else None)
-        for key in keys:
-            if isinstance(key, str) and len(key) >= 8:
-                text = text.replace(key, "[REDACTED]")
-        return text[:1000]
+        return redact_secrets(f"{type(exc).__name__}: {exc}")[:1000]
 
     def _write(self, event: str, **data: Any) -> None:
         if self.trace is not None and self.trace.enabled:
@@ -235,12 +246,15 @@ class ManagedModel(Model):
         **kwargs: Any,
     ) -> ChatMessage:
         self.meter.check()
+        messages = without_secrets(messages)  # no configured key is ever sent, whatever text a prompt quotes
         estimate = sum(estimate_tokens(message_text(m)) for m in messages)
         state = _Call()
         breaker = self.breaker
         pause = self._sleep or time.sleep
 
-        def admit() -> None:
+        def admit() -> None:  # before the first request and before each retry
+            if scope_cancelled():  # Ctrl-C, cancel() or a deadline gave the attempt up: send nothing more
+                raise ModelCallError(f"{self.role} model {self.model_id!r}: not sent, its attempt was cancelled")
             state.probe = breaker.admit() if breaker is not None else False
 
         def pause_then_admit(delay_s: float) -> None:  # the retry loop's sleep: a retry is admitted like the first attempt
@@ -285,7 +299,7 @@ class ManagedModel(Model):
             admit()
             reply = call_with_retries(
                 call, what=f"{self.role} model {self.model_id!r}", policy=self.retry, on_retry=retried,
-                sleep=pause_then_admit,
+                sleep=pause_then_admit, provider=self.provider,
             )
         except (ModelCallError, ProviderUnavailable) as exc:
             self._write(
@@ -326,9 +340,10 @@ def build_model(
     circuit breaker, None for none)."""
     if role not in ROLES:
         raise ConfigError(f"unknown model role {role!r}; roles are {', '.join(ROLES)}.")
+    register_secrets([spec.api_key.get_secret_value() if spec.api_key else None])
     limiter = shared_limiter(provider_of(spec), WindowPolicy(rpm=spec.rpm, tpm=spec.tpm)) if (spec.rpm or spec.tpm) else None
     return ManagedModel(
         inner or _inner_model(spec), role=role, meter=meter, limiter=limiter,
         breaker=shared_breaker(provider_of(spec), breaker) if breaker is not None else None,
-        retry=retry, trace=trace, on_retry=on_retry,
+        retry=retry, trace=trace, on_retry=on_retry, provider=provider_of(spec),
     )

@@ -1,9 +1,22 @@
 """Retries for model calls: classify the error, back off with jitter, honour `Retry-After`.
 
-Errors are classified by exception type and status code (429 → rate limit, 5xx → server,
-timeouts, connection errors), never by message text. After the last retry the caller gets a
-`ModelCallError` that says what failed and how often — never a `None` reply (the reference
-returned None after five failures and every caller then crashed on `.content`).
+Errors are classified by exception type, status code and the provider's structured error code,
+never by message text, three ways:
+
+* transient, retried (`classify`): 429 → rate limit, 5xx → server, timeouts, connection errors;
+* refused for good (`rejected_status`): 401 (wrong key), 403 (no access), 404 (no such model or
+  endpoint), 400 and 422 (a request invalid for this model). No retry and no other batch can
+  succeed, so the call raises `ProviderRejected` at once and the run stops `failed` with its one
+  line (it is one of `mapreduce.result.RUN_STOPPING_ERRORS`). A 400 that is about this request only
+  (its context is too long, a content filter) is not a refusal of the run: it fails the call;
+* any other error fails the call (`ModelCallError`, kind `permanent`), and the engine may try the
+  batch again with another prompt.
+
+After the last retry the caller gets a `ModelCallError` that says what failed and how often —
+never a `None` reply (the reference returned None after five failures and every caller then
+crashed on `.content`). Every message carries the provider's text with the configured secrets
+masked (`trace.redact_secrets`): a provider that refuses a key echoes it, and these messages reach
+the trace, `result.json` and the retry prompts sent back to a model.
 
 Each retry is also announced as a typed `ProviderRetry` event, so a progress display can count
 provider retries without pretending they are engine progress.
@@ -13,14 +26,16 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 from amapreduce._retry import RetryPolicy, Transient, parse_retry_after, retry_loop
-from amapreduce.errors import RunError
+from amapreduce.errors import ProviderRejected, RunError
+from amapreduce.trace import redact_secrets
 
 __all__ = [
+    "REJECTION_ADVICE",
     "ModelCallError",
     "ProviderRetry",
     "ProviderRetryHandler",
@@ -28,6 +43,8 @@ __all__ = [
     "Transient",
     "call_with_retries",
     "classify",
+    "rejected_status",
+    "rejection",
 ]
 
 T = TypeVar("T")
@@ -100,27 +117,100 @@ def classify(exc: BaseException) -> Transient | None:
     return None
 
 
+_INVALID = "The provider refused the request as invalid for this model: check --model, --api-base and the model's settings."
+REJECTION_ADVICE: dict[int, str] = {
+    400: _INVALID,
+    401: "The API key is wrong or missing: set AMAPREDUCE_API_KEY (or the provider's own variable, e.g. "
+    "OPENAI_API_KEY) to a valid key.",
+    403: "The key has no access to this model: check the account's permissions, or choose another --model.",
+    404: "No such model or endpoint: check --model (and --api-base).",
+    422: _INVALID,
+}
+"""The statuses that refuse a run for good, and what the user should check for each."""
+
+_REJECTION_TYPES = {
+    "AuthenticationError": 401,
+    "PermissionDeniedError": 403,
+    "NotFoundError": 404,
+    "BadRequestError": 400,
+    "UnprocessableEntityError": 422,
+}
+"""The openai and LiteLLM exception types of those statuses, for errors that carry no status code."""
+
+_THIS_REQUEST_ONLY = ("ContextWindowExceededError", "ContentPolicyViolationError")
+"""LiteLLM's 400s that are about one request's content, not the run's configuration."""
+_THIS_REQUEST_CODES = frozenset({"context_length_exceeded", "content_filter", "content_policy_violation",
+                                 "string_above_max_length"})
+"""The same, as OpenAI's structured error `code`."""
+
+
+def rejected_status(exc: BaseException) -> int | None:
+    """The status of a request the provider refused for good (a key in `REJECTION_ADVICE`), else None.
+
+    A 400 about this request's own content (too long for the context, a content filter) is not
+    one: another batch's prompt may pass.
+    """
+    code = getattr(exc, "code", None)
+    if _named(exc, *_THIS_REQUEST_ONLY) or (isinstance(code, str) and code in _THIS_REQUEST_CODES):
+        return None
+    status = _status(exc)
+    if status is not None:
+        return status if status in REJECTION_ADVICE else None
+    return next((named for name, named in _REJECTION_TYPES.items() if _named(exc, name)), None)
+
+
+def _provider_text(exc: BaseException, *, limit: int = 400) -> str:
+    """The provider's own message of `exc` on one line, capped, secrets masked (the OpenAI SDK
+    keeps it in `body["message"]`; its `str()` is a dict's repr)."""
+    body = getattr(exc, "body", None)
+    message = body.get("message") if isinstance(body, Mapping) else None
+    text = " ".join((message if isinstance(message, str) and message else str(exc)).split())
+    text = redact_secrets(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def rejection(exc: BaseException, *, what: str, provider: str) -> ProviderRejected | None:
+    """The `ProviderRejected` that `exc` amounts to (see `rejected_status`), or None."""
+    status = rejected_status(exc)
+    if status is None:
+        return None
+    detail = _provider_text(exc)
+    return ProviderRejected(
+        f"{what} was refused by the provider: HTTP {status} {type(exc).__name__}: {detail.rstrip('.')}. "
+        f"{REJECTION_ADVICE[status]}",
+        provider=provider, status=status, failures=1, last_error=f"{type(exc).__name__}: {detail}",
+    )
+
+
 def call_with_retries(
     call: Callable[[], T],
     *,
     what: str,
     policy: RetryPolicy,
+    provider: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
     rng: random.Random | None = None,
     on_retry: Callable[[int, Transient, float], Any] | None = None,
 ) -> T:
     """Run a model call, retrying transient errors per `policy`.
 
+    `what` names the call in messages (`subagent model 'gpt-5-mini'`); `provider` is the
+    provider's key in a `ProviderRejected` (default: `what`).
+
     Raises:
-        ModelCallError: a permanent error (immediately) or the last transient one; the original
-            exception is chained as `__cause__`.
+        ProviderRejected: the provider refused the request for good (`rejected_status`); not retried.
+        ModelCallError: another permanent error (immediately) or the last transient one.
+        The original exception is chained as `__cause__`; messages never hold a registered secret.
     """
 
-    def give_up(exc: Exception, attempts: int, transient: Transient | None) -> ModelCallError:
+    def give_up(exc: Exception, attempts: int, transient: Transient | None) -> RunError:
         if transient is None:
-            return ModelCallError(f"{what} failed: {type(exc).__name__}: {exc}", kind="permanent")
+            refused = rejection(exc, what=what, provider=provider or what)
+            if refused is not None:
+                return refused
+            return ModelCallError(f"{what} failed: {type(exc).__name__}: {redact_secrets(str(exc))}", kind="permanent")
         return ModelCallError(
-            f"{what} failed after {attempts} attempts ({transient.kind}): {type(exc).__name__}: {exc}. "
+            f"{what} failed after {attempts} attempts ({transient.kind}): {type(exc).__name__}: {redact_secrets(str(exc))}. "
             "Check the provider's status and your rate limits, or lower --workers.",
             kind=transient.kind,
         )

@@ -14,23 +14,29 @@ attempts never see each other's calls.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 from amapreduce.llm.usage import Usage
 
-__all__ = ["UsageScope", "active_scopes", "scope_labels", "usage_scope"]
+__all__ = ["UsageScope", "active_scopes", "scope_cancelled", "scope_labels", "usage_scope"]
 
 
 class UsageScope:
     """Usage by role of the model calls made inside one `usage_scope` block (thread-safe)."""
 
-    def __init__(self, labels: dict[str, Any] | None = None) -> None:
+    def __init__(self, labels: dict[str, Any] | None = None, *, cancelled: Callable[[], bool] | None = None) -> None:
         self.labels = dict(labels or {})
+        self._cancelled = cancelled
         self._lock = threading.Lock()
         self._by_role: dict[str, Usage] = {}
+
+    def cancelled(self) -> bool:
+        """True once the work of this scope was given up (the engine cancelled the attempt, or it
+        ran past its deadline): no model call of it may be sent any more."""
+        return self._cancelled is not None and self._cancelled()
 
     def add(self, role: str, usage: Usage) -> None:
         """Count one call's (priced) usage."""
@@ -67,6 +73,11 @@ def usage_scope(scope: UsageScope | None = None, **labels: Any) -> Iterator[Usag
 def active_scopes() -> tuple[UsageScope, ...]:
     """The scopes open in the current context, outermost first."""
     return _ACTIVE.get()
+
+
+def scope_cancelled() -> bool:
+    """True when the work of an open scope was given up (`UsageScope.cancelled`)."""
+    return any(scope.cancelled() for scope in _ACTIVE.get())
 
 
 def scope_labels() -> dict[str, Any]:

@@ -1,8 +1,17 @@
-"""Token and request usage, added up per attempt, batch and run."""
+"""Token and request usage, added up per attempt, batch and run.
+
+One vocabulary for usage in every JSON amapreduce writes (`result.json`, the `--json` outputs,
+an evaluation's `results.json`, `model_call` trace events): OpenAI's `prompt_tokens`,
+`completion_tokens` and `cached_tokens`. `Usage.to_json` is the one place that spelling is made
+and `Usage.from_json` the one place it is read back (it also reads the `input_tokens` /
+`output_tokens` of run folders written before 0.4). In code the fields keep the names of
+smolagents' `TokenUsage`, which every model call reports them in.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Usage"]
@@ -33,5 +42,35 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON fields."""
-        return asdict(self)
+        """The JSON form: `requests`, `prompt_tokens`, `completion_tokens`, `cached_tokens`, `cost_usd`."""
+        return {
+            "requests": self.requests,
+            "prompt_tokens": self.input_tokens,
+            "completion_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cost_usd": self.cost_usd,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Usage:
+        """Read `to_json`'s form back (or the older `input_tokens`/`output_tokens` spelling).
+
+        Missing, negative or non-numeric counts read as 0, and a null `cost_usd` (unpriced) as
+        0.0: callers that must tell unpriced from free read `cost_usd` themselves.
+        """
+
+        def count(*keys: str) -> int:
+            for key in keys:
+                value = data.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                    return value
+            return 0
+
+        cost = data.get("cost_usd")
+        return cls(
+            requests=count("requests"),
+            input_tokens=count("prompt_tokens", "input_tokens"),
+            output_tokens=count("completion_tokens", "output_tokens"),
+            cached_tokens=count("cached_tokens"),
+            cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else 0.0,
+        )

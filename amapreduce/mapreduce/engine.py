@@ -12,7 +12,8 @@ of `RUN_STOPPING_ERRORS`) ends only the run whose attempt raised it.
 
 With a `Checkpoint` (`mapreduce.checkpoint`), every settled attempt is journaled before its batch
 counts as done, and a run resumed over a journal replays the saved attempts' rows and runs only
-the batches not done.
+the batches not done. With OpenTelemetry on (`telemetry`), each phase, batch and attempt is a span; a
+batch's span is current while its attempts are submitted, and the executor carries it to their threads.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from amapreduce import telemetry
 from amapreduce.decision.model import Decision
 from amapreduce.errors import BatchTimeout, RunCancelled
 from amapreduce.llm.scope import UsageScope, usage_scope
@@ -54,10 +56,9 @@ from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign
 from amapreduce.prompts import render_prompt
 from amapreduce.settings import DecisionAuthor, Settings, default_setting
 from amapreduce.table.table import DEFAULT_MISSING_MARKERS, Table
-from amapreduce.trace import NullTrace, Trace
+from amapreduce.trace import NullTrace, Trace, redact_secrets
 
 __all__ = ["EngineConfig", "MapReduceEngine", "ProgressEvent"]
-
 
 
 class EngineConfig(BaseModel):
@@ -198,7 +199,8 @@ class MapReduceEngine:
         rounds_run, batches_run, timings = 0, len(work), {"map_s": 0.0, "patch_s": 0.0}
         table: Table | None = None
         try:
-            self._run_phase(run, "map", work, decision, tables, records, executor, execution)
+            with telemetry.span("amapreduce.map", telemetry.ours(batches=len(work), tasks=len(items))):
+                self._run_phase(run, "map", work, decision, tables, records, executor, execution)
             timings["map_s"] = self._clock() - start
             table = self._reduce(decision, tables)
             for round_no in range(1, cfg.patch_rounds + 1):
@@ -207,7 +209,8 @@ class MapReduceEngine:
                     break
                 rounds_run, batches_run = round_no, batches_run + len(patch)
                 self.trace.write("patch_round", round=round_no, batches=[w.batch.manifest() for w in patch])
-                self._run_phase(run, f"patch{round_no}", patch, decision, tables, records, executor, execution)
+                with telemetry.span("amapreduce.patch_round", telemetry.ours(round=round_no, batches=len(patch))):
+                    self._run_phase(run, f"patch{round_no}", patch, decision, tables, records, executor, execution)
                 table = self._reduce(decision, tables)
             timings["patch_s"] = self._clock() - start - timings["map_s"]
         except KeyboardInterrupt:
@@ -273,8 +276,9 @@ class MapReduceEngine:
                 pending.append(follow)
         self._emit("phase", phase, done_batches, total)
         inflight: dict[Future[SolverReply], BatchJob] = {}
+        batches = telemetry.SpanGroup("amapreduce.batch", key_attribute="amapreduce.batch_id")
         try:
-            self._submit(run, pending, inflight, executor)
+            self._submit(run, pending, inflight, executor, batches)
             while inflight:
                 if run.stopping.is_set():
                     raise RunCancelled("cancelled")
@@ -295,10 +299,14 @@ class MapReduceEngine:
                     if isinstance(exc, RUN_STOPPING_ERRORS):
                         run.stop(stop_ending(exc))
                     follow = self._settle(run, job, phase, reply, exc, tables, records, execution)
+                    r = records[-1]
+                    batches.event(r.batch_id, "amapreduce.attempt_settled",
+                                  telemetry.ours(attempt=r.attempt, outcome=r.outcome, rows=r.rows, error=r.error))
                     if follow is not None:
-                        self._submit(run, deque([follow]), inflight, executor)
+                        self._submit(run, deque([follow]), inflight, executor, batches)
                     else:
                         done_batches += 1
+                        batches.end(r.batch_id, telemetry.ours(attempts=r.attempt, status="done"))
                         self._emit("batch_done", phase, done_batches, total, batch_id=job.state.work.batch.batch_id)
             if run.stopping.is_set():
                 raise RunCancelled("cancelled")
@@ -311,13 +319,18 @@ class MapReduceEngine:
                 elif job.request is not None:
                     job.request.cancel.set()
             raise
+        finally:
+            batches.end_all(telemetry.ours(status="stopped"))
 
-    def _submit(self, run: EngineRun, jobs: deque[BatchJob], inflight: dict[Future[SolverReply], BatchJob], executor: Executor) -> None:
+    def _submit(self, run: EngineRun, jobs: deque[BatchJob], inflight: dict[Future[SolverReply], BatchJob], executor: Executor,
+                batches: telemetry.SpanGroup) -> None:
         """Hand attempts to the executor at once; each waits inside for one of the `workers`
         slots, so a freed slot is taken by a waiting thread without a round trip through this loop."""
         while jobs and not run.stopping.is_set():
             job = jobs.popleft()
-            future = executor.submit(functools.partial(self._execute, run, job))
+            w = job.state.work
+            with batches.opened(w.batch.batch_id, telemetry.ours(phase=w.phase, tasks=len(w.items))).activate():
+                future = executor.submit(functools.partial(self._execute, run, job))
             job.future = future
             inflight[future] = job
             future.add_done_callback(run.done.put)
@@ -350,16 +363,20 @@ class MapReduceEngine:
             now = self._clock()
             request = dataclasses.replace(job.request, deadline=now + self.config.batch_timeout_s, clock=self._clock)
             job.request = request
-            job.scope = UsageScope({"batch_id": request.batch_id, "attempt": request.attempt})
+            job.scope = UsageScope({"batch_id": request.batch_id, "attempt": request.attempt}, cancelled=request.expired)
             with run.gate:
                 job.started_at = now
                 run.running.add(job)
-            with usage_scope(job.scope):
+            attempt = telemetry.ours(batch_id=request.batch_id, attempt=request.attempt, phase=job.state.work.phase)
+            with usage_scope(job.scope), telemetry.span("amapreduce.attempt", attempt) as span:
                 try:
                     reply = self.solver.solve(request)
                 except Exception as exc:
                     job.outcome = (None, exc)
+                    if isinstance(exc, RUN_STOPPING_ERRORS):  # stop before the slot is freed: no queued attempt starts
+                        run.stop(stop_ending(exc))
                     raise
+                span.set(telemetry.ours(steps=reply.steps, agent_state=reply.trace.get("state")))
             job.outcome = (reply, None)
             return reply
         finally:
@@ -402,7 +419,7 @@ class MapReduceEngine:
         outcome = "error"
         if exc is not None:
             outcome = "timeout" if isinstance(exc, BatchTimeout) else "error"
-            problem = f"{type(exc).__name__}: {exc}"
+            problem = redact_secrets(f"{type(exc).__name__}: {exc}")  # quoted in the retry prompt and the journal
         elif reply is not None:
             parsed = parse_reply(reply.output)
             projected = [project_row(obj, names) for obj in parsed.rows]
@@ -460,19 +477,11 @@ class MapReduceEngine:
 
     def _trace_attempt(self, job: BatchJob, record: AttemptRecord, reply: SolverReply | None, parsed_rows: list[Any]) -> None:
         self.trace.write(
-            "attempt",
-            batch_id=record.batch_id,
-            phase=record.phase,
-            attempt=record.attempt,
-            outcome=record.outcome,
+            "attempt", batch_id=record.batch_id, phase=record.phase, attempt=record.attempt, outcome=record.outcome,
             prompt=job.request.prompt if job.request is not None else None,
-            raw_output=None if reply is None else reply.output,
-            parsed_rows=parsed_rows,
-            dropped_rows=record.dropped_rows,
-            error=record.error,
-            elapsed_s=record.elapsed_s,
-            usage=record.usage.to_json(),
-            subagent=None if reply is None else dict(reply.trace),
+            raw_output=None if reply is None else reply.output, parsed_rows=parsed_rows,
+            dropped_rows=record.dropped_rows, error=record.error, elapsed_s=record.elapsed_s,
+            usage=record.usage.to_json(), subagent=None if reply is None else dict(reply.trace),
         )
 
     # -- reduce and summary ---------------------------------------------------------------------

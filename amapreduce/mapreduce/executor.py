@@ -11,10 +11,19 @@ keeps its thread until the call returns. With a fixed-size pool, enough hung att
 every thread and the queued attempts never start, so the run stalls instead of timing out.
 `ThreadExecutor` therefore starts a fresh thread for each abandoned one (`replace_stuck_thread`);
 its threads are daemons, so a hung call cannot keep the process alive after the run ends.
+
+Each job runs in a copy of the context of the thread that submitted it
+(`contextvars.copy_context().run`), as `asyncio.to_thread` does. A new thread otherwise starts
+from an empty context, so whatever the submitter set in context variables was lost: the open
+OpenTelemetry span above all, which left every sub-agent run a trace of its own (`telemetry`). The
+copy is the submitter's, never another job's, so parallel attempts still see nothing of each
+other's (their usage scopes included, `llm.scope`).
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import itertools
 import queue
 import threading
@@ -33,7 +42,9 @@ class Executor(Protocol):
     """Runs zero-argument jobs somewhere and returns futures."""
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
-        """Schedule `fn` and return its future."""
+        """Schedule `fn` and return its future. `fn` must see the caller's context variables
+        (the current trace span among them): run it in a copy of `contextvars.copy_context()`,
+        or, off this process, in what the tracing context propagates to."""
         ...
 
     def replace_stuck_thread(self) -> None:
@@ -73,12 +84,13 @@ class ThreadExecutor:
             return len(self._threads)
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
-        """Queue `fn` for the next free thread."""
+        """Queue `fn` for the next free thread, to run in a copy of the caller's context."""
         future: Future[T] = Future()
+        job = functools.partial(contextvars.copy_context().run, fn)
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot submit to a ThreadExecutor after shutdown")
-            self._queue.put((future, fn))
+            self._queue.put((future, job))
             if not self._idle.acquire(blocking=False) and len(self._threads) < self._limit:
                 self._spawn()
         return future

@@ -42,10 +42,17 @@ a string holding a JSON text (cut or not) is parsed by the same rules.
 Projection matches keys case- and space-insensitively (`Net Worth` fills `net_worth`) and turns
 every value into a string. Nothing is ever invented: a key that is absent stays empty (the
 reference copied matrix cells positionally into unrelated columns).
+
+A reply is a model's text, so it is data, never trusted to be well formed: its rows are scrubbed
+of unencodable code points (a lone surrogate escape such as `"\\ud83d"`, what a model writes when
+it splits an emoji, decodes to a string no UTF-8 writer accepts) with `amapreduce._text`, and a
+reply no parser can read (nesting deeper than the interpreter's recursion limit, a number beyond
+`int`'s digit limit) is a parse error of that attempt, never an exception that ends the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -54,6 +61,7 @@ from typing import Any
 
 from pydantic_core import from_json
 
+from amapreduce._text import scrub, scrub_data
 from amapreduce.decision.columns import normalize_key_name
 
 __all__ = [
@@ -71,6 +79,8 @@ _SOURCE_KEYS = [normalize_key_name(k) for k in ("source", "source_url", "url", "
 _SPACES = re.compile(r"\s+")
 _OPENER = {"]": "[", "}": "{"}
 _CUT_OFF = "the reply was cut off before its first complete row"
+_TASK_DIGITS = 9
+"""Longest task number read from a string (no batch holds a billion tasks)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,7 +112,18 @@ class ProjectedRow:
 
 
 def cell_text(value: Any) -> str:
-    """Turn one JSON value into a table cell (single line, no surrounding space)."""
+    """Turn one JSON value into a table cell (single line, no surrounding space).
+
+    A value no cell can hold (nested deeper than the recursion limit, an integer beyond
+    `str(int)`'s digit limit) is an empty cell: missing, and asked for again, never invented.
+    """
+    try:
+        return scrub(_cell_text(value))
+    except (RecursionError, ValueError):
+        return ""
+
+
+def _cell_text(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -112,7 +133,7 @@ def cell_text(value: Any) -> str:
     if isinstance(value, str):
         text = value
     elif isinstance(value, Sequence):
-        text = ", ".join(cell_text(v) for v in value if v is not None)
+        text = ", ".join(_cell_text(v) for v in value if v is not None)
     else:
         text = json.dumps(value, ensure_ascii=False, default=str)
     return _SPACES.sub(" ", text).strip()
@@ -294,7 +315,20 @@ def _parse_text(text: str) -> ParsedReply:
 
 
 def parse_reply(reply: Any) -> ParsedReply:
-    """Find the JSON rows in a sub-agent's final answer; of a reply cut short, only its closed rows."""
+    """Find the JSON rows in a sub-agent's final answer; of a reply cut short, only its closed rows.
+
+    Never raises: a reply that cannot be read is a `ParsedReply` with an `error` (the attempt
+    failed; the engine asks again). Every string in the rows is scrubbed (`amapreduce._text`).
+    """
+    try:
+        found = _parse(reply)
+        return replace(found, rows=[scrub_data(dict(row)) for row in found.rows])
+    except (RecursionError, ValueError) as exc:
+        why = "it is nested too deeply" if isinstance(exc, RecursionError) else scrub(str(exc)).split(";")[0]
+        return ParsedReply(rows=[], method="none", error=f"the reply cannot be read as JSON rows: {why}")
+
+
+def _parse(reply: Any) -> ParsedReply:
     if isinstance(reply, Mapping | list):
         found = _rows_of(reply, "object")
         if found is not None:
@@ -311,8 +345,11 @@ def _task_number(value: Any) -> int | None:
         return int(value)
     if isinstance(value, str):
         digits = value.strip().lstrip("#").strip()
-        if digits.isdigit():
-            return int(digits)
+        # `"²".isdigit()` is True but `int("²")` raises (other scripts' decimal digits, `"٣"`, read
+        # fine); and a task number is short, far from `int()`'s digit limit.
+        if digits.isdigit() and len(digits) <= _TASK_DIGITS:
+            with contextlib.suppress(ValueError):
+                return int(digits)
     return None
 
 

@@ -23,6 +23,7 @@ from amapreduce.mapreduce.batching import BatchPlan
 from amapreduce.table.keys import normalize_value
 from amapreduce.table.render import to_csv, to_jsonl, to_markdown
 from amapreduce.table.table import Table
+from amapreduce.trace import redact_secrets
 
 __all__ = [
     "CANCELLED",
@@ -107,16 +108,18 @@ CANCELLED = RunEnding(RunStatus.STOPPED, "the MapReduce run was cancelled")
 
 RUN_STOPPING_ERRORS: tuple[type[Exception], ...] = (BudgetExceeded, ProviderUnavailable)
 """Errors of one attempt that stop its whole run and keep its partial table (other runs of the
-engine go on): a spent budget ends it `stopped`, a provider or search backend that stays down (its
-circuit breaker gave up: `ProviderUnavailable`, `SearchUnavailable`) ends it `failed`; the error's
+engine go on): a spent budget ends it `stopped`; a provider or search backend that stays down (its
+circuit breaker gave up: `ProviderUnavailable`, `SearchUnavailable`) or that refuses the run for
+good (a wrong key, no such model: `ProviderRejected`, never retried) ends it `failed`; the error's
 one-line message is the reason. See `stop_ending`. The manager's run ends on them too
 (`agents.manager`)."""
 
 
 def stop_ending(exc: BaseException) -> RunEnding:
-    """How a run stopped by `exc` (one of `RUN_STOPPING_ERRORS`) ended."""
+    """How a run stopped by `exc` (one of `RUN_STOPPING_ERRORS`) ended (no configured secret in
+    the reason, which `result.json` and the journal keep)."""
     status = RunStatus.FAILED if isinstance(exc, ProviderUnavailable) else RunStatus.STOPPED
-    return RunEnding(status, str(exc))
+    return RunEnding(status, redact_secrets(str(exc)))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,12 +43,16 @@ from amapreduce.llm.models import ManagedModel
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.result import RUN_STOPPING_ERRORS
 from amapreduce.prompts import render_prompt
+from amapreduce.trace import redact_secrets
 
 if TYPE_CHECKING:
     from smolagents import Tool
     from smolagents.agents import PromptTemplates
 
-__all__ = ["BatchRequest", "BatchSolver", "SmolagentsSolver", "SolverReply"]
+__all__ = ["SUBAGENT_NAME", "BatchRequest", "BatchSolver", "SmolagentsSolver", "SolverReply"]
+
+SUBAGENT_NAME = "amapreduce_subagent"
+"""The sub-agents' name: what tracing tools show them as (`amapreduce_subagent.run`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,6 +233,7 @@ class SmolagentsSolver:
             prompt_templates=self._prompt_templates,
             max_steps=self.max_steps,
             logger=self._logger,
+            name=SUBAGENT_NAME,
         )
 
         def check_deadline(step: ActionStep, **_: Any) -> None:
@@ -259,7 +264,7 @@ class SmolagentsSolver:
                     attempt=request.attempt,
                 ) from None
             raise SolverError(
-                f"sub-agent for {request.batch_id} attempt {request.attempt} failed: {exc}",
+                f"sub-agent for {request.batch_id} attempt {request.attempt} failed: {redact_secrets(str(exc))}",
                 batch_id=request.batch_id,
                 attempt=request.attempt,
             ) from None

@@ -8,7 +8,8 @@ rows merge into the same table, which the manager's final answer is rendered fro
 
 Guards: at most `max_calls` accepted calls per run (plan included), identical execute
 arguments refused, invalid decisions refused with the exact problem (they do not use up a
-call). Every call is traced.
+call). Every call is traced; with OpenTelemetry on, the plan stage is a span (`amapreduce.plan`)
+under the tool call's span, holding the memory's retrieval span.
 
 Safe under concurrency: smolagents runs a step's tool calls in parallel, so the guards and the
 run's table are changed under one lock, and each execution is its own engine run. The table's
@@ -25,6 +26,7 @@ from typing import Any
 
 from smolagents import Tool
 
+from amapreduce import telemetry
 from amapreduce.decision.model import Decision
 from amapreduce.errors import AmapreduceError, DecisionError, RunCancelled, ToolCallRefused
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
@@ -184,7 +186,12 @@ class MapReduceTool(Tool):
             self.trace.write("tool_call", tool=self.name, stage="refused", reason=reason, error=message, args=raw)
             raise ToolCallRefused(message)
         if stage == "plan":
-            return self._plan(raw, decision, plan)
+            shown = telemetry.ours(tasks=len(decision.task_matrix), batches=len(plan.batches), strategy=plan.strategy)
+            with telemetry.span("amapreduce.plan", shown) as span:
+                payload = self._plan(raw, decision, plan)
+                prior = self.prior or Prior(text="")
+                span.set(telemetry.ours(prior_hints=len(prior.hint_ids), prior_records=len(prior.record_ids)))
+            return payload
         return self._execute(raw, decision, plan)
 
     def _shape_mismatch(self, decision: Decision) -> str | None:

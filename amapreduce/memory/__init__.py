@@ -15,7 +15,13 @@ from amapreduce.memory.distill import DistillReport
 from amapreduce.memory.protocol import InstanceSession, TrialOutcome, canonical_trial
 from amapreduce.memory.records import DecisionSummary, Record, TraceSummary
 from amapreduce.memory.retrieval import Neighbour, Retrieval, ScoredHint
-from amapreduce.memory.schema import StoreCorrupted, StoreError, StoreVersionError
+from amapreduce.memory.schema import (
+    NoMemoryStore,
+    NotAMemoryStore,
+    StoreCorrupted,
+    StoreError,
+    StoreVersionError,
+)
 from amapreduce.memory.store import MemoryStore
 from amapreduce.memory.update import UpdateResult
 
@@ -27,6 +33,8 @@ __all__ = [
     "MemoryConfig",
     "MemoryStore",
     "Neighbour",
+    "NoMemoryStore",
+    "NotAMemoryStore",
     "Record",
     "Retrieval",
     "ScoredHint",

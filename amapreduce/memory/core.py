@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from amapreduce import telemetry
 from amapreduce.decision.model import Decision
 from amapreduce.llm.embed import Encoder
 from amapreduce.mapreduce.prior import Prior, PriorRequest
@@ -92,9 +93,15 @@ class ExperientialMemory:
 
     def search(self, query: str, *, decision: Decision | None = None,
                task_id: str | None = None) -> tuple[Retrieval, Prior]:
-        """What the plan stage would retrieve for `query`, and the prior it would get."""
-        retrieval = self.retrieve(query, task_id=task_id)
-        guidance, error = self.project(query, decision, retrieval)
+        """What the plan stage would retrieve for `query`, and the prior it would get (with
+        OpenTelemetry on, inside a retriever span whose documents are the ranked hints)."""
+        with telemetry.span("amapreduce.memory.retrieve", {telemetry.INPUT_VALUE: query, **telemetry.ours(task_id=task_id)},
+                            kind=telemetry.RETRIEVER) as span:
+            retrieval = self.retrieve(query, task_id=task_id)
+            guidance, error = self.project(query, decision, retrieval)
+            span.set({**telemetry.retrieval_documents([(h.id, h.text, float(h.s)) for h in retrieval.hints]),
+                      **telemetry.ours(records=len(retrieval.neighbourhood), candidates=retrieval.candidates,
+                                       projection_error=error)})
         details: dict[str, Any] = {
             "positives": [n.to_json() for n in retrieval.positives],
             "negatives": [n.to_json() for n in retrieval.negatives],

@@ -5,21 +5,28 @@ store at once. WAL lets readers proceed during a write; `BEGIN IMMEDIATE` plus a
 timeout serialises writers without losing an update. The schema version lives in
 `PRAGMA user_version`; migrations run forward inside one transaction, and a store written by a
 newer amapreduce is refused rather than misread.
+
+A new store is created whole (`_sqlite.create_database`: built aside, then linked into place),
+so an existing file is always a finished store. A file that is empty, is not SQLite, or is SQLite
+without amapreduce's schema is therefore refused (`NotAMemoryStore`), never initialised over:
+a store truncated to zero bytes used to come back as a new, empty one, its hints gone without a
+word. Read-only opens (`readonly=True`, SQLite's `mode=ro`) never write to the file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from amapreduce._sqlite import enable_wal
-from amapreduce.errors import RunError
+from amapreduce._sqlite import create_database, enable_wal
+from amapreduce.errors import RunError, UserError
 
 __all__ = [
     "DB_NAME",
     "SCHEMA_VERSION",
+    "NotAMemoryStore",
     "StoreCorrupted",
     "StoreError",
     "StoreVersionError",
@@ -38,6 +45,21 @@ class StoreError(RunError):
 
 class StoreCorrupted(StoreError):
     """The store's files are not a readable amapreduce memory store."""
+
+
+class NotAMemoryStore(StoreCorrupted, UserError):
+    """The store's file exists but is empty, not SQLite, or SQLite without amapreduce's schema.
+
+    A `UserError` (the CLI exits 2): the path given is not a store, and the fix is the user's —
+    restore the file or point at another folder. Nothing is written to such a file.
+    """
+
+
+class NoMemoryStore(StoreError, UserError):
+    """No store at the path given (a folder without `memory.sqlite3`), where one must exist.
+
+    A `UserError` (the CLI exits 2) like every other "not found": the fix is the user's path.
+    """
 
 
 class StoreVersionError(StoreError):
@@ -129,44 +151,79 @@ def _translate(path: Path) -> Iterator[None]:
         raise
 
 
-def connect(folder: Path, *, create: bool = True, readonly: bool = False) -> sqlite3.Connection:
-    """Open (and if needed create and migrate) the store's database in `folder`.
+def _not_a_store(folder: Path, why: str) -> NotAMemoryStore:
+    return NotAMemoryStore(
+        f"{folder} is empty or not an amapreduce memory store; restore it or pass a new path "
+        f"({DB_NAME} {why}; an `amapreduce memory export` file restores a store with `memory import`)."
+    )
+
+
+def connect(folder: Path, *, create: bool = True, readonly: bool = False,
+            initial_meta: Mapping[str, str] | None = None) -> sqlite3.Connection:
+    """Open the store's database in `folder`, creating it (with `initial_meta` in its `meta`
+    table) when it is missing and `create` is set, and migrating an older one.
 
     Raises:
-        StoreCorrupted: the file is not a SQLite database or its tables are damaged.
+        NotAMemoryStore: the file is empty, not a SQLite database, or has no amapreduce schema.
+        StoreCorrupted: the file's tables are damaged.
         StoreVersionError: the store's schema is newer than this code understands.
-        StoreError: the folder does not exist and `create` is False.
+        StoreError: the store does not exist and `create` is False (or `readonly`).
     """
     db = folder / DB_NAME
-    if not db.exists() and (readonly or not create):
-        raise StoreError(
-            f"no memory store at {folder} (missing {DB_NAME}). Create one by importing or recording runs, "
-            "or check --store (`ask --memory`)."
-        )
-    if not readonly:
-        folder.mkdir(parents=True, exist_ok=True)
+    if not db.exists():
+        if readonly or not create:
+            raise NoMemoryStore(
+                f"no memory store at {folder} (missing {DB_NAME}). Create one by importing or recording runs, "
+                "or check --store (`ask --memory`)."
+            )
+        with _translate(db):
+            create_database(db, lambda new: _build(new, initial_meta or {}))
+    if db.stat().st_size == 0:  # checked before SQLite opens it: a read-write open would start a schema in it
+        raise _not_a_store(folder, "is 0 bytes")
     with _translate(db):
         uri = f"file:{db}?mode=ro" if readonly else f"file:{db}"
         conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                                check_same_thread=False)
-        conn.row_factory = sqlite3.Row
+        try:
+            version = _open_version(conn, folder)
+            if not readonly:
+                enable_wal(conn, timeout_s=BUSY_TIMEOUT_MS / 1000)
+                conn.execute("PRAGMA synchronous = NORMAL")
+                if version < SCHEMA_VERSION:
+                    _migrate(conn)
+            conn.execute("SELECT count(*) FROM meta").fetchone()
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def _open_version(conn: sqlite3.Connection, folder: Path) -> int:
+    """Set the connection up and return the store's schema version, refusing a file that is
+    not a store (without writing to it) and a store newer than this code."""
+    conn.row_factory = sqlite3.Row
+    try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        if version > SCHEMA_VERSION:
-            conn.close()
-            raise StoreVersionError(
-                f"memory store {folder} has schema version {version}, newer than this amapreduce "
-                f"supports ({SCHEMA_VERSION}). Upgrade amapreduce, or export the store with the newer version."
-            )
-        if readonly:
-            return conn
-        enable_wal(conn, timeout_s=BUSY_TIMEOUT_MS / 1000)
-        conn.execute("PRAGMA synchronous = NORMAL")
-        if version < SCHEMA_VERSION:
-            _migrate(conn)
-        conn.execute("SELECT count(*) FROM meta").fetchone()
-    return conn
+    except sqlite3.DatabaseError as exc:
+        if "not a database" in str(exc).lower() or "encrypted" in str(exc).lower():
+            raise _not_a_store(folder, "is not a SQLite database") from exc
+        raise
+    if version == 0:  # every store is created at its schema version; 0 is SQLite's default
+        raise _not_a_store(folder, "is a SQLite database without amapreduce's tables")
+    if version > SCHEMA_VERSION:
+        raise StoreVersionError(
+            f"memory store {folder} has schema version {version}, newer than this amapreduce "
+            f"supports ({SCHEMA_VERSION}). Upgrade amapreduce, or export the store with the newer version."
+        )
+    return version
+
+
+def _build(conn: sqlite3.Connection, meta: Mapping[str, str]) -> None:
+    """Write a new store's schema and first `meta` values (on the file being created)."""
+    _migrate(conn)
+    conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)", list(meta.items()))
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

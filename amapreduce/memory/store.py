@@ -31,7 +31,9 @@ __all__ = [
     "MemoryStore",
     "add_pending_provenance",
     "add_provenance",
+    "MAX_SCORE",
     "bump_generation",
+    "check_score",
     "delete_hint",
     "get_hint",
     "get_meta",
@@ -47,6 +49,11 @@ __all__ = [
     "set_meta",
     "update_hint",
 ]
+
+MAX_SCORE = 1_000_000_000
+"""The largest |w| a hint may have. Scores move by a few points per scored run, so a billion is
+never reached by use; the bound refuses absurd values (an edited export, `--score`) up front,
+before SQLite's 64-bit integers overflow or a later credit pushes them past that."""
 
 
 def now() -> str:
@@ -126,12 +133,25 @@ def record_count(conn: sqlite3.Connection) -> int:
     return int(raw)
 
 
+def check_score(w: int) -> int:
+    """`w` when it is a valid hint score (|w| <= `MAX_SCORE`).
+
+    Raises:
+        UserError: it is not.
+    """
+    if not -MAX_SCORE <= w <= MAX_SCORE:
+        shown = str(w) if len(str(w)) <= 20 else f"a {len(str(abs(w)))}-digit number"
+        raise UserError(f"a hint score must be between {-MAX_SCORE:,} and {MAX_SCORE:,}, got {shown}.")
+    return w
+
+
 def insert_hint(conn: sqlite3.Connection, text: str, w: int, *, origin: str, provenance: Iterable[str] = (),
                 hint_id: str | None = None, **detail: Any) -> str:
     """Create a hint with score `w` and provenance; return its id."""
     text = " ".join(text.split())
     if not text:
         raise UserError("a hint needs non-empty text.")
+    w = check_score(int(w))
     hid = hint_id or new_id("h")
     stamp = now()
     try:
@@ -218,7 +238,7 @@ def update_hint(conn: sqlite3.Connection, hint_id: str, *, kind: str, text: str 
     new_text = " ".join(text.split()) if text is not None else hint["text"]
     if not new_text:
         raise UserError("a hint needs non-empty text.")
-    new_w = (int(score) if score is not None else int(hint["w"])) + int(delta)
+    new_w = check_score((int(score) if score is not None else int(hint["w"])) + int(delta))
     conn.execute("UPDATE hints SET text = ?, w = ?, updated_at = ? WHERE id = ?", (new_text, new_w, now(), hint_id))
     log_event(conn, f"hint_{kind}", hint_id=hint_id, w_before=hint["w"], w_after=new_w,
               **({"text_before": hint["text"], "text_after": new_text} if new_text != hint["text"] else {}),
@@ -261,10 +281,13 @@ class MemoryStore:
         self.folder = Path(folder)
         self.readonly = readonly
         self._lock = threading.RLock()
-        self.conn = connection or connect(self.folder, create=create, readonly=readonly)
-        stored = get_meta(self.conn, "encoder")
+        # The encoder is resolved first: an unknown one is refused before anything is created,
+        # and a new store is born with it recorded.
         wanted = encoder.spec if isinstance(encoder, Encoder) else (get_encoder(encoder).spec if encoder else None)
-        if stored is None:
+        self.conn = connection or connect(self.folder, create=create, readonly=readonly,
+                                          initial_meta={"encoder": wanted or DEFAULT_ENCODER, "created_at": now()})
+        stored = get_meta(self.conn, "encoder")
+        if stored is None:  # a store created before stores were born with their encoder
             spec = wanted or DEFAULT_ENCODER
             if not readonly:
                 with self.write() as conn:

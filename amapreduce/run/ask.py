@@ -8,6 +8,7 @@ a setup error — the run directory gets a `result.json` with what was found (or
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from amapreduce.mapreduce.result import (
 )
 from amapreduce.run.lifecycle import ActiveRun, resume_run, start_run
 from amapreduce.run.progress import RunProgress
+from amapreduce.run.run_journal import RunKind
 from amapreduce.run.wiring import InnerFactory, build_parts
 from amapreduce.settings import Settings
 from amapreduce.table.render import to_markdown
@@ -75,12 +77,13 @@ def _manager_stop_ending(exc: BaseException) -> RunEnding:
 
 
 def check_memory_store(store: Path) -> None:
-    """Refuse a `--memory` folder that holds no store, before a run directory is made.
+    """Refuse a `--memory` folder that holds no store (or a file that is not one), before a run
+    directory is made.
 
     Why here and as a `UserError`: a mistyped path is a usage mistake (exit 2), not a run
     failure, and the memory layer's own message speaks of its `--store` flag, which `ask` has not.
     """
-    from amapreduce.memory.schema import DB_NAME
+    from amapreduce.memory.schema import DB_NAME, connect
 
     if not (store / DB_NAME).is_file():
         raise UserError(
@@ -88,6 +91,7 @@ def check_memory_store(store: Path) -> None:
             "Point --memory at a store folder (one made by `amapreduce memory import` or `memory add`), "
             "or use --no-memory."
         )
+    connect(store, create=False, readonly=True).close()  # an empty or foreign file: NotAMemoryStore, exit 2
 
 
 def run_ask(
@@ -101,6 +105,7 @@ def run_ask(
     memory_store: Path | None = None,
     task_id: str | None = None,
     show_progress: bool | None = None,
+    kind: RunKind = RunKind.ASK,
 ) -> AskOutcome:
     """Answer `query` with the manager, the mapreduce tool and search sub-agents.
 
@@ -117,6 +122,7 @@ def run_ask(
         task_id: benchmark instance id, passed to the memory.
         show_progress: False: no progress; True: force the live display; None (default): the live
             display on a terminal, else plain timestamped lines on stderr (`run.progress`).
+        kind: what the run is listed as (`demo` and `eval` for the demo's and an evaluation's runs).
 
     Raises:
         UserError: `memory_store` holds no store (checked before a run directory is made).
@@ -133,13 +139,14 @@ def run_ask(
     answer: Any = None
     stopped: RunEnding | None = None
     interrupted: BaseException | None = None
-    with start_run(settings, kind="ask", query=query, meter=meter) as run:
-        with RunProgress(run.meter, enabled=show_progress) as progress:
+    with start_run(settings, kind=kind, query=query, meter=meter) as run:
+        with RunProgress(run.meter, enabled=show_progress) as progress, contextlib.ExitStack() as held:
             roles = ("manager", "subagent", "extraction", *(("memory",) if memory_store is not None else ()))
             parts = build_parts(
                 settings, trace=run.run_dir.trace, meter=run.meter, progress=progress,
                 on_provider_retry=progress.on_provider_retry, inner=inner, web_tools=web_tools, roles=roles,
             )
+            held.callback(parts.close)  # MCP sessions and server processes end with the run
             if prior_provider is None and memory_store is not None:
                 from amapreduce.memory import ExperientialMemory
 
@@ -153,7 +160,7 @@ def run_ask(
                 checkpoint=run.checkpoint,
             )
             manager = build_manager(
-                parts.models["manager"], [*parts.web_tools, tool],
+                parts.models["manager"], [*parts.manager_tools, tool],
                 max_steps=settings.manager_max_steps, max_batches=settings.max_batches, trace=run.run_dir.trace,
             )
             progress.set_stage("manager")
@@ -202,12 +209,13 @@ def resume_ask_run(
     stopped: RunEnding | None = None
     interrupted: BaseException | None = None
     with resume_run(path, saved, settings) as run:
-        with RunProgress(run.meter, enabled=show_progress) as progress:
+        with RunProgress(run.meter, enabled=show_progress) as progress, contextlib.ExitStack() as held:
             parts = build_parts(
                 settings, trace=run.run_dir.trace, meter=run.meter, progress=progress,
                 on_provider_retry=progress.on_provider_retry, inner=inner, web_tools=web_tools,
                 roles=("subagent", "extraction"),
             )
+            held.callback(parts.close)
             tool = MapReduceTool(parts.engine, query=saved.first.query, plan_stage=False, max_calls=len(executions),
                                  checkpoint=run.checkpoint)
             try:

@@ -28,6 +28,7 @@ trial folders, so rescoring them reproduces it exactly.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import threading
@@ -248,7 +249,9 @@ def _drive(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory 
                     continue
                 session = InstanceSession(memory, task_id=iid, query=runner.tasks[iid].query) if memory else None
                 sessions[iid] = session
-                futures[iid] = pool.submit(runner.instance, iid, session.snapshot if session else None)
+                # in a copy of this thread's context: an open trace span (`telemetry`) reaches the trials
+                futures[iid] = pool.submit(contextvars.copy_context().run, runner.instance, iid,
+                                           session.snapshot if session else None)
             iid = order[committed]
             if iid not in state.committed:
                 if iid not in futures:
@@ -318,6 +321,7 @@ class _TrialRunner:
     def trial(self, iid: str, trial: int, snapshot: ExperientialMemory | None) -> TrialDone:
         from amapreduce.llm.factory import new_meter
         from amapreduce.run.ask import run_ask
+        from amapreduce.run.run_journal import RunKind
 
         left = self.budget.left()
         if left is not None and left <= 0:
@@ -340,7 +344,8 @@ class _TrialRunner:
         try:
             outcome = run_ask(task.query, settings,
                               inner=self.simulated.inner_for(iid, trial) if self.simulated is not None else None,
-                              meter=meter, prior_provider=snapshot, task_id=iid, show_progress=False)
+                              meter=meter, prior_provider=snapshot, task_id=iid, show_progress=False,
+                              kind=RunKind.EVAL)
         except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (status failed) and never committed
             failure = f"{type(exc).__name__}: {exc}"
             entry = {"status": "failed", "run_dir": None, "usage": None}

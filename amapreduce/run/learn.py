@@ -39,10 +39,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce.errors import RunError, UserError
+from amapreduce.llm.usage import Usage
 from amapreduce.memory.labels import UTILITY_RULE, UtilityWeights
 from amapreduce.memory.labels import utility as utility_of
 from amapreduce.memory.records import Record, TraceSummary, normalise_query
 from amapreduce.run.commit import hint_credits, run_due_distillation
+from amapreduce.run.run_journal import RunKind
 from amapreduce.run.rundir import load_run
 
 if TYPE_CHECKING:
@@ -55,6 +57,8 @@ __all__ = ["LEARNABLE_STATES", "HintCredit", "LearnOutcome", "learn_from_run", "
 LEARNABLE_STATES = ("complete", "incomplete")
 """The run states whose outcome is final, so the memory may learn from it."""
 GOLD_BENCHMARKS = ("widesearch", "deepwidesearch", "sandbox")
+_ASK_KINDS = frozenset(kind.value for kind in RunKind if kind.is_ask)
+"""The run kinds with a prior and a decision to credit: `ask`, and the demo's and evaluations' runs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,9 +171,9 @@ def _read_ask_run(run_dir: Path) -> _AskRun:
 
     data = load_run(run_dir.parent, str(run_dir))
     kind = data.get("kind")
-    if kind != "ask":
-        raise _refuse(run_dir, f"it is a `{kind}` run; the memory learns from `ask` runs only (their prior and "
-                               "decision are what it credits).")
+    if kind not in _ASK_KINDS:
+        raise _refuse(run_dir, f"it is a `{kind}` run; the memory learns from `ask` runs only (also those of "
+                               "`demo` and `eval run`: their prior and decision are what it credits).")
     state = data.get("state")
     if state == "running":
         raise _refuse(run_dir, "it is still running. Learn from it once it has finished.")
@@ -205,17 +209,13 @@ def _read_ask_run(run_dir: Path) -> _AskRun:
     timings = _object(data.get("timings"))
     delay = _number(timings.get("wall_s"))
     trace = TraceSummary.of(completeness, cost_usd=_number(total.get("cost_usd")), delay_s=delay)
-    tokens = (_count(total.get("input_tokens")) or 0) + (_count(total.get("output_tokens")) or 0)
+    tokens = Usage.from_json(total).total_tokens
     return _AskRun(path=run_dir, query=query, decision=decision, prior=prior, task_id=task_id, trace=trace,
                    tokens=tokens, delay_s=delay or 0.0, data=data)
 
 
 def _object(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _number(value: Any) -> float | None:

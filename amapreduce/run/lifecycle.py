@@ -7,8 +7,12 @@ before that still writes `result.json` (status `failed`, or `stopped: interrupte
 `RunEnding.label`) with the error, because a run directory without one is invisible to `runs list` and says nothing
 about what went wrong. Every run directory also gets a journal (`run.run_journal`): how the run
 started, the engine's checkpoints (`ActiveRun.checkpoint`) and how it ended, so that a killed run
-can be resumed in place (`resume_run`). The commands themselves live in `run/ask.py` and
-`run/mapreduce_run.py`.
+can be resumed in place (`resume_run`). Every key the settings know is registered for redaction
+by value before anything is written (`trace.register_secrets`), so an echoed key is masked in
+`result.json`, the trace and the journal's error texts. With `settings.otel` (`--otel`,
+`AMAPREDUCE_OTEL`), OpenTelemetry tracing is turned on (`telemetry.enable`) before anything is
+made, and the run is one span (`amapreduce.run`, the root of the run's one trace) around
+everything it does. The commands themselves live in `run/ask.py` and `run/mapreduce_run.py`.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from amapreduce import telemetry
 from amapreduce.llm.factory import model_for_role, new_meter
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint
 from amapreduce.mapreduce.result import Completeness, RunEnding, RunStatus, completeness_record
-from amapreduce.run.run_journal import RunEnded, RunJournal, RunStarted, open_run_journal
+from amapreduce.run.run_journal import RunEnded, RunJournal, RunKind, RunStarted, open_run_journal
 from amapreduce.run.rundir import RunDir
 from amapreduce.table.render import to_csv, to_markdown
+from amapreduce.trace import redact_secrets, register_secrets
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -55,8 +61,8 @@ def run_timings(started: float, executions: Sequence[Mapping[str, float]] = ()) 
 class ActiveRun:
     """A run in progress: its directory, its usage meter, and what `result.json` records it as."""
 
-    kind: str
-    """`ask` or `mapreduce_run`: the `kind` of `result.json`."""
+    kind: RunKind
+    """What made the run: the `kind` of `result.json`."""
     query: str
     """The question (or the decision file's name): the `query` of `result.json`."""
     run_dir: RunDir
@@ -69,6 +75,8 @@ class ActiveRun:
     """The engine's view of the journal: pass it to every `MapReduceEngine.run` of the run."""
     finished: bool = False
     """`finish` (or `record_failure`) wrote `result.json`."""
+    span: telemetry.SpanHandle = telemetry.NO_SPAN
+    """The run's OpenTelemetry span (`NO_SPAN` while tracing is off): how it ended is set on it."""
 
     def finish(
         self,
@@ -86,7 +94,8 @@ class ActiveRun:
         `executions` holds each engine execution's timings (see `run_timings`); `extra` adds
         command-specific fields (the decision, the manager's answer, web usage).
         """
-        self.run_dir.write_table(to_markdown(table), to_csv(table))
+        markdown = to_markdown(table)
+        self.run_dir.write_table(markdown, to_csv(table))
         record = {
             "kind": self.kind,
             "query": self.query,
@@ -102,6 +111,8 @@ class ActiveRun:
         self.journal.append(RunEnded.of(ending))
         self.finished = True
         self.run_dir.trace.write("run_finished", status=ending.label, usage=self.meter.to_json())
+        self.span.set({telemetry.OUTPUT_VALUE: markdown})
+        _mark_ending(self.span, ending, self.meter, len(table))
         return record
 
     def record_failure(self, exc: BaseException) -> None:
@@ -112,7 +123,7 @@ class ActiveRun:
         if self.finished:
             return
         interrupted = isinstance(exc, KeyboardInterrupt)
-        error = "interrupted" if interrupted else (str(exc) or type(exc).__name__)
+        error = "interrupted" if interrupted else (redact_secrets(str(exc)) or type(exc).__name__)
         ending = RunEnding(RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED, error)
         status = ending.label
         try:
@@ -131,6 +142,7 @@ class ActiveRun:
             self.journal.append(RunEnded.of(ending))
             self.finished = True
             self.run_dir.trace.write("run_finished", status=status, error=error, usage=self.meter.to_json())
+            _mark_ending(self.span, ending, self.meter, 0)
         except Exception as record_exc:
             exc.add_note(
                 f"(also: could not write the failed result.json in {self.run_dir.path}: {record_exc})"
@@ -139,7 +151,7 @@ class ActiveRun:
 
 @contextlib.contextmanager
 def start_run(
-    settings: Settings, *, kind: str, query: str, meter: UsageMeter | None = None
+    settings: Settings, *, kind: RunKind, query: str, meter: UsageMeter | None = None
 ) -> Iterator[ActiveRun]:
     """Open a run: a new run directory under `settings.runs_dir`, named after `query`, and its usage
     meter (`meter`, else a fresh `new_meter(settings)`); on the way out, close the directory.
@@ -148,6 +160,9 @@ def start_run(
     (see `ActiveRun.record_failure`) and the exception is re-raised.
     """
     started = time.perf_counter()
+    register_secrets(settings.secret_values())  # masked in every file of the run, whatever echoes them
+    if settings.otel:  # before anything is made: without the `otel` extra this is a usage error
+        telemetry.enable()
     if meter is None:  # before the directory: a bad price file is a usage error and leaves no run behind
         meter = new_meter(settings)
     run_dir = RunDir.create(settings.runs_dir, query)
@@ -157,7 +172,7 @@ def start_run(
         kind=kind, query=query, run_dir=run_dir, meter=meter, started=started, journal=journal,
         checkpoint=Checkpoint(journal),
     )
-    with _recorded(run):
+    with _recorded(run, resumed=False):
         yield run
 
 
@@ -168,6 +183,9 @@ def resume_run(path: Path, saved: RunJournal, settings: Settings) -> Iterator[Ac
     and a meter that starts from the sub-agent usage the journal recorded. Ends as `start_run`.
     """
     started = time.perf_counter()
+    register_secrets(settings.secret_values())
+    if settings.otel:
+        telemetry.enable()
     meter = new_meter(settings)
     spent = sum((e.usage for e in saved.entries if isinstance(e, BatchAttempt)), Usage())
     if spent.requests:
@@ -179,18 +197,33 @@ def resume_run(path: Path, saved: RunJournal, settings: Settings) -> Iterator[Ac
         kind=kind, query=query, run_dir=RunDir(path), meter=meter, started=started, journal=journal,
         checkpoint=Checkpoint(journal, saved.entries),
     )
-    with _recorded(run):
+    with _recorded(run, resumed=True):
         yield run
 
 
 @contextlib.contextmanager
-def _recorded(run: ActiveRun) -> Iterator[ActiveRun]:
-    """Record a failure of the body in `result.json` and the journal; close the run's files."""
-    try:
-        yield run
-    except (Exception, KeyboardInterrupt) as exc:
-        run.record_failure(exc)
-        raise
-    finally:
-        run.journal.close()
-        run.run_dir.close()
+def _recorded(run: ActiveRun, *, resumed: bool) -> Iterator[ActiveRun]:
+    """Record a failure of the body in `result.json` and the journal; close the run's files. All
+    of it inside the run's span, whose session is the run directory (a resume is a new trace of
+    the same session)."""
+    shown = {telemetry.INPUT_VALUE: run.query, telemetry.SESSION_ID: run.run_dir.path.name,
+             **telemetry.ours(kind=run.kind, run_dir=str(run.run_dir.path), resumed=resumed)}
+    with telemetry.span("amapreduce.run", shown) as run.span:
+        try:
+            yield run
+        except (Exception, KeyboardInterrupt) as exc:
+            run.record_failure(exc)
+            raise
+        finally:
+            run.journal.close()
+            run.run_dir.close()
+
+
+def _mark_ending(span: telemetry.SpanHandle, ending: RunEnding, meter: UsageMeter, rows: int) -> None:
+    """Set how a run ended on its span: status, error, rows, tokens and cost; a failed or
+    interrupted run also sets the span's status to ERROR (it ended without raising)."""
+    total = meter.total()
+    span.set(telemetry.ours(status=ending.label, error=ending.error, rows=rows, requests=total.requests,
+                            tokens=total.total_tokens, cost_usd=total.cost_usd))
+    if ending.status in (RunStatus.FAILED, RunStatus.INTERRUPTED):
+        span.error(ending.label if ending.error is None else f"{ending.label}: {ending.error}")

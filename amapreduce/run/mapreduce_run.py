@@ -8,6 +8,7 @@ directory and its `result.json` (on success or failure) come from `run.lifecycle
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from amapreduce.mapreduce.checkpoint import plan_from_manifest
 from amapreduce.mapreduce.result import RunEnding, completeness_record
 from amapreduce.run.lifecycle import ActiveRun, resume_run, start_run
 from amapreduce.run.progress import RunProgress
+from amapreduce.run.run_journal import RunKind
 from amapreduce.run.wiring import InnerFactory, build_parts
 from amapreduce.settings import Settings
 
@@ -79,7 +81,7 @@ def run_decision(
     from amapreduce.mapreduce.batching import plan_batches
 
     plan = plan_batches(decision, max_batches=settings.batch_cap("user"))
-    with start_run(settings, kind="mapreduce_run", query=label) as run:
+    with start_run(settings, kind=RunKind.MAPREDUCE_RUN, query=label) as run:
         return _execute(run, decision, settings, plan=plan, inner=inner, web_tools=web_tools, show_progress=show_progress)
 
 
@@ -125,7 +127,7 @@ def _execute(
     show_progress: bool | None,
 ) -> MapReduceRunOutcome:
     """Run `decision` on its batch `plan` in `run` and record how it ended."""
-    with RunProgress(run.meter, enabled=show_progress) as progress:
+    with RunProgress(run.meter, enabled=show_progress) as progress, contextlib.ExitStack() as held:
         parts = build_parts(
             settings,
             trace=run.run_dir.trace,
@@ -136,6 +138,7 @@ def _execute(
             web_tools=web_tools,
             roles=("subagent", "extraction"),
         )
+        held.callback(parts.close)  # MCP sessions and server processes end with the run
         try:
             result = parts.engine.run(decision, plan=plan, checkpoint=run.checkpoint)
         except RunCancelled as exc:

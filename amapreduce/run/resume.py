@@ -14,13 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from amapreduce.errors import UserError
-from amapreduce.run.run_journal import JOURNAL_NAME, RERUN_SETTINGS, RunJournal, read_run_journal
-from amapreduce.settings import ENV_ALIASES, ENV_PREFIX, Settings, load_settings
+from amapreduce.run.run_journal import JOURNAL_NAME, RERUN_SETTINGS, RunJournal, RunKind, read_run_journal
+from amapreduce.settings import ENV_ALIASES, ENV_PREFIX, Settings, load_env_file, load_settings
 
 __all__ = ["RESUMABLE_COMMANDS", "resume_settings", "saved_run"]
 
-RESUMABLE_COMMANDS = ("mapreduce_run", "ask")
+RESUMABLE_COMMANDS = (RunKind.MAPREDUCE_RUN, RunKind.ASK)
 """The run kinds `runs resume` continues."""
+
+_HOW_TO_FINISH = {
+    RunKind.DEMO: "its model is the demo's simulated one; run `amapreduce demo` again",
+    RunKind.EVAL: "it is a trial of an `eval run`; continue the evaluation with `amapreduce eval run --resume DIR` "
+                  "(it reruns unfinished trials)",
+}
+"""What to do instead for each kind `runs resume` does not continue."""
 
 
 def saved_run(path: Path) -> RunJournal:
@@ -41,10 +48,11 @@ def saved_run(path: Path) -> RunJournal:
     if saved.ended is None and saved.started.process.alive():
         p = saved.started.process
         raise UserError(f"the run in {str(path)!r} is still running (pid {p.pid} on {p.host}); it cannot be resumed twice.")
-    if saved.first.command not in RESUMABLE_COMMANDS:
+    kind = saved.first.command
+    if kind not in RESUMABLE_COMMANDS:
         raise UserError(
-            f"the run in {str(path)!r} is an `{saved.first.command}` run; `runs resume` continues "
-            f"{', '.join(f'`{c}`' for c in RESUMABLE_COMMANDS)} runs only."
+            f"the run in {str(path)!r} is a `{kind}` run, which `runs resume` does not continue "
+            f"(only {' and '.join(f'`{c}`' for c in RESUMABLE_COMMANDS)} runs): {_HOW_TO_FINISH[kind]}."
         )
     return saved
 
@@ -57,6 +65,8 @@ def resume_settings(saved: RunJournal, *, environ: dict[str, str] | None = None,
     Raises:
         ConfigError: a journaled value or an override is not valid.
     """
+    if environ is None:
+        load_env_file()  # `runs resume` reads the `.env` keys like any other command
     env = dict(os.environ if environ is None else environ)
     for name in RERUN_SETTINGS:
         env.pop(ENV_PREFIX + name.upper(), None)

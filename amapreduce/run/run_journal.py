@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ __all__ = [
     "ProcessRef",
     "RunEnded",
     "RunJournal",
+    "RunKind",
     "RunStarted",
     "open_run_journal",
     "read_run_journal",
@@ -48,6 +50,7 @@ JOURNAL_KIND = "run"
 
 RERUN_SETTINGS: tuple[str, ...] = (
     "model", "subagent_model", "extraction_model", "memory_model", "api_base", "search_backend", "searxng_url",
+    "mcp", "mcp_manager",
     "workers", "max_attempts", "batch_timeout_s", "patch_rounds", "max_batches", "subagent_max_steps",
     "manager_max_steps", "max_tool_calls", "max_cost_usd", "max_tokens", "model_rpm", "model_tpm", "prices_file",
     "retry_max_retries", "retry_base_delay_s", "retry_max_delay_s", "allow_private_urls", "allowed_domains",
@@ -106,12 +109,33 @@ def _start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+class RunKind(StrEnum):
+    """What made a run: the `kind` of its `result.json`, the `command` of its journal, the `kind`
+    column of `runs list`.
+
+    `demo` and `eval` runs are `ask` runs (the manager, the mapreduce tool, a prior) started by
+    `amapreduce demo` and by an `eval run` trial: `memory learn` takes all three, `runs resume`
+    finishes `ask` and `mapreduce_run` runs (a demo is rerun, an evaluation resumed with
+    `eval run --resume`).
+    """
+
+    ASK = "ask"
+    MAPREDUCE_RUN = "mapreduce_run"
+    DEMO = "demo"
+    EVAL = "eval"
+
+    @property
+    def is_ask(self) -> bool:
+        """True for the runs of the `ask` lifecycle (`ask`, `demo`, `eval`)."""
+        return self is not RunKind.MAPREDUCE_RUN
+
+
 class RunStarted(JournalEntry):
     """A run (or a resume of it) began."""
 
     type: Literal["run_start"] = "run_start"
-    command: str
-    """`mapreduce_run` or `ask` (the `kind` of `result.json`)."""
+    command: RunKind
+    """What made the run (the `kind` of `result.json`)."""
     query: str
     settings: dict[str, Any]
     """The `RERUN_SETTINGS` the run set (JSON values)."""
@@ -119,7 +143,7 @@ class RunStarted(JournalEntry):
     resumed: bool = False
 
     @classmethod
-    def now(cls, *, command: str, query: str, settings: Settings, resumed: bool = False) -> RunStarted:
+    def now(cls, *, command: RunKind, query: str, settings: Settings, resumed: bool = False) -> RunStarted:
         """The entry for a run of `command` starting in this process with `settings`."""
         chosen = {name for name in RERUN_SETTINGS if name in settings.model_fields_set}
         return cls(

@@ -42,23 +42,37 @@ def slugify(text: str, *, max_len: int = 40) -> str:
 
 
 class RunDir:
-    """One run's folder."""
+    """One run's folder: `RunDir.create` makes a new one, `RunDir(path)` reopens an existing one
+    (a resumed run)."""
 
     def __init__(self, path: Path) -> None:
+        if not path.is_dir():
+            raise UserError(f"no run folder {str(path)!r}. List runs with `amapreduce runs list`.")
         self.path = path
-        self.path.mkdir(parents=True, exist_ok=True)
         self.trace = TraceWriter(self.path / "trace.jsonl")
 
     @classmethod
     def create(cls, runs_dir: Path, label: str, *, now: float | None = None) -> RunDir:
-        """A new, uniquely named run folder under `runs_dir`."""
+        """A new run folder under `runs_dir`, `<timestamp>-<slug>`, that no other run has.
+
+        Why `mkdir` without `exist_ok`: the folder is claimed by creating it, which the file
+        system does for one caller only. Checking for it first and then creating it let two runs
+        started in the same second both take one folder (their traces interleaved and one
+        `result.json` overwrote the other). A name already taken gets the next suffix (`-2`,
+        `-3`, ...) until a `mkdir` succeeds.
+        """
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-        base = runs_dir / f"{stamp}-{slugify(label)}"
-        path, n = base, 1
-        while path.exists():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-        return cls(path)
+        base = f"{stamp}-{slugify(label)}"
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        n = 1
+        while True:
+            path = runs_dir / (base if n == 1 else f"{base}-{n}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                n += 1
+                continue
+            return cls(path)
 
     def write_table(self, markdown: str, csv_text: str) -> None:
         """Write `table.md` and `table.csv`."""

@@ -4,10 +4,16 @@ One place decides how every part of a run is connected, so `ask`, `mapreduce run
 offline demo differ only in what they plug in (the demo swaps the provider clients for a
 simulated model and the web for the sandbox corpus). The models themselves come from the one
 model factory, `amapreduce.llm.factory`, which the memory CLI and the evaluation judges use too.
+
+With `settings.mcp`, the MCP servers it names are started here (`agents.mcp`) and their tools are
+added to every sub-agent's (and, with `settings.mcp_manager`, to `RunParts.manager_tools`). The
+servers live as long as the parts: `RunParts.close()` (or leaving `with parts:`) stops them; a
+finalizer does it too if the parts are dropped unclosed, and at the latest when the process exits.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,13 +25,16 @@ from amapreduce.llm.retry import ProviderRetryHandler
 from amapreduce.settings import Settings
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from smolagents import Model, Tool
 
+    from amapreduce.agents.mcp import McpToolbox
     from amapreduce.llm.models import ManagedModel
     from amapreduce.mapreduce.engine import MapReduceEngine, ProgressEvent
     from amapreduce.trace import Trace
 
-__all__ = ["NO_MODEL_HELP", "InnerFactory", "RunParts", "build_parts", "require_model"]
+__all__ = ["NO_MODEL_HELP", "InnerFactory", "RunParts", "build_parts", "check_run_setup", "require_model", "start_tracing"]
 
 NO_MODEL_HELP = (
     "no model is configured. Pass --model, e.g. `--model openai/gpt-5-mini` (with OPENAI_API_KEY set), "
@@ -53,6 +62,28 @@ class RunParts:
     web_tools: list[Tool]
     engine: MapReduceEngine
     web_usage: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    mcp_tools: list[Tool] = field(default_factory=list)
+    """The MCP servers' tools (`settings.mcp`); every sub-agent has them."""
+    mcp_for_manager: bool = False
+    """Whether the manager gets the MCP tools too (`settings.mcp_manager`)."""
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    """What `close` runs: stopping the MCP servers."""
+
+    @property
+    def manager_tools(self) -> list[Tool]:
+        """The manager's tools besides `mapreduce`: the web tools, and the MCP tools when asked."""
+        return [*self.web_tools, *(self.mcp_tools if self.mcp_for_manager else ())]
+
+    def close(self) -> None:
+        """Release what the parts hold open (the MCP sessions and server processes); idempotent."""
+        while self.closers:
+            self.closers.pop()()
+
+    def __enter__(self) -> RunParts:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
 
 
 def build_parts(
@@ -77,6 +108,10 @@ def build_parts(
         inner: replaces the provider clients (simulated models in the demo and tests).
         web_tools: replaces the web tools (e.g. a corpus-only set).
         roles: roles that need a model.
+
+    Raises:
+        ConfigError: no model for the manager or sub-agents, a model or backend not usable as
+            given, or an MCP config (`settings.mcp`) that is invalid or whose server did not start.
     """
     from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
     from amapreduce.mapreduce.solver import SmolagentsSolver
@@ -100,13 +135,89 @@ def build_parts(
 
         service = WebService.from_settings(settings)
         web_tools = build_web_tools(settings, service=service, model=models.get("extraction"))
-    solver = SmolagentsSolver(model=models["subagent"], tools=web_tools, max_steps=settings.subagent_max_steps)
-    engine = MapReduceEngine(
-        solver,
-        # With a manager, the engine runs the decisions the manager writes; without one, the user's.
-        config=EngineConfig.from_settings(settings, decisions_by="manager" if "manager" in roles else "user"),
-        trace=trace,
-        progress=progress,
-    )
+    toolbox = _start_mcp(settings, reserved={t.name for t in web_tools}, trace=trace)
+    try:
+        mcp_tools: list[Tool] = list(toolbox.tools) if toolbox is not None else []
+        solver = SmolagentsSolver(
+            model=models["subagent"], tools=[*web_tools, *mcp_tools], max_steps=settings.subagent_max_steps
+        )
+        engine = MapReduceEngine(
+            solver,
+            # With a manager, the engine runs the decisions the manager writes; without one, the user's.
+            config=EngineConfig.from_settings(settings, decisions_by="manager" if "manager" in roles else "user"),
+            trace=trace,
+            progress=progress,
+        )
+    except BaseException:
+        if toolbox is not None:
+            toolbox.close()
+        raise
     usage = (lambda: service.usage().model_dump()) if service is not None else (lambda: {})
-    return RunParts(meter=meter, models=models, web_tools=list(web_tools), engine=engine, web_usage=usage)
+    parts = RunParts(
+        meter=meter, models=models, web_tools=list(web_tools), engine=engine, web_usage=usage,
+        mcp_tools=mcp_tools, mcp_for_manager=settings.mcp_manager and "manager" in roles,
+    )
+    if toolbox is not None:
+        parts.closers.append(toolbox.close)
+        weakref.finalize(parts, toolbox.close)  # parts dropped unclosed, or the process exiting
+    return parts
+
+
+def _start_mcp(settings: Settings, *, reserved: set[str], trace: Trace) -> McpToolbox | None:
+    """Start the MCP servers `settings.mcp` names (None without one) and record their tools."""
+    if settings.mcp is None:
+        return None
+    from amapreduce.agents.mcp import open_mcp_tools
+
+    # `final_answer` is every agent's, `mapreduce` the manager's: an MCP tool of either name is renamed.
+    toolbox = open_mcp_tools(settings.mcp, max_chars=settings.crawl_max_chars,
+                             reserved={*reserved, "final_answer", "mapreduce"})
+    try:
+        trace.write("mcp_tools", config=str(settings.mcp), servers=sorted(toolbox.servers),
+                    tools={t.name: f"{t.server}/{t.mcp_name}" for t in toolbox.tools})
+    except BaseException:
+        toolbox.close()
+        raise
+    return toolbox
+
+
+def start_tracing(settings: Settings) -> None:
+    """Turn OpenTelemetry tracing on when `settings.otel` asks for it, before a command makes
+    anything: without the `otel` extra that is a usage error (exit 2). Runs turn it on themselves
+    too (`run.lifecycle`); this only moves the refusal ahead of any output."""
+    if settings.otel:
+        from amapreduce import telemetry
+
+        telemetry.enable()
+
+
+def check_run_setup(settings: Settings, roles: tuple[str, ...]) -> None:
+    """Refuse a run whose models or search backend cannot be built, before it makes a run directory.
+
+    Why: a run builds its parts inside its run directory, so a mistyped `--search bing` or a
+    model id without a provider used to leave a `failed` run behind for a usage mistake. Building
+    the same role models and the search backend here (no request is sent) raises the same
+    `ConfigError` first: exit 2, and nothing is created. With `settings.otel`, tracing is turned on
+    here too (`telemetry.enable`), so a missing `otel` extra is refused just as early.
+
+    Args:
+        settings: the run's settings.
+        roles: the roles the run will build a model for (`manager`, `subagent`, ...).
+
+    Raises:
+        ConfigError: a model id or the search backend is not usable as given, or `--otel` without
+            the `otel` extra, or the MCP config (`--mcp`) is invalid or names a command not found.
+    """
+    from amapreduce.web.backends import make_backend
+
+    start_tracing(settings)
+    meter = new_meter(settings)
+    for role in roles:
+        model_id = model_for_role(settings, role)
+        if model_id is not None:
+            build_role_model(settings, role, model_id, meter=meter)
+    make_backend(settings.search_backend, settings)
+    if settings.mcp is not None:  # read and checked here; its servers start with the run
+        from amapreduce.agents.mcp_config import check_mcp_config
+
+        check_mcp_config(settings.mcp)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from amapreduce.table.keys import normalize_key, normalize_value
+from amapreduce.table.keys import is_blank, normalize_key, normalize_value
 
 __all__ = ["DEFAULT_MISSING_MARKERS", "Cell", "CellStatus", "Row", "Table"]
 
@@ -78,8 +78,9 @@ class Table:
         self._by_key: dict[tuple[str, ...], Row] = {}
 
     def is_missing(self, value: str) -> bool:
-        """Whether `value` counts as no answer."""
-        return value.strip().casefold() in self.missing_markers
+        """Whether `value` counts as no answer: a missing marker, or no visible character at all
+        (a zero-width space names no entity and answers nothing)."""
+        return value.strip().casefold() in self.missing_markers or is_blank(value)
 
     def key_of(self, values: Mapping[str, str]) -> tuple[str, ...] | None:
         """The normalised key of `values`, or None when a key cell is empty."""

@@ -3,7 +3,9 @@
 It lets tests (and anyone curious) run the *real* client path — smolagents' `OpenAIModel`, our
 `ManagedModel`, HTTP, JSON tool calls — with replies decided by a Python function instead of an
 LLM. It serves `POST /v1/chat/completions` and `GET /v1/models`, can answer the first requests
-with `429` and a `Retry-After` header, and only ever binds to loopback.
+with `429` and a `Retry-After` header, can require an API key and refuse any other with `401`
+echoing the key it was sent (as OpenAI's "Incorrect API key provided: sk-..." does), can refuse
+unknown model ids with `404`, and only ever binds to loopback.
 
 Example:
     >>> from amapreduce.testing.scripted import FunctionModel
@@ -75,6 +77,17 @@ def _to_response(message: ChatMessage, model: str) -> dict[str, Any]:
     }
 
 
+def _incorrect_key(sent: str) -> dict[str, Any]:
+    """OpenAI's reply to a wrong key: the message repeats the key (OpenAI shows most of it)."""
+    return {
+        "error": {
+            "message": f"Incorrect API key provided: {sent}. You can find your API key at "
+            "https://platform.openai.com/account/api-keys.",
+            "type": "invalid_request_error", "param": None, "code": "invalid_api_key",
+        }
+    }
+
+
 class OpenAICompatibleServer:
     """A loopback chat-completions server backed by `model` (usually a simulated one).
 
@@ -86,11 +99,19 @@ class OpenAICompatibleServer:
         port: the loopback port (0: any free port).
         keep_requests: keep every request body in `requests` (tests read them); a long-lived server
             (`amapreduce demo --serve`) keeps only the count.
+        api_key: the only key accepted (None: any); a request carrying another is answered `401`
+            with OpenAI's error body, whose message repeats the key it was sent, so tests can check
+            that a key a provider echoes is never stored or sent on.
+        models: the model ids served (None: any); a request for another is answered `404`
+            `model_not_found`, as OpenAI answers a mistyped `--model`.
     """
 
     def __init__(self, model: Model, *, rate_limit_first: int = 0, retry_after_s: float = 1.0, latency_s: float = 0.0,
-                 port: int = 0, keep_requests: bool = True) -> None:
+                 port: int = 0, keep_requests: bool = True, api_key: str | None = None,
+                 models: tuple[str, ...] | None = None) -> None:
         self.model = model
+        self.api_key = api_key
+        self.models = models
         self.rate_limit_first = rate_limit_first
         self.retry_after_s = retry_after_s
         self.latency_s = latency_s
@@ -155,6 +176,15 @@ class OpenAICompatibleServer:
                     if server.keep_requests:
                         server.requests.append(body)
                         server.authorization.append(self.headers.get("Authorization"))
+                sent = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+                if server.api_key is not None and sent != server.api_key:
+                    self._send(401, _incorrect_key(sent))
+                    return
+                asked = str(body.get("model"))
+                if server.models is not None and asked not in server.models:
+                    self._send(404, {"error": {"message": f"The model `{asked}` does not exist or you do not have access to it.",
+                                               "type": "invalid_request_error", "param": None, "code": "model_not_found"}})
+                    return
                 if count <= server.rate_limit_first:
                     self._send(
                         429,

@@ -4,6 +4,10 @@ Why trafilatura: it drops navigation, footers and boilerplate and keeps tables a
 sub-agent reads facts instead of menus. Its thresholds are lowered here because infobox-style
 pages are short and would otherwise fall back to a flat text dump that loses the table.
 trafilatura is imported inside the functions (it costs ~0.2 s) to keep the CLI start fast.
+
+A page is outside text: a server may declare any charset, `unicode_escape` included, which turns
+`\\ud800` in its bytes into a lone surrogate. The title and text are scrubbed
+(`amapreduce._text.scrub`) before they reach a cache, a prompt or a trace.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import re
 from configparser import ConfigParser
 from pathlib import PurePosixPath
 from typing import NamedTuple
+
+from amapreduce._text import scrub
 
 __all__ = ["EXTRACTOR_VERSION", "ClippedText", "Extracted", "clip_page_text", "extract_main_text", "title_of"]
 
@@ -101,8 +107,8 @@ def extract_main_text(
     """
     name = PurePosixPath(url or "").name if url else ""
     if content_type not in _HTML_TYPES:
-        text = _decode(body, encoding).strip()
-        return Extracted(title_of(text, name), text)
+        text = scrub(_decode(body, encoding).strip())
+        return Extracted(scrub(title_of(text, name)), text)
     import trafilatura
 
     raw = body if isinstance(body, bytes) else body.encode("utf-8")
@@ -121,9 +127,9 @@ def extract_main_text(
     text = (extracted or trafilatura.html2txt(html_text) or "").strip()
     # trafilatura's markdown escapes `_` and `*` (`America/Sao\_Paulo`); a model would copy the
     # backslash into its answer, so they are unescaped. `\|` stays: it keeps table cells intact.
-    text = _MD_ESCAPES.sub(r"\1", text)
+    text = scrub(_MD_ESCAPES.sub(r"\1", text))
     title = _html_title(raw, encoding) or title_of(text, name)
-    return Extracted(title, text)
+    return Extracted(scrub(title), text)
 
 
 def clip_page_text(text: str, max_chars: int) -> ClippedText:

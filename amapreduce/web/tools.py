@@ -12,6 +12,10 @@ and a model told "try again" would spend every remaining step on the same error 
 an unreachable backend once spent 31 manager steps on one DNS error). These errors (`RUN_STOPPING`)
 leave the tool as they are, so the agent that called it stops (`agents.manager` ends its run) and
 the run ends with that one-line reason.
+
+Why the arguments and the output are scrubbed (`amapreduce._text.scrub`): both are outside text.
+A model's arguments may carry a lone surrogate (`"\\ud83d"` in its tool call), and a search
+backend's JSON answer may too; either would fail the request body or a writer later.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from smolagents import Tool
 
+from amapreduce._text import scrub
 from amapreduce.errors import (
     AmapreduceError,
     BudgetExceeded,
@@ -88,13 +93,14 @@ class WebSearchTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may
         self.default_n = default_n
 
     def forward(self, query: str, n: int | None = None) -> str:
+        query = scrub(query) if isinstance(query, str) else query
         try:
             results = self.service.search(query, int(n) if n else self.default_n)
         except RUN_STOPPING:
             raise
         except AmapreduceError as exc:
             raise _as_tool_error(exc) from exc
-        return format_results(query, results)
+        return scrub(format_results(query, results))
 
 
 class CrawlPageTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may be untyped
@@ -128,6 +134,8 @@ class CrawlPageTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may
         self.max_words = max_words
 
     def forward(self, url: str, query: str | None = None) -> str:
+        url = scrub(url) if isinstance(url, str) else url
+        query = scrub(query) if isinstance(query, str) else query
         try:
             page = self.service.crawl(url, self.max_chars)
         except RUN_STOPPING:
@@ -135,9 +143,11 @@ class CrawlPageTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may
         except AmapreduceError as exc:
             raise _as_tool_error(exc) from exc
         if self.model is not None and self.focused and query and query.strip():
-            return focused_extract(self.model, query.strip(), page.final_url, page.text, max_words=self.max_words)
+            return scrub(
+                focused_extract(self.model, query.strip(), page.final_url, page.text, max_words=self.max_words)
+            )
         title = f"Title: {page.title}\n" if page.title else ""
-        return f"{title}URL: {page.final_url}\n\n{page.text}"
+        return scrub(f"{title}URL: {page.final_url}\n\n{page.text}")
 
 
 def build_web_tools(

@@ -1,5 +1,6 @@
 """The backend interface and its error, the rate limiting, retries and circuit breaker of remote
-backends, the shared HTTP/JSON plumbing of remote APIs, and the spec parser.
+backends, the shared HTTP/JSON plumbing of remote APIs, and `make_backend`, which builds a spec's
+backend with the factory its name is registered under (`registry`: built-ins and plug-ins alike).
 
 Why here: every remote backend is spaced by the process-wide `SpacingLimiter` of its name
 (`amapreduce.ratelimit`) and retried by the one retry loop (`amapreduce._retry`) with the same
@@ -15,6 +16,12 @@ in a row the breaker opens; searches then wait for its probe at most until
 which stops the run `failed` with that one line instead of letting a manager spend every step on
 the same DNS error. While the breaker is open a failed attempt is not backed off: the breaker's own
 wait replaces the backoff.
+
+Refusals. A keyed backend (`KeyedBackend`: serper, tavily) that refuses its key (HTTP 401/403)
+refuses every search of the run: the search raises `ProviderRejected` at once, unretried, and the
+run stops `failed` with that line, instead of every sub-agent spending its steps on the same
+refusal. The key is registered for redaction by value (`trace.register_secrets`) and every
+message quoting a reply or an HTTP error is masked, in case the backend echoes it.
 """
 
 from __future__ import annotations
@@ -23,13 +30,13 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amapreduce._retry import RetryPolicy, Transient, parse_retry_after, retry_loop
 from amapreduce.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Outage, shared_breaker
-from amapreduce.errors import ConfigError, RunError, SearchUnavailable
+from amapreduce.errors import ProviderRejected, RunError, SearchUnavailable
 from amapreduce.ratelimit import SpacingPolicy, shared_limiter
+from amapreduce.trace import redact_secrets, register_secrets
 from amapreduce.web.models import SearchResult
 
 if TYPE_CHECKING:
@@ -52,6 +59,7 @@ __all__ = [
 ]
 
 BACKEND_SPECS = "ddgs | searxng[:URL] | serper | tavily | corpus:INDEX"
+"""The built-in backends' specs (installed plug-ins add theirs: `registry.backend_specs()`)."""
 
 SEARCH_RETRY = RetryPolicy(max_retries=2)
 """Three attempts per search; backoff cap, jitter and `Retry-After` limit as for model calls."""
@@ -137,6 +145,10 @@ class RemoteBackend(SearchBackend):
         sleep, rng: injected by tests so retries neither wait nor vary.
     """
 
+    refusal_stops_run = False
+    """Whether a 401/403 refuses the whole run (`ProviderRejected`): true of keyed backends, whose
+    key is then wrong; a keyless backend's 403 may be about one query or one instance setting."""
+
     def __init__(
         self,
         *,
@@ -176,6 +188,7 @@ class RemoteBackend(SearchBackend):
                 how many attempts were made).
             SearchUnavailable: the backend's circuit breaker is open and its outage has lasted
                 `max_wait_s`; this attempt was not sent.
+            ProviderRejected: a keyed backend refused its key (`refusal_stops_run`); not retried.
             ConfigError: another backend of this name set a different `min_interval_s` or breaker policy.
         """
         limiter = shared_limiter(self.name, SpacingPolicy(self.min_interval_s))
@@ -213,6 +226,13 @@ class RemoteBackend(SearchBackend):
         def give_up(exc: Exception, tries: int, transient: Transient | None) -> BaseException:
             # A new error, never `exc` itself: the loop raises it `from exc`, and an error caused by
             # itself would send every walk of the cause chain (`errors.find_cause`) round forever.
+            if self.refusal_stops_run and isinstance(exc, BackendError) and exc.status in (401, 403):
+                env = f"{self.name.upper()}_API_KEY"
+                return ProviderRejected(
+                    f"search backend `{self.name}` refused its API key (HTTP {exc.status}), so every search would "
+                    f"fail. Set {env} (or AMAPREDUCE_{env}) to a valid key, or choose another search backend.",
+                    provider=self.name, status=exc.status, failures=1, last_error=exc.message,
+                )
             if isinstance(exc, BackendError):
                 suffix = f" (after {tries} attempts of {what})" if tries > 1 else ""
                 return BackendError(f"{exc.message}{suffix}", **exc.fields)
@@ -234,10 +254,12 @@ class KeyedBackend(RemoteBackend):
     """
 
     default_url = ""
+    refusal_stops_run = True
 
     def __init__(self, api_key: str, *, base_url: str | None = None,
                  transport: httpx.BaseTransport | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        register_secrets([api_key])
         self._api_key = api_key
         self.base_url = (base_url or self.default_url).rstrip("/")
         self._transport = transport
@@ -261,7 +283,8 @@ def http_json(
 
     Connection errors, timeouts, 429 and 5xx are transient (retried, after the reply's
     `Retry-After` when it has one), and all but the 429 are outages (the breaker counts them);
-    401/403 say the key is wrong; other 4xx and unreadable bodies are permanent.
+    401/403 say the key is wrong; other 4xx and unreadable bodies are permanent. Quoted reply
+    text and errors have every registered secret masked.
     """
     import httpx
 
@@ -275,7 +298,7 @@ def http_json(
                            backend=backend, transient=True, outage=True) from exc
     except httpx.HTTPError as exc:
         raise BackendError(
-            f"`{backend}` is unreachable ({type(exc).__name__}: {exc}). Check the network, or use "
+            f"`{backend}` is unreachable ({type(exc).__name__}: {redact_secrets(str(exc))}). Check the network, or use "
             "`--backend corpus:INDEX` to search a local index offline.",
             backend=backend, transient=True, outage=True,
         ) from exc
@@ -288,52 +311,24 @@ def http_json(
                            backend=backend, transient=True, status=status, outage=status >= 500,
                            retry_after_s=parse_retry_after(response.headers))
     if status >= 400:
-        raise BackendError(f"`{backend}` rejected the request (HTTP {status}): {response.text[:200]}",
+        raise BackendError(f"`{backend}` rejected the request (HTTP {status}): {redact_secrets(response.text)[:200]}",
                            backend=backend, transient=False, status=status)
     try:
         return response.json()
     except ValueError as exc:
-        raise BackendError(f"`{backend}` returned a non-JSON reply: {response.text[:200]!r}. "
+        raise BackendError(f"`{backend}` returned a non-JSON reply: {redact_secrets(response.text)[:200]!r}. "
                            "Check the backend URL.", backend=backend, transient=False) from exc
 
 
 def make_backend(spec: str, settings: Settings) -> SearchBackend:
-    """Build the backend a spec string names; a remote one with the `search_breaker_*` circuit breaker.
+    """Build the backend a spec string names (`NAME` or `NAME:ARG`), built-in or plug-in, with the
+    factory registered for that name in the `amapreduce.search_backends` entry-point group
+    (`web.backends.registry`); a built-in remote one gets the `search_breaker_*` circuit breaker.
 
     Raises:
-        ConfigError: unknown spec, missing API key or URL, or a missing corpus index.
+        ConfigError: unknown spec (the message lists the available backends), missing API key or
+            URL, a missing corpus index, or a plug-in that cannot be loaded.
     """
-    name, _, arg = spec.strip().partition(":")
-    name = name.lower()
-    interval = settings.search_min_interval_s
-    breaker = search_breaker_policy(settings)
-    if name == "ddgs" and not arg:
-        from amapreduce.web.backends.ddgs import DdgsBackend
+    from amapreduce.web.backends.registry import backend_from_spec
 
-        return DdgsBackend(min_interval_s=interval, breaker=breaker)
-    if name == "searxng":
-        from amapreduce.web.backends.searxng import SearxngBackend
-
-        url = arg or settings.searxng_url
-        if not url:
-            raise ConfigError("backend `searxng` needs a URL: use `searxng:http://host:8888` "
-                              "or set AMAPREDUCE_SEARXNG_URL.")
-        return SearxngBackend(url, min_interval_s=interval, breaker=breaker)
-    if name in ("serper", "tavily") and not arg:
-        key = settings.serper_api_key if name == "serper" else settings.tavily_api_key
-        if key is None or not key.get_secret_value():
-            env = name.upper() + "_API_KEY"
-            raise ConfigError(f"backend `{name}` needs an API key, got none. Set {env} (or AMAPREDUCE_{env}), "
-                              "or use the free default `--backend ddgs`.")
-        if name == "serper":
-            from amapreduce.web.backends.serper import SerperBackend
-
-            return SerperBackend(key.get_secret_value(), min_interval_s=interval, breaker=breaker)
-        from amapreduce.web.backends.tavily import TavilyBackend
-
-        return TavilyBackend(key.get_secret_value(), min_interval_s=interval, breaker=breaker)
-    if name == "corpus" and arg:
-        from amapreduce.web.backends.corpus import CorpusBackend
-
-        return CorpusBackend(Path(arg))
-    raise ConfigError(f"unknown search backend {spec!r}. Use one of: {BACKEND_SPECS}.")
+    return backend_from_spec(spec, settings)

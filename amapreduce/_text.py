@@ -1,0 +1,56 @@
+"""Text from outside (models, tools, users, files) made safe to store and print.
+
+A Python `str` can hold code points that no UTF-8 writer accepts: lone surrogates
+(`"\\ud83d"`, what a model emits when it splits an emoji in two, or what `json.loads` makes of
+`"\\ud800"`). One such character used to end a run when the trace writer, a table file or the
+console tried to encode it. Every boundary where outside text enters (a sub-agent's reply, a
+decision file, a memory import, an answer file) passes it through `scrub`/`scrub_data` once, so
+the layers above only ever hold encodable text.
+
+Kept here rather than in a library: the standard codecs already do the work (UTF-16 with
+`surrogatepass` re-pairs a split pair, `replace` turns a lone half into U+FFFD); this module
+only names that recipe once and walks JSON-shaped data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["REPLACEMENT", "is_clean", "scrub", "scrub_data"]
+
+REPLACEMENT = "\ufffd"
+"""What an unencodable code point becomes (the Unicode replacement character)."""
+
+
+def is_clean(text: str) -> bool:
+    """True when `text` encodes as UTF-8 as it is (no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def scrub(text: str) -> str:
+    """`text` with surrogate pairs joined and every lone surrogate replaced by U+FFFD.
+
+    Clean text is returned unchanged (the same object), so calling this on every value costs one
+    encode attempt.
+    """
+    if is_clean(text):
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def scrub_data(value: Any) -> Any:
+    """A copy of JSON-shaped `value` (dicts, lists, tuples, strings) with every string scrubbed.
+
+    Dict keys are scrubbed too; other values (numbers, None, objects) pass through unchanged.
+    """
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub(k) if isinstance(k, str) else k: scrub_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub_data(v) for v in value]
+    return value

@@ -1,0 +1,253 @@
+"""What the Runs and Run pages show, read through the run directory code (`run.rundir`).
+
+Why a view layer between the files and the templates: `result.json` is a contract of its own
+(`run.lifecycle`), and a run still going has only its journal; turning both into plain rows
+and cells here keeps the templates free of guesses and lets the tests check the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from amapreduce.errors import UserError
+from amapreduce.llm.meter import format_cost
+from amapreduce.llm.usage import Usage
+from amapreduce.run.rundir import RUN_STATES, list_runs, load_run
+from amapreduce.table.render import to_jsonl
+from amapreduce.table.table import Cell, CellStatus, Row, Table
+from amapreduce.ui.timeline import Timeline, read_timeline
+
+__all__ = ["DOWNLOADS", "CellView", "RunView", "as_dict", "as_list", "cost_text", "download", "run_view", "runs_view"]
+
+DOWNLOADS = {"csv": ("table.csv", "text/csv"), "md": ("table.md", "text/markdown"),
+             "jsonl": ("table.jsonl", "application/x-ndjson")}
+"""The table downloads: format → (file name, media type)."""
+
+LIVE_STATE = "running"
+_STATUSES = frozenset(s.value for s in CellStatus)
+
+
+def as_dict(value: object) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one: run files are read, not trusted."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: object) -> list[Any]:
+    """`value` when it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def cost_text(cost: object, unpriced: object) -> str:
+    """A cost as the CLI shows it (`format_cost`): dollars, `unpriced (...)`, or empty when unknown."""
+    if isinstance(unpriced, list) and unpriced:
+        return format_cost(None, map(str, unpriced))
+    if isinstance(cost, bool) or not isinstance(cost, int | float):
+        return ""
+    return format_cost(float(cost))
+
+
+def _wall_s(data: dict[str, Any]) -> float | None:
+    timings = data.get("timings")
+    wall = timings.get("wall_s") if isinstance(timings, dict) else None
+    return float(wall) if isinstance(wall, int | float) and not isinstance(wall, bool) else None
+
+
+def runs_view(runs_dir: Path, state: str | None) -> dict[str, Any]:
+    """The Runs page: one row per run (`list_runs`), with its wall time from `result.json`.
+
+    Raises:
+        UserError: `state` is not one of `RUN_STATES`.
+    """
+    if state is not None and state not in RUN_STATES:
+        raise UserError(f"unknown status {state!r}: use one of {', '.join(RUN_STATES)}.")
+    rows = list_runs(runs_dir, state=state)
+    for row in rows:
+        for key in ("kind", "query", "rows", "missing_cells"):  # an unreadable run has only its name and why
+            row.setdefault(key, None)
+        row["cost"] = cost_text(row.get("cost_usd"), row.get("unpriced_models"))
+        row["live"] = row.get("state") == LIVE_STATE
+        try:
+            row["wall_s"] = _wall_s(load_run(runs_dir, str(runs_dir / row["run"])))
+        except UserError:
+            row["wall_s"] = None
+    return {"runs": rows, "states": RUN_STATES, "state": state, "live": any(r["live"] for r in rows),
+            "runs_dir": str(runs_dir)}
+
+
+@dataclass(frozen=True)
+class CellView:
+    """One table cell as the page draws it."""
+
+    value: str
+    status: str
+    css: str
+    source: str | None
+    link: str | None
+    """The source as a link, only for http(s) URLs (never `javascript:` or a local scheme)."""
+    title: str
+
+
+def _cell(raw: object) -> CellView:
+    cell = raw if isinstance(raw, dict) else {}
+    value = str(cell.get("value") or "")
+    status = str(cell.get("status") or CellStatus.MISSING.value)
+    source = cell.get("source")
+    source = str(source) if source else None
+    alternatives = [str(a) for a in cell.get("alternatives") or []]
+    css = [f"cell-{status if status in _STATUSES else 'other'}"]
+    verified = cell.get("verified")
+    if isinstance(verified, bool):
+        css.append("cell-verified" if verified else "cell-unverified")
+    title = [f"status: {status}" + ("" if not isinstance(verified, bool) else
+                                    (", verified" if verified else ", unverified"))]
+    if source:
+        title.append(f"source: {source}")
+    if alternatives:
+        title.append("also seen: " + "; ".join(alternatives))
+    link = source if source and source.lower().startswith(("http://", "https://")) else None
+    return CellView(value=value, status=status, css=" ".join(css), source=source, link=link, title="\n".join(title))
+
+
+def _table(recorded: object) -> dict[str, Any] | None:
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("columns"), list):
+        return None
+    columns = [str(c) for c in recorded["columns"]]
+    rows = [[_cell((r.get("cells") or {}).get(c)) for c in columns]
+            for r in recorded.get("rows") or [] if isinstance(r, dict)]
+    counts: dict[str, int] = {}
+    for row in rows:
+        for cell in row:
+            counts[cell.status] = counts.get(cell.status, 0) + 1
+    return {"columns": columns, "key_columns": [str(k) for k in recorded.get("key_columns") or []],
+            "rows": rows, "counts": counts}
+
+
+def _decision(raw: dict[str, Any]) -> dict[str, Any]:
+    """One decision Θ: its template, columns, strategy and the head of its task matrix."""
+    properties = as_dict(as_dict(raw.get("json_schema")).get("properties"))
+    matrix = as_list(raw.get("task_matrix"))
+    strategy = as_dict(raw.get("batch_strategy"))
+    return {
+        "template": raw.get("template"),
+        "columns": [{"name": name, "type": as_dict(spec).get("type"), "description": as_dict(spec).get("description")}
+                    for name, spec in properties.items()],
+        "strategy": strategy.get("type"),
+        "rationale": strategy.get("rationale"),
+        "batch_size": raw.get("batch_size"),
+        "key_columns": raw.get("key_columns"),
+        "matrix_rows": len(matrix),
+        "matrix_head": [[str(v) for v in row] if isinstance(row, list) else [str(row)] for row in matrix[:50]],
+        "json": json.dumps(raw, ensure_ascii=False, indent=2)[:20000],
+    }
+
+
+def _plans(trace: Path) -> list[list[dict[str, Any]]]:
+    """The batch plan of each execution (`run_start` events of the trace)."""
+    plans: list[list[dict[str, Any]]] = []
+    if not trace.is_file():
+        return plans
+    with trace.open(encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if '"run_start"' not in line:
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict) and event.get("event") == "run_start":
+                plans.append([{"batch_id": b.get("batch_id"), "size": b.get("size"),
+                               "rows": ", ".join(str(i) for i in b.get("source_indices") or []),
+                               "rationale": b.get("rationale")}
+                              for b in event.get("batches") or [] if isinstance(b, dict)])
+    return plans
+
+
+def _usage(usage: object) -> list[dict[str, Any]]:
+    """Usage by role, then the total, read with `Usage.from_json` (either spelling of the token
+    counts); the cost as recorded, so an unpriced run does not read as free."""
+    if not isinstance(usage, dict):
+        return []
+    unpriced = usage.get("unpriced_models")
+    parts = [(role, u) for role, u in as_dict(usage.get("by_role")).items() if isinstance(u, dict)]
+    if isinstance(usage.get("total"), dict):
+        parts.append(("total", usage["total"]))
+    rows = []
+    for role, raw in parts:
+        counted = Usage.from_json(raw)
+        rows.append({"role": role, "requests": counted.requests, "prompt_tokens": counted.input_tokens,
+                     "completion_tokens": counted.output_tokens, "cached_tokens": counted.cached_tokens,
+                     "cost": cost_text(raw.get("cost_usd"), unpriced if role == "total" else None)})
+    return rows
+
+
+@dataclass(frozen=True)
+class RunView:
+    """Everything the Run page shows."""
+
+    name: str
+    data: dict[str, Any]
+    table: dict[str, Any] | None
+    decisions: list[dict[str, Any]]
+    plans: list[list[dict[str, Any]]]
+    timeline: Timeline | None
+    usage: list[dict[str, Any]]
+    live: bool
+    downloads: list[str]
+
+
+def run_view(path: Path) -> RunView:
+    """The Run page of the run folder `path` (already checked to lie inside a served folder).
+
+    Raises:
+        UserError: the folder holds no readable run (`load_run`).
+    """
+    data = load_run(path.parent, str(path))
+    has_table = isinstance(data.get("table"), dict)
+    downloads = [fmt for fmt, (name, _) in DOWNLOADS.items() if (path / name).is_file() or (fmt == "jsonl" and has_table)]
+    return RunView(
+        name=path.name, data=data, table=_table(data.get("table")),
+        decisions=[_decision(d) for d in data.get("decisions") or [] if isinstance(d, dict)],
+        plans=_plans(path / "trace.jsonl"), timeline=read_timeline(path / "trace.jsonl"),
+        usage=_usage(data.get("usage")), live=data.get("state") == LIVE_STATE, downloads=downloads,
+    )
+
+
+def _as_table(recorded: dict[str, Any]) -> Table:
+    """The `Table` a `result.json` records (values, statuses, sources, conflicts)."""
+    columns = [str(c) for c in recorded.get("columns") or []]
+    table = Table(columns, [str(k) for k in recorded.get("key_columns") or [] if k in columns])
+    for raw in recorded.get("rows") or []:
+        cells = {}
+        for column in columns:
+            view = _cell((raw.get("cells") or {}).get(column))
+            status = CellStatus(view.status) if view.status in _STATUSES else CellStatus.MISSING
+            alternatives = [str(a) for a in ((raw.get("cells") or {}).get(column) or {}).get("alternatives") or []]
+            cells[column] = Cell(value=view.value, status=status, source=view.source, alternatives=alternatives)
+        table.rows.append(Row(cells=cells, task_index=int(raw.get("task_index") or 0)))
+    return table
+
+
+def download(path: Path, fmt: str) -> tuple[str, str, str]:
+    """The table of the run folder `path` as (file name, media type, text) in `fmt` (csv, md, jsonl).
+
+    CSV and markdown are the run's own files; JSONL is rendered from `result.json` with each
+    row's missing cells, conflicts and sources (`table.render.to_jsonl`).
+
+    Raises:
+        UserError: unknown format, or the run has no such table.
+    """
+    if fmt not in DOWNLOADS:
+        raise UserError(f"unknown download format {fmt!r}: use csv, md or jsonl.")
+    name, media = DOWNLOADS[fmt]
+    if fmt != "jsonl":
+        file = path / name
+        if not file.is_file():
+            raise UserError(f"the run {path.name} has no {name}.")
+        return name, media, file.read_text(encoding="utf-8")
+    recorded = load_run(path.parent, str(path)).get("table")
+    if not isinstance(recorded, dict):
+        raise UserError(f"the run {path.name} recorded no table.")
+    return name, media, to_jsonl(_as_table(recorded), with_status=True)
