@@ -61,6 +61,11 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
         return None
 
 
+_JITTER = random.Random()
+"""The jitter of every retry loop without its own `rng`: one generator, seeded once per process
+(a `Random()` per call read the OS's entropy on every model call)."""
+
+
 def retry_loop(
     call: Callable[[], T],
     *,
@@ -82,7 +87,7 @@ def retry_loop(
         sleep, rng: injectable for tests.
         on_retry: told (attempt, why, delay) before each backoff.
     """
-    rng = rng or random.Random()
+    rng = rng or _JITTER
     for attempt in range(policy.max_retries + 1):
         try:
             return call()

@@ -108,11 +108,14 @@ def _inner_model(spec: ModelSpec) -> Model:
     if spec.api_base:
         from smolagents import OpenAIModel
 
+        from amapreduce.llm.transport import openai_http_client
+
         return OpenAIModel(
             model_id=spec.model_id,
             api_base=spec.api_base,
             api_key=key or NO_KEY,
-            client_kwargs={"max_retries": 0, "timeout": spec.timeout_s},
+            # `openai_http_client`: no 40 ms delayed-ACK stall per call on servers that write a reply in two pieces.
+            client_kwargs={"max_retries": 0, "timeout": spec.timeout_s, "http_client": openai_http_client()},
             flatten_messages_as_text=spec.flatten_messages,
             retry=False,  # smolagents' own retryer would sleep ~60 s on a 429 beneath our policy
             **_sampling(spec),
