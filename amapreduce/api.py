@@ -67,10 +67,12 @@ __all__ = [
     "to_dataframe",
 ]
 
-EVIDENCE_FIELDS = ("status", "source")
+EVIDENCE_FIELDS = ("status", "source", "quote", "evidence")
 """What `to_dataframe(evidence=True)` adds after each output column `c`: the columns `c status`
-(`found`, `missing` or `conflict`) and `c source` (the URL, `task_matrix`, or None), the
-evidence a table cell carries (`table.table.Cell`)."""
+(`found`, `missing` or `conflict`), `c source` (the URL, `task_matrix`, or None), `c quote` (the
+verbatim text the sub-agent quoted, or None) and `c evidence` (`verified`, `unverified` or
+`no_evidence`: the quote checked against what the tools fetched), what a table cell carries
+(`table.table.Cell`); `c quote` and `c evidence` are named as `--csv F --evidence` names them."""
 
 NO_MODEL_HELP = (
     "no model is configured. Pass model=..., e.g. model='openai/gpt-5-mini' (with OPENAI_API_KEY set), or an "
@@ -100,9 +102,9 @@ def to_dataframe(table: Table, *, evidence: bool = False) -> pd.DataFrame:
     """`table` as a pandas DataFrame: one column per output column, its rows in the table's
     order (matrix order), each cell its text as found, None for a missing cell.
 
-    With `evidence=True`, each output column `c` is followed by `c status` and `c source`
-    (`EVIDENCE_FIELDS`), so a filter such as `df[df["Capital status"] == "conflict"]` finds the
-    cells to check by hand.
+    With `evidence=True`, each output column `c` is followed by `c status`, `c source`, `c quote`
+    and `c evidence` (`EVIDENCE_FIELDS`), so a filter such as `df[df["Capital evidence"] ==
+    "unverified"]` finds the cells to check by hand.
 
     Raises:
         UserError: an evidence column's name is also an output column's (`Capital` and
@@ -122,7 +124,7 @@ def to_dataframe(table: Table, *, evidence: bool = False) -> pd.DataFrame:
             cell = row.cells[column]
             line.append(None if cell.status is CellStatus.MISSING else cell.value)
             if evidence:
-                line += [str(cell.status), cell.source]
+                line += [str(cell.status), cell.source, cell.quote, str(cell.evidence)]
         data.append(line)
     return pd.DataFrame(data, columns=names, dtype=object)
 

@@ -43,6 +43,8 @@ ENV_PREFIX = "AMAPREDUCE_"
 
 DecisionAuthor = Literal["manager", "user"]
 """Who wrote a decision: `ask`'s manager agent, or the user (`mapreduce run`/`plan`)."""
+VerifyMode = Literal["off", "record", "strict"]
+"""How cells' quotes are checked (`Settings.verify`)."""
 
 _RETRY_DEFAULTS = RetryPolicy()
 
@@ -105,6 +107,10 @@ class Settings(BaseModel):
     """Deadline of one sub-agent attempt in seconds (`AMAPREDUCE_BATCH_TIMEOUT_S`)."""
     patch_rounds: int = Field(default=2, ge=0, le=10)
     """Delta-patch rounds after the map (`AMAPREDUCE_PATCH_ROUNDS`)."""
+    verify: VerifyMode = "record"
+    """Cells' quotes checked against the pages fetched (`AMAPREDUCE_VERIFY`, `--verify`): `off`
+    checks nothing, `record` records each cell's evidence, `strict` also counts `unverified` cells
+    as missing, so retries and delta-patch rounds ask for them again."""
     max_batches: int = Field(default=50, ge=1)
     """Largest batch plan accepted (`AMAPREDUCE_MAX_BATCHES`, `--max-batches`). The default is
     the paper's cap on plans a manager writes (`ask`); a decision the user wrote (`mapreduce

@@ -111,10 +111,12 @@ def test_run_decision_takes_a_dict_or_a_path_and_shows_the_evidence(
     assert from_path.run_dir.name.endswith("europe") and from_dict.run_dir.name.endswith("decision")
     evidence = from_dict.to_pandas(evidence=True)
     assert list(evidence.columns) == [
-        "Country", "Country status", "Country source", "Capital", "Capital status", "Capital source",
-        "Population", "Population status", "Population source",
+        f"{c}{f}" for c in ("Country", "Capital", "Population") for f in ("", " status", " source", " quote", " evidence")
     ]
     assert set(evidence["Capital status"]) == {"found"}
+    # The simulated sub-agent quotes the page line it read; the quote is checked against the fetched page.
+    assert set(evidence["Capital evidence"]) == {"verified"} and set(evidence["Country evidence"]) == {"no_evidence"}
+    assert all(capital in quote for capital, quote in zip(evidence["Capital"], evidence["Capital quote"], strict=True))
     assert set(evidence["Country source"]) == {"task_matrix"}  # the entity comes from the matrix, not a model
     assert evidence["Capital source"].tolist() == [
         f"corpus://sandbox/countries/{code}.html" for code in ("at", "mt", "ee")
@@ -168,6 +170,7 @@ def test_to_dataframe_shows_missing_cells_as_none_and_conflicts_in_the_evidence(
     evidence = to_dataframe(table, evidence=True)
     assert evidence["capital status"].tolist() == ["conflict", "missing"]
     assert evidence["capital source"].tolist() == ["https://a", None]
+    assert evidence["capital quote"].tolist() == [None, None] and set(evidence["capital evidence"]) == {"no_evidence"}
     clash = Table(["name", "name status"], ["name"])
     assert list(to_dataframe(clash).columns) == ["name", "name status"]
     with pytest.raises(UserError, match=r"repeat the table's column\(s\) \['name status'\]"):

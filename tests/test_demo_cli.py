@@ -10,7 +10,7 @@ import pytest
 from amapreduce.cli.app import main
 
 KEYS = {"task_id", "status", "rows", "missing_cells", "completeness", "score", "score_corrected", "score_corrections",
-        "run_dir", "table_markdown", "memory"}
+        "run_dir", "table_markdown", "memory", "evidence"}
 METRICS = {"score", "precision_by_row", "recall_by_row", "f1_by_row", "precision_by_item", "recall_by_item", "f1_by_item"}
 
 
@@ -29,6 +29,7 @@ def test_demo_json_scores_success_one(extra: list[str], tmp_path: Path, capsys: 
     assert set(out) == KEYS and set(out["score"]) == METRICS
     assert out["task_id"] == "sbx_en_001" and out["rows"] == 14 and out["missing_cells"] == 0
     assert out["score"]["score"] == 1.0 and out["score"]["f1_by_item"] == 1.0
+    assert out["evidence"] == {"verified": 14 * 4, "unverified": 0, "no_evidence": 0}  # the Country cells are the matrix's
     assert out["table_markdown"].startswith("```markdown\n| Country | Capital | Population | Area (km2) | Currency Code |")
     run_dir = Path(out["run_dir"])
     assert run_dir.is_dir() and run_dir.parent.resolve() == (tmp_path / "runs").resolve()

@@ -50,7 +50,8 @@ def test_csv_and_jsonl() -> None:
     t.upsert({"a": 'say "hi", ok', "b": ""}, task_index=0, source="https://s")
     assert list(csv.reader(io.StringIO(to_csv(t)))) == [["a", "b"], ['say "hi", ok', ""]]
     line = json.loads(to_jsonl(t, with_status=True))
-    assert line == {"a": 'say "hi", ok', "b": "", "_missing": ["b"], "_conflicts": {}, "_sources": ["https://s"]}
+    assert line == {"a": 'say "hi", ok', "b": "", "_missing": ["b"], "_conflicts": {}, "_sources": ["https://s"],
+                    "_quotes": {}, "_evidence": {"a": "no_evidence"}}
 
 
 def test_backtick_fence_in_a_cell_cannot_end_the_table() -> None:

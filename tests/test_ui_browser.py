@@ -93,7 +93,8 @@ def test_run_page_in_chromium_shows_cells_statuses_and_timeline(
     assert [c.text for c in cells[:5]] == ["Argentina", "Buenos Aires", "44494502", "2766890", "ARS"]
     assert {c.get_attribute("data-status") for c in cells} == {"found"}
     assert cells[1].value_of_css_property("background-color") == FOUND_GREEN
-    assert cells[1].get_attribute("title").endswith("source: corpus://sandbox/countries/ar.html")
+    hover = cells[1].get_attribute("title").splitlines()
+    assert hover == ["status: found, verified", "source: corpus://sandbox/countries/ar.html", "quote: Capital | Buenos Aires"]
     bars = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")
     assert len(bars) == json.loads((run / "result.json").read_text())["completeness"]["attempts"]
     assert bars[0].value_of_css_property("fill") == "rgb(63, 163, 91)"  # an ok attempt is green

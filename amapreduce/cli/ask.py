@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
+from amapreduce.cli.output import EVIDENCE_HELP, VERIFY_HELP
 
 if TYPE_CHECKING:
     from amapreduce.run.ask import AskOutcome
@@ -50,6 +51,8 @@ def ask(
     mcp_manager: bool = typer.Option(False, "--mcp-manager", help="Give the MCP servers' tools to the manager too."),
     out: Path | None = typer.Option(None, "--out", help="Also write the markdown table here."),
     csv_out: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV here."),
+    evidence: bool = typer.Option(False, "--evidence", help=EVIDENCE_HELP),
+    verify: str | None = typer.Option(None, "--verify", metavar="off|record|strict", help=VERIFY_HELP),
     max_cost: float | None = typer.Option(None, "--max-cost", help=(
         "Stop after spending this many dollars. Models with no known price (a local vLLM or llama.cpp model) count "
         "as $0: price them in the JSON file named by AMAPREDUCE_PRICES_FILE, or use --max-tokens.")),
@@ -66,23 +69,25 @@ def ask(
         raise typer.BadParameter("give either --memory STORE or --no-memory, not both")
     settings = load_settings(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_cost_usd=max_cost, max_tokens=max_tokens,
-        otel=otel or None, mcp=mcp, mcp_manager=mcp_manager or None,
+        otel=otel or None, mcp=mcp, mcp_manager=mcp_manager or None, verify=verify,
     )
     require_model(settings)
     store = _memory_store(memory, no_memory, settings.memory_store)
     check_run_setup(settings, ("manager", "subagent", "extraction", *(("memory",) if store is not None else ())))
     outcome = run_ask(query, settings, memory_store=store, show_progress=None if not as_json else False)
-    report_ask(outcome, as_json=as_json, out=out, csv_out=csv_out)
+    report_ask(outcome, as_json=as_json, out=out, csv_out=csv_out, evidence=evidence)
 
 
-def report_ask(outcome: AskOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None) -> None:
+def report_ask(
+    outcome: AskOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None, evidence: bool = False
+) -> None:
     """Hand a finished (or stopped) `ask` run to the user: the table copies asked for, the `--json`
     object or the table and a summary line, and the exit code of how it ended (`exit_for_run`).
     One output contract for `ask` and for `runs resume` of an `ask` run."""
     from amapreduce.cli.exit_codes import exit_for_run
     from amapreduce.cli.output import counted, effort_text, usage_json, write_table_copies
 
-    write_table_copies(outcome.table, outcome.markdown, out=out, csv_out=csv_out)
+    write_table_copies(outcome.table, outcome.markdown, out=out, csv_out=csv_out, evidence=evidence)
     completeness = outcome.record["completeness"]
     if as_json:
         typer.echo(

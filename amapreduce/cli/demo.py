@@ -14,7 +14,7 @@ import typer
 
 from amapreduce.cli.ask import OTEL_HELP
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
-from amapreduce.cli.output import counted, effort_text
+from amapreduce.cli.output import VERIFY_HELP, counted, effort_text
 
 __all__ = ["demo", "register"]
 
@@ -27,7 +27,10 @@ _NOTE = (
 def demo(
     task_id: str | None = typer.Argument(None, help="Sandbox task id (default: sbx_en_001)."),
     faults: float = typer.Option(0.0, "--faults", min=0.0, max=1.0, help="Fault rate of the simulated model (0-1)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the fault injection."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the fault injection (and of --wrong-values)."),
+    wrong_values: float = typer.Option(0.0, "--wrong-values", min=0.0, max=1.0, metavar="RATE", help=(
+        "Share of the simulated sub-agents' cells answered wrong, with made-up quotes (0-1): measures the quote check.")),
+    verify: str | None = typer.Option(None, "--verify", metavar="off|record|strict", help=VERIFY_HELP),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
     memory: Path | None = typer.Option(
@@ -54,14 +57,14 @@ def demo(
 
     if memory is not None and no_memory:
         raise UserError("use either --memory STORE or --no-memory, not both.")
-    settings = load_settings(workers=workers, otel=otel or None)
+    settings = load_settings(workers=workers, otel=otel or None, verify=verify)
     start_tracing(settings)
     if serve:
         _serve(task_id, port, settings)
         return
     store = None if no_memory else (memory or settings.cache_dir / "demo-memory")
     typer.echo(_NOTE, err=True)
-    outcome = run_demo(task_id, settings, faults=FaultPlan(rate=faults, seed=seed),
+    outcome = run_demo(task_id, settings, faults=FaultPlan(rate=faults, seed=seed, wrong_values=wrong_values),
                        show_progress=None if not as_json else False, memory_store=store, sample=sample)
     if as_json:
         typer.echo(json.dumps(outcome.to_json(), ensure_ascii=False))
@@ -73,6 +76,7 @@ def demo(
             f"\nTask {outcome.task_id} ({outcome.ask.status}): {counted(c['rows'], 'row')}, "
             f"{counted(c['missing_cells'], 'missing cell')}; {effort_text(c)}; faults injected: {injected}."
         )
+        typer.echo("Evidence of the sub-agents' cells: " + ", ".join(f"{v} {k}" for k, v in outcome.evidence().items()) + ".")
         typer.echo(f"Score against the sandbox gold (exact judge): {_metrics_text(outcome.score)}.")
         if outcome.corrected_score and outcome.corrected_score != outcome.score:
             from amapreduce.evaluation.score import explain_corrections

@@ -14,6 +14,7 @@ import typer
 
 from amapreduce.cli.ask import OTEL_HELP
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
+from amapreduce.cli.output import EVIDENCE_HELP, VERIFY_HELP
 
 if TYPE_CHECKING:
     from amapreduce.run.mapreduce_run import MapReduceRunOutcome
@@ -84,6 +85,8 @@ def run(
         "sub-agent gets; needs the `mcp` extra.")),
     out: Path | None = typer.Option(None, "--out", help="Also write the markdown table here."),
     csv_out: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV here."),
+    evidence: bool = typer.Option(False, "--evidence", help=EVIDENCE_HELP),
+    verify: str | None = typer.Option(None, "--verify", metavar="off|record|strict", help=VERIFY_HELP),
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
@@ -100,15 +103,18 @@ def run(
     decision = load_decision(decision_file)
     settings = load_settings(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches,
-        otel=otel or None, mcp=mcp,
+        otel=otel or None, mcp=mcp, verify=verify,
     )
     require_model(settings)
     check_run_setup(settings, ("subagent", "extraction"))
     outcome = run_decision(decision, settings, label=Path(decision_file).stem, show_progress=None if not as_json else False)
-    report_run(outcome, as_json=as_json, out=out, csv_out=csv_out)
+    report_run(outcome, as_json=as_json, out=out, csv_out=csv_out, evidence=evidence)
 
 
-def report_run(outcome: MapReduceRunOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None) -> None:
+def report_run(
+    outcome: MapReduceRunOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None,
+    evidence: bool = False,
+) -> None:
     """Hand a finished (or stopped) `mapreduce run` to the user: the table copies asked for, the
     `--json` object or the table and a summary line, and the exit code of how it ended
     (`exit_for_run`). One output contract for `mapreduce run` and `runs resume`.
@@ -117,7 +123,7 @@ def report_run(outcome: MapReduceRunOutcome, *, as_json: bool, out: Path | None 
     from amapreduce.cli.output import counted, usage_json, write_table_copies
 
     result = outcome.result
-    write_table_copies(result.table, result.markdown(), out=out, csv_out=csv_out)
+    write_table_copies(result.table, result.markdown(), out=out, csv_out=csv_out, evidence=evidence)
     if as_json:
         typer.echo(
             json.dumps(

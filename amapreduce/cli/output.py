@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.table.table import Table
 
-__all__ = ["cost_cell", "counted", "effort_text", "usage_json", "write_table_copies"]
+__all__ = ["EVIDENCE_HELP", "VERIFY_HELP", "cost_cell", "counted", "effort_text", "usage_json", "write_table_copies"]
 
 
 def usage_json(meter: UsageMeter) -> dict[str, Any]:
@@ -67,9 +67,17 @@ def cost_cell(row: Mapping[str, Any]) -> str:
     return format_cost(float(cost))
 
 
-def write_table_copies(table: Table, markdown: str, *, out: Path | None, csv_out: Path | None) -> None:
-    """Write the `--out` markdown and `--csv` copies a user asked for (atomically)."""
+EVIDENCE_HELP = "The --csv copy also holds each cell's quote and evidence (verified/unverified/no_evidence)."
+VERIFY_HELP = ("Check each cell's quote against the pages fetched: off, record (default; AMAPREDUCE_VERIFY), "
+               "or strict (unverified cells count as missing and are asked again).")
+
+
+def write_table_copies(
+    table: Table, markdown: str, *, out: Path | None, csv_out: Path | None, evidence: bool = False
+) -> None:
+    """Write the `--out` markdown and `--csv` copies a user asked for (atomically); with
+    `evidence` (`--evidence`), the CSV holds each cell's quote and evidence too."""
     if out is not None:
         atomic_write(out, markdown + "\n")
     if csv_out is not None:
-        atomic_write(csv_out, to_csv(table))
+        atomic_write(csv_out, to_csv(table, evidence=evidence))

@@ -9,7 +9,9 @@ corpus. Which part it plays follows from the call, as it would for a real model:
   `web_search`/`crawl_page`, write the decision, call `mapreduce` (plan, then execute, then at
   most one delta follow-up), finish with a one-line summary;
 * given a batch prompt (`Sub-questions:`) → a **search sub-agent**: search and read each
-  entity's page (all sub-questions at once), answer with JSON rows (`task`, columns, `source`);
+  entity's page (all sub-questions at once), answer with JSON rows (`task`, columns, `source`,
+  and `quotes`: each cell's infobox line, verbatim from the page it read; derived cells such as
+  a rank get no quote);
 * offered only the web tools with a plain question → the **single-agent baseline** of the
   benchmark: the same discovery, then every look-up itself, one tool call per step, and a
   markdown table typed in its final answer.
@@ -30,13 +32,16 @@ The manager batches by the rules of `amapreduce.demo.plan`: a fixed default (one
 sub-agent), exploration when `sample >= 1`, and a batching hint of the plan-stage prior
 (`amapreduce.demo.hints`) when one applies to its question's row shape.
 
-Faults (`FaultPlan`) and a fixed per-call latency can be added for demos and benchmarks.
+Faults (`FaultPlan`) and a fixed per-call latency can be added for demos and benchmarks; with
+`FaultPlan.wrong_values`, a seeded share of a sub-agent's cells (never the entity's own name) is
+plausible but wrong, quoted by a made-up line, and recorded in the plan.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 import time
 from typing import Any
@@ -44,11 +49,12 @@ from typing import Any
 from smolagents.models import ChatMessage, MessageRole
 
 from amapreduce.demo.atlas import Observations
-from amapreduce.demo.faults import FaultPlan
+from amapreduce.demo.faults import FaultPlan, WrongCell
 from amapreduce.demo.hints import prior_hints
 from amapreduce.demo.plan import (
     Column,
     Intent,
+    column_fact,
     column_specs,
     default_batching,
     explore_batching,
@@ -81,6 +87,10 @@ _CALL_FAULTS = ("error", "rate_limit", "slow")
 """Faults of any call; the manager and the baseline get no `error` (a failed call ends an agent run,
 and only the engine retries whole attempts)."""
 _ANSWER_FAULTS = ("malformed", "drop")
+_ROW_KEYS = ("task", "source", "quotes")
+"""Keys of a reply row that are not columns."""
+_MADE_UP = ("Northavel", "Port Sarin", "Velmora", "Castrell", "Ondria", "Lake Tamsin")
+"""Wrong text values the simulated sub-agent makes up (wrong numbers are the right ones scaled)."""
 _MANAGER_CALL = re.compile(r"""['"]name['"]:\s*['"]mapreduce['"]""")
 
 
@@ -124,6 +134,19 @@ def _read_rows(answer: str) -> tuple[list[dict[str, Any]], bool]:
     if answer.endswith(","):
         return json.loads(answer[:-1] + "]"), True
     return json.loads(answer), False
+
+
+def _wrong_value(value: str, rng: random.Random) -> str:
+    """A plausible wrong value instead of `value`: a number scaled by 5-40 % either way, a code
+    with every letter changed, else a made-up name."""
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        number = float(value) * (1 + rng.choice((-1, 1)) * rng.uniform(0.05, 0.4))
+        wrong = f"{number:.{len(value.partition('.')[2])}f}" if "." in value else str(max(1, round(number)))
+        return wrong if wrong != value else f"{value}1"
+    if value.isalpha() and value.isupper() and len(value) <= 4:  # a code: another code of its length
+        letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        return "".join(rng.choice(letters.replace(c, "")) for c in value)
+    return rng.choice([name for name in _MADE_UP if name.casefold() != value.casefold()])
 
 
 class SimulatedAtlasModel(FunctionModel):
@@ -185,7 +208,7 @@ class SimulatedAtlasModel(FunctionModel):
         rng = self.faults.rng(self.faults.seed, key, fault)
         if fault == "drop":
             for row in rows:
-                for name in [k for k in row if k not in ("task", "source")]:
+                for name in [k for k in row if k not in _ROW_KEYS]:
                     if rng.random() < 0.5:
                         row[name] = ""
             return _render_rows(rows, cut=cut)
@@ -271,7 +294,7 @@ class SimulatedAtlasModel(FunctionModel):
         columns = [
             Column(name=m.group("name"), description=m.group("desc") or "")
             for m in _COLUMN_LINE.finditer(head)
-            if m.group("name") not in ("task", "source")
+            if m.group("name") not in _ROW_KEYS
         ]
         marks = list(_NUMBERED.finditer(block))
         questions = [
@@ -293,12 +316,34 @@ class SimulatedAtlasModel(FunctionModel):
             if isinstance(got, list):
                 todo += [c for c in got if c not in todo]
             elif got is not None:
-                rows.append({"task": number, **{c.name: read_column(c, got) for c in columns}, "source": got["_url"]})
+                row = {"task": number, **{c.name: read_column(c, got) for c in columns}, "source": got["_url"]}
+                quotes = self._quotes(columns, got, row, f"{task}|{number}", text)  # may make cells of `row` wrong
+                rows.append({**row, "quotes": quotes})
         if todo:
             return todo
         limit = answer_limit(task, columns=len(columns), asked_rows=len(questions), capacity_cells=self.capacity_cells)
         cut = limit is not None and len(rows) > limit
         return final_answer(_render_rows(rows[:limit] if cut else rows, cut=cut))
+
+    def _quotes(self, columns: list[Column], facts: dict[str, str], row: dict[str, Any], key: str,
+                question: str) -> dict[str, str]:
+        """Each answered cell's quote: its infobox line as the page has it (`| Attribute | value |`),
+        the entity's name for a name read from the page's title. With `FaultPlan.wrong_values`, a
+        seeded share of the other cells is made wrong in `row`, with a made-up quote."""
+        quotes: dict[str, str] = {}
+        for column in columns:
+            attr, value = column_fact(column, facts), str(row[column.name])
+            if attr is None or attr in ("Rank", "Continent") or not value:
+                continue  # derived from a list page or ranked by the agent: nothing to quote verbatim
+            label = "Name" if attr == "_name" else attr
+            quotes[column.name] = facts[attr] if attr == "_name" else f"{attr} | {facts[attr]}"
+            rng = self.faults.rng(self.faults.seed, "wrong", key, column.name)
+            if rng.random() >= self.faults.wrong_values or value.casefold() in question.casefold():
+                continue
+            wrong = _wrong_value(value, rng)
+            row[column.name], quotes[column.name] = wrong, f"{label} | {wrong}"
+            self.faults.wrong(WrongCell(source=str(row["source"]), column=column.name, value=wrong))
+        return quotes
 
     # -- single-agent baseline (benchmark) ------------------------------------------------------
 

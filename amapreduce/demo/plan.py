@@ -38,6 +38,7 @@ __all__ = [
     "Intent",
     "PageNeed",
     "Question",
+    "column_fact",
     "column_specs",
     "default_batching",
     "explore_batching",
@@ -164,26 +165,34 @@ class Question:
         return {**facts, "_url": entry.url, "_name": entry.name, "Rank": str(self.rank), "Continent": self.continent}
 
 
+_CODE = re.compile(r"\(([A-Z]{2,4})\)")
+
+
+def column_fact(column: Column, facts: dict[str, str]) -> str | None:
+    """The fact `column` is read from (`_name`: the page's entity name), or None when the page
+    does not say."""
+    key = normalize_key_name(column.name)
+    if key in ("country", "name") and "Official name" in facts:
+        return "Official name"
+    if key == "city":
+        return "_name" if "_name" in facts else None
+    for attr in facts:
+        if normalize_key_name(attr) == key:
+            return attr
+    if key.endswith("code"):  # `Currency Code` ← the code in `Currency: Peso (ARS)`
+        for attr, raw in facts.items():
+            if normalize_key_name(attr) == key[:-4] and _CODE.search(raw):
+                return attr
+    return None
+
+
 def read_column(column: Column, facts: dict[str, str]) -> str:
     """The value of `column` on an entity page's facts ("" when the page does not say)."""
-    key = normalize_key_name(column.name)
-    value = ""
-    if key in ("country", "name") and "Official name" in facts:
-        value = facts["Official name"]
-    elif key == "city":
-        value = facts.get("_name", "")
-    else:
-        for attr, raw in facts.items():
-            if normalize_key_name(attr) == key:
-                value = raw
-                break
-        else:
-            if key.endswith("code"):  # `Currency Code` ← the code in `Currency: Peso (ARS)`
-                for attr, raw in facts.items():
-                    code = re.search(r"\(([A-Z]{2,4})\)", raw)
-                    if normalize_key_name(attr) == key[:-4] and code:
-                        value = code.group(1)
-                        break
+    attr = column_fact(column, facts)
+    value = facts[attr] if attr is not None else ""
+    code = _CODE.search(value)
+    if attr is not None and code and normalize_key_name(attr) == normalize_key_name(column.name)[:-4]:
+        value = code.group(1)
     value = clean_cell(value)
     return plain_number(value) if column.numeric else value
 

@@ -17,7 +17,7 @@ from amapreduce.errors import UserError
 from amapreduce.settings import Settings
 
 if TYPE_CHECKING:
-    from amapreduce.demo.faults import FaultPlan
+    from amapreduce.demo.faults import FaultPlan, WrongCell
     from amapreduce.evaluation.loaders import TaskSpec
     from amapreduce.memory import ExperientialMemory
     from amapreduce.memory.protocol import InstanceSession
@@ -45,6 +45,8 @@ class DemoOutcome:
     """What those fixes changed in this table (the scorer's counts, only the non-zero ones)."""
     faults: dict[str, int]
     """Faults injected, by kind."""
+    wrong_cells: frozenset[WrongCell] = frozenset()
+    """The cells the simulated sub-agents answered wrong on purpose (`--wrong-values`)."""
     memory: dict[str, Any] | None = None
     """With a demo memory: the prior the run was given and what the memory learned from it."""
 
@@ -63,7 +65,13 @@ class DemoOutcome:
             "run_dir": str(self.ask.run_dir.path),
             "table_markdown": self.ask.markdown,
             "memory": self.memory,
+            "evidence": self.evidence(),
         }
+
+    def evidence(self) -> dict[str, int]:
+        """How many of the table's cells the sub-agents answered are `verified`, `unverified` and
+        `no_evidence` (`Table.evidence_counts`)."""
+        return self.ask.table.evidence_counts()
 
 
 def load_sandbox_tasks(settings: Settings) -> tuple[dict[str, TaskSpec], Any]:
@@ -174,7 +182,7 @@ def run_demo(
         if memory is not None:
             memory.close()
     return DemoOutcome(task_id=chosen, ask=outcome, score=score, corrected_score=corrected, corrections=corrections,
-                       faults=dict(model.faults.injected), memory=learned)
+                       faults=dict(model.faults.injected), wrong_cells=frozenset(model.faults.wrong_cells), memory=learned)
 
 
 def _demo_memory(store: Path) -> ExperientialMemory:

@@ -35,6 +35,7 @@ from amapreduce.mapreduce.batching import Batch, BatchPlan
 from amapreduce.mapreduce.replies import ProjectedRow
 from amapreduce.mapreduce.result import AttemptRecord
 from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkItem
+from amapreduce.table.evidence import Evidence
 from amapreduce.table.table import Table
 
 __all__ = [
@@ -69,21 +70,37 @@ class MergedRow(BaseModel):
     source: str | None
     matrix_columns: tuple[str, ...]
     """Cells the item forced (their source is the task matrix)."""
+    cell_sources: dict[str, str] = {}
+    """Column → the URL its quote came from, where it is not the row's `source`."""
+    quotes: dict[str, str] = {}
+    """Column → the sub-agent's verbatim quote for the value (journals before quotes have none)."""
+    evidence: dict[str, Evidence] = {}
+    """Column → what checking the quote found, in the attempt that fetched the pages (a resumed
+    run replays it: the fetched text is gone by then)."""
 
     @classmethod
     def of(cls, item: WorkItem, row: ProjectedRow) -> MergedRow:
         """The merge of reply row `row` into the table of `item`'s task."""
+        def answered(cells: dict[str, Any]) -> dict[str, Any]:
+            return {c: v for c, v in cells.items() if c not in item.forced}
+
         return cls(
             task_index=item.task_index,
             values={**row.values, **item.forced},
             source=row.source,
             matrix_columns=tuple(item.forced),
+            cell_sources=answered(row.cell_sources),
+            quotes=answered(row.quotes),
+            evidence=answered(row.evidence),
         )
 
     def apply(self, tables: dict[int, Table]) -> bool:
         """Merge the row into its task's table; False when it had no usable key (not placed)."""
-        sources = dict.fromkeys(self.matrix_columns, MATRIX_SOURCE)
-        placed = tables[self.task_index].upsert(self.values, task_index=self.task_index, source=self.source, sources=sources)
+        sources = {**self.cell_sources, **dict.fromkeys(self.matrix_columns, MATRIX_SOURCE)}
+        placed = tables[self.task_index].upsert(
+            self.values, task_index=self.task_index, source=self.source, sources=sources, quotes=self.quotes,
+            evidence=self.evidence,
+        )
         return placed is not None
 
 

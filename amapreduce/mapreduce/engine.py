@@ -37,6 +37,7 @@ from amapreduce.llm.scope import UsageScope, usage_scope
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
 from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint, ExecutionCheckpoint, MergedRow
+from amapreduce.mapreduce.evidence import recording, with_evidence
 from amapreduce.mapreduce.executor import Executor, ThreadExecutor
 from amapreduce.mapreduce.patch import build_patch
 from amapreduce.mapreduce.replies import parse_reply, project_row
@@ -54,7 +55,7 @@ from amapreduce.mapreduce.run_state import POLL_S, BatchJob, BatchState, EngineR
 from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply
 from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps
 from amapreduce.prompts import render_prompt
-from amapreduce.settings import DecisionAuthor, Settings, default_setting
+from amapreduce.settings import DecisionAuthor, Settings, VerifyMode, default_setting
 from amapreduce.table.table import DEFAULT_MISSING_MARKERS, Table
 from amapreduce.trace import NullTrace, Trace, redact_secrets
 
@@ -79,18 +80,15 @@ class EngineConfig(BaseModel):
     threads: int | None = Field(default=None, ge=1)
     """Executor threads (default: `workers` plus headroom for abandoned attempts)."""
     missing_markers: frozenset[str] = DEFAULT_MISSING_MARKERS
+    verify: VerifyMode = default_setting("verify")
+    """How cells' quotes are checked (`Settings.verify`; `strict`: `unverified` counts as missing)."""
 
     @classmethod
     def from_settings(cls, settings: Settings, *, decisions_by: DecisionAuthor) -> EngineConfig:
         """The limits `settings` give an engine whose decisions are written by `decisions_by`
         (the batch cap depends on it: see `Settings.batch_cap`)."""
-        return cls(
-            workers=settings.workers,
-            max_attempts=settings.max_attempts,
-            batch_timeout_s=settings.batch_timeout_s,
-            patch_rounds=settings.patch_rounds,
-            max_batches=settings.batch_cap(decisions_by),
-        )
+        return cls(workers=settings.workers, max_attempts=settings.max_attempts, batch_timeout_s=settings.batch_timeout_s,
+                   patch_rounds=settings.patch_rounds, max_batches=settings.batch_cap(decisions_by), verify=settings.verify)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +167,7 @@ class MapReduceEngine:
         cfg = self.config
         start = self._clock()
         plan = plan if plan is not None else plan_batches(decision, max_batches=cfg.max_batches)
-        tables = {i: Table(decision.columns, decision.resolved_key_columns, missing_markers=cfg.missing_markers) for i in range(len(decision.task_matrix))}
+        tables = {i: self._table(decision) for i in range(len(decision.task_matrix))}
         forced_cols = set(decision.forced_values(0))
         one_row, names = decision.one_row_per_task, decision.columns
         wanted = tuple(c for c in names if c not in forced_cols)
@@ -368,7 +366,7 @@ class MapReduceEngine:
                 job.started_at = now
                 run.running.add(job)
             attempt = telemetry.ours(batch_id=request.batch_id, attempt=request.attempt, phase=job.state.work.phase)
-            with usage_scope(job.scope), telemetry.span("amapreduce.attempt", attempt) as span:
+            with usage_scope(job.scope), recording(job.pages), telemetry.span("amapreduce.attempt", attempt) as span:
                 try:
                     reply = self.solver.solve(request)
                 except Exception as exc:
@@ -422,7 +420,7 @@ class MapReduceEngine:
             problem = redact_secrets(f"{type(exc).__name__}: {exc}")  # quoted in the retry prompt and the journal
         elif reply is not None:
             parsed = parse_reply(reply.output)
-            projected = [project_row(obj, names) for obj in parsed.rows]
+            projected = [with_evidence(project_row(obj, names), job.pages, self.config.verify) for obj in parsed.rows]
             if self.trace.enabled:
                 parsed_rows = [{**p.values, "task": p.task, "source": p.source} for p in projected]
             rows = len(projected)
@@ -486,8 +484,11 @@ class MapReduceEngine:
 
     # -- reduce and summary ---------------------------------------------------------------------
 
+    def _table(self, decision: Decision) -> Table:
+        return Table(decision.columns, decision.resolved_key_columns, missing_markers=self.config.missing_markers, strict_evidence=self.config.verify == "strict")
+
     def _reduce(self, decision: Decision, tables: dict[int, Table]) -> Table:
-        table = Table(decision.columns, decision.resolved_key_columns, missing_markers=self.config.missing_markers)
+        table = self._table(decision)
         for i in sorted(tables):
             for row in tables[i].rows:
                 table.merge_row(row)

@@ -40,7 +40,10 @@ wrapper key (`answer`, `rows`, ...) is found as in a whole reply, and a wrapper 
 a string holding a JSON text (cut or not) is parsed by the same rules.
 
 Projection matches keys case- and space-insensitively (`Net Worth` fills `net_worth`) and turns
-every value into a string. Nothing is ever invented: a key that is absent stays empty (the
+every value into a string. A row's `quotes` object gives each cell's evidence: column → a short
+verbatim quote, or → `{"quote": ..., "source": URL}` when the cell comes from another page than
+the row's `source`; a reply without it (the format before quotes) still parses, its cells simply
+have no quote (`no_evidence`, see `mapreduce.evidence`). Nothing is ever invented: a key that is absent stays empty (the
 reference copied matrix cells positionally into unrelated columns).
 
 A reply is a model's text, so it is data, never trusted to be well formed: its rows are scrubbed
@@ -63,6 +66,7 @@ from pydantic_core import from_json
 
 from amapreduce._text import scrub, scrub_data
 from amapreduce.decision.columns import normalize_key_name
+from amapreduce.table.evidence import Evidence
 
 __all__ = [
     "ParsedReply",
@@ -76,6 +80,7 @@ _FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
 _LIST_WRAPPERS = ("rows", "results", "data", "items", "answer", "records", "table")
 _TASK_KEYS = {normalize_key_name(k) for k in ("task", "task_id", "task_index", "task_number", "#")}
 _SOURCE_KEYS = [normalize_key_name(k) for k in ("source", "source_url", "url", "sources", "reference", "evidence_url")]
+_QUOTE_KEYS = {normalize_key_name(k) for k in ("quotes", "quote", "evidence")}
 _SPACES = re.compile(r"\s+")
 _OPENER = {"]": "[", "}": "{"}
 _CUT_OFF = "the reply was cut off before its first complete row"
@@ -109,6 +114,12 @@ class ProjectedRow:
     """A source URL for the row, when given."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys that matched no column (kept in the trace)."""
+    quotes: dict[str, str] = field(default_factory=dict)
+    """Column → the verbatim quote the sub-agent gave for its value (absent: no quote)."""
+    cell_sources: dict[str, str] = field(default_factory=dict)
+    """Column → the URL of its quote, where it differs from the row's `source`."""
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    """Column → what checking its quote found (set by `mapreduce.evidence.with_evidence`)."""
 
 
 def cell_text(value: Any) -> str:
@@ -360,6 +371,7 @@ def project_row(obj: Mapping[str, Any], columns: Sequence[str]) -> ProjectedRow:
     task: int | None = None
     sources: dict[str, Any] = {}
     extra: dict[str, Any] = {}
+    quoted: Mapping[str, Any] = {}
     for key, value in obj.items():
         folded = normalize_key_name(str(key))
         if folded in wanted:
@@ -370,6 +382,8 @@ def project_row(obj: Mapping[str, Any], columns: Sequence[str]) -> ProjectedRow:
             task = _task_number(value)
         elif folded in _SOURCE_KEYS:
             sources[folded] = value
+        elif folded in _QUOTE_KEYS and isinstance(value, Mapping):
+            quoted = value
         else:
             extra[str(key)] = value
     source = None
@@ -379,4 +393,27 @@ def project_row(obj: Mapping[str, Any], columns: Sequence[str]) -> ProjectedRow:
             first = raw[0] if isinstance(raw, list) and raw else raw
             source = cell_text(first) or None
             break
-    return ProjectedRow(values=values, task=task, source=source, extra=extra)
+    quotes, cell_sources = _quotes(quoted, wanted)
+    return ProjectedRow(values=values, task=task, source=source, extra=extra, quotes=quotes, cell_sources=cell_sources)
+
+
+def _quotes(quoted: Mapping[str, Any], wanted: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(column → quote, column → quote URL) of a row's `quotes` object; keys matching no column
+    and empty quotes are ignored."""
+    quotes: dict[str, str] = {}
+    cell_sources: dict[str, str] = {}
+    for key, value in quoted.items():
+        column = wanted.get(normalize_key_name(str(key)))
+        if column is None:
+            continue
+        url: Any = None
+        if isinstance(value, Mapping):
+            folded = {normalize_key_name(str(k)): v for k, v in value.items()}
+            url = next((folded[k] for k in _SOURCE_KEYS if k in folded), None)
+            value = folded.get("quote", folded.get("text"))
+        text = cell_text(value)
+        if text:
+            quotes[column] = text
+            if url is not None and cell_text(url):
+                cell_sources[column] = cell_text(url)
+    return quotes, cell_sources

@@ -11,13 +11,14 @@ import queue
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from amapreduce.llm.scope import UsageScope
 from amapreduce.mapreduce.result import RunEnding
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.mapreduce.work import WorkBatch
+from amapreduce.table.evidence import FetchedPages
 
 __all__ = ["POLL_S", "BatchJob", "BatchState", "EngineRun"]
 
@@ -47,6 +48,8 @@ class BatchJob:
     holds_slot: bool = False
     scope: UsageScope | None = None
     """The metered model calls of the running attempt (billed even when the attempt fails)."""
+    pages: FetchedPages = field(default_factory=FetchedPages)
+    """The text the attempt's web tools fetched, by URL: what its quotes are checked against."""
     outcome: tuple[SolverReply | None, BaseException | None] | None = None
     """Set by the worker when the solver returns, before its slot is freed: a stop never loses it."""
 

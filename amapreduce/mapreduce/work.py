@@ -17,11 +17,9 @@ from amapreduce.decision.columns import ColumnSpec
 from amapreduce.mapreduce.batching import Batch
 from amapreduce.mapreduce.replies import ProjectedRow
 from amapreduce.table.keys import normalize_value
-from amapreduce.table.table import Row, Table
+from amapreduce.table.table import MATRIX_SOURCE, Row, Table
 
 __all__ = ["MATRIX_SOURCE", "WorkBatch", "WorkItem", "assign_rows", "item_gaps"]
-
-MATRIX_SOURCE = "task_matrix"
 
 
 @dataclass(frozen=True, kw_only=True)

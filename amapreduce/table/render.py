@@ -50,18 +50,25 @@ def to_markdown(table: Table, *, fenced: bool = True) -> str:
     return f"```markdown\n{body}\n```" if fenced else body
 
 
-def to_csv(table: Table) -> str:
-    """The table as CSV text (header row first)."""
+def to_csv(table: Table, *, evidence: bool = False) -> str:
+    """The table as CSV text (header row first); with `evidence`, each column is followed by its
+    cells' `<column> quote` and `<column> evidence` columns (`--evidence`)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(table.columns)
+    if not evidence:
+        writer.writerow(table.columns)
+        writer.writerows([row.cells[c].value for c in table.columns] for row in table.rows)
+        return buffer.getvalue()
+    writer.writerow([name for c in table.columns for name in (c, f"{c} quote", f"{c} evidence")])
     for row in table.rows:
-        writer.writerow([row.cells[c].value for c in table.columns])
+        cells = [row.cells[c] for c in table.columns]
+        writer.writerow([text for cell in cells for text in (cell.value, cell.quote or "", str(cell.evidence))])
     return buffer.getvalue()
 
 
 def to_jsonl(table: Table, *, with_status: bool = False) -> str:
-    """One JSON object per row; with `with_status`, also `_missing`, `_conflicts` and `_sources`."""
+    """One JSON object per row; with `with_status`, also `_missing`, `_conflicts`, `_sources`, and
+    each answered cell's `_quotes` and `_evidence` (column → quote, column → evidence)."""
     out = []
     for row in table.rows:
         obj: dict[str, object] = dict(row.values())
@@ -69,5 +76,7 @@ def to_jsonl(table: Table, *, with_status: bool = False) -> str:
             obj["_missing"] = row.missing()
             obj["_conflicts"] = {c: cell.alternatives for c, cell in row.cells.items() if cell.alternatives}
             obj["_sources"] = sorted({cell.source for cell in row.cells.values() if cell.source})
+            obj["_quotes"] = {c: cell.quote for c, cell in row.cells.items() if cell.quote}
+            obj["_evidence"] = {c: str(cell.evidence) for c, cell in row.cells.items() if cell.value}
         out.append(json.dumps(obj, ensure_ascii=False))
     return "\n".join(out) + ("\n" if out else "")

@@ -1,9 +1,11 @@
-"""The reduced table: rows keyed by the key columns, each cell with a status and a source.
+"""The reduced table: rows keyed by the key columns, each cell with a status, a source and evidence.
 
 This is the reducer of Agentic MapReduce, done in code (the reference let the manager LLM
 re-type the table). Rows are merged by normalised key: a later row fills cells the earlier one
 lacked; a different non-empty value for a filled cell keeps the first value and records the
-conflict, so nothing is silently overwritten or lost.
+conflict, so nothing is silently overwritten or lost. A cell also keeps the quote its
+sub-agent gave and that quote's `Evidence` (`table.evidence`); in a table made with
+`strict_evidence`, an `unverified` cell counts as missing, so a better-supported value replaces it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from amapreduce.table.evidence import Evidence
 from amapreduce.table.keys import is_blank, normalize_key, normalize_value
 
-__all__ = ["DEFAULT_MISSING_MARKERS", "Cell", "CellStatus", "Row", "Table"]
+__all__ = ["DEFAULT_MISSING_MARKERS", "MATRIX_SOURCE", "Cell", "CellStatus", "Row", "Table"]
 
 DEFAULT_MISSING_MARKERS = frozenset({"", "n/a", "unknown", "not found", "not available", "null", "?"})
 """Values a sub-agent writes when it found nothing; they count as missing, not as answers."""
+MATRIX_SOURCE = "task_matrix"
+"""The source of a cell the task matrix fixed (not a sub-agent's answer)."""
 
 
 class CellStatus(StrEnum):
@@ -39,6 +44,15 @@ class Cell:
     """Where the value came from: a URL, `task_matrix`, or None."""
     alternatives: list[str] = field(default_factory=list)
     """Other values seen for this cell (conflicts), in arrival order."""
+    quote: str | None = None
+    """The short verbatim text of `source` the sub-agent quoted for the value, if any."""
+    evidence: Evidence = Evidence.NO_EVIDENCE
+    """Whether the quote was found in what the tools fetched and holds the value."""
+
+    def to_json(self) -> dict[str, Any]:
+        """`value`, `status`, `source`, `quote`, `evidence` (and `alternatives` when any)."""
+        return {"value": self.value, "status": str(self.status), "source": self.source, "quote": self.quote,
+                "evidence": str(self.evidence)} | ({"alternatives": self.alternatives} if self.alternatives else {})
 
 
 @dataclass(kw_only=True)
@@ -48,14 +62,20 @@ class Row:
     cells: dict[str, Cell]
     task_index: int
     """Task-matrix row that produced this row (rows sort by it: matrix order)."""
+    strict_evidence: bool = False
+    """`unverified` cells count as missing (`--verify strict`)."""
 
     def values(self) -> dict[str, str]:
         """Column → value."""
         return {c: cell.value for c, cell in self.cells.items()}
 
     def missing(self) -> list[str]:
-        """Columns whose cell is still missing."""
-        return [c for c, cell in self.cells.items() if cell.status is CellStatus.MISSING]
+        """Columns whose cell is still missing (with `strict_evidence`, or `unverified`)."""
+        return [c for c, cell in self.cells.items() if _counts_missing(cell, self.strict_evidence)]
+
+
+def _counts_missing(cell: Cell, strict_evidence: bool) -> bool:
+    return cell.status is CellStatus.MISSING or (strict_evidence and cell.evidence is Evidence.UNVERIFIED)
 
 
 class Table:
@@ -67,6 +87,7 @@ class Table:
         key_columns: Sequence[str],
         *,
         missing_markers: Iterable[str] = DEFAULT_MISSING_MARKERS,
+        strict_evidence: bool = False,
     ) -> None:
         self.columns: tuple[str, ...] = tuple(columns)
         self.key_columns: tuple[str, ...] = tuple(key_columns)
@@ -74,6 +95,7 @@ class Table:
         if unknown:
             raise ValueError(f"key columns {unknown} are not table columns {list(self.columns)}")
         self.missing_markers = frozenset(m.casefold() for m in missing_markers)
+        self.strict_evidence = strict_evidence
         self.rows: list[Row] = []
         self._by_key: dict[tuple[str, ...], Row] = {}
 
@@ -101,6 +123,8 @@ class Table:
         task_index: int,
         source: str | None = None,
         sources: Mapping[str, str | None] | None = None,
+        quotes: Mapping[str, str | None] | None = None,
+        evidence: Mapping[str, Evidence] | None = None,
     ) -> Row | None:
         """Add a row or merge it into the row with the same key.
 
@@ -109,6 +133,8 @@ class Table:
             task_index: the atomic task that produced the values.
             source: the row's source URL (used for every cell it fills).
             sources: per-column source overriding `source` (e.g. `task_matrix` for forced cells).
+            quotes: per-column quote the sub-agent gave for the value.
+            evidence: per-column result of checking that quote (default `no_evidence`).
 
         Returns:
             The row, or None when a key cell is empty (such a row cannot be placed).
@@ -118,7 +144,7 @@ class Table:
             return None
         row = self._by_key.get(key)
         if row is None:
-            row = Row(cells={c: Cell() for c in self.columns}, task_index=task_index)
+            row = Row(cells={c: Cell() for c in self.columns}, task_index=task_index, strict_evidence=self.strict_evidence)
             self._by_key[key] = row
             self.rows.append(row)
         for column in self.columns:
@@ -126,13 +152,24 @@ class Table:
             if self.is_missing(value):
                 continue
             cell_source = (sources or {}).get(column, source)
-            self._merge_cell(row.cells[column], value, cell_source)
+            proof = (evidence or {}).get(column, Evidence.NO_EVIDENCE)
+            self._merge_cell(row.cells[column], value, cell_source, (quotes or {}).get(column), proof)
         return row
 
-    @staticmethod
-    def _merge_cell(cell: Cell, value: str, source: str | None) -> None:
+    def _merge_cell(
+        self, cell: Cell, value: str, source: str | None, quote: str | None = None,
+        evidence: Evidence = Evidence.NO_EVIDENCE,
+    ) -> None:
         if cell.status is CellStatus.MISSING:
-            cell.value, cell.status, cell.source = value, CellStatus.FOUND, source
+            cell.value, cell.status, cell.source, cell.quote, cell.evidence = value, CellStatus.FOUND, source, quote, evidence
+        elif _counts_missing(cell, self.strict_evidence) and evidence is not Evidence.UNVERIFIED:
+            # An unverified value counts as missing: a better-supported one takes its place; the
+            # old value is kept among the alternatives (a conflict), never lost.
+            if normalize_value(value) != normalize_value(cell.value):
+                if cell.value not in cell.alternatives:
+                    cell.alternatives.append(cell.value)
+                cell.status = CellStatus.CONFLICT
+            cell.value, cell.source, cell.quote, cell.evidence = value, source, quote, evidence
         elif normalize_value(value) != normalize_value(cell.value):
             if value not in cell.alternatives:
                 cell.alternatives.append(value)
@@ -147,14 +184,16 @@ class Table:
             {c: cell.value for c, cell in row.cells.items() if cell.status is not CellStatus.MISSING},
             task_index=row.task_index,
             sources={c: cell.source for c, cell in row.cells.items()},
+            quotes={c: cell.quote for c, cell in row.cells.items()},
+            evidence={c: cell.evidence for c, cell in row.cells.items()},
         )
         if merged is not None:
             for column, cell in row.cells.items():
                 if column not in merged.cells:
                     continue
                 target = merged.cells[column]
-                for alt in cell.alternatives:
-                    self._merge_cell(target, alt, cell.source)
+                for alt in cell.alternatives:  # values seen but not kept: never evidence for the cell
+                    self._merge_cell(target, alt, cell.source, evidence=Evidence.UNVERIFIED)
         return merged
 
     def sort_by_task(self) -> None:
@@ -170,22 +209,28 @@ class Table:
         return [row.values() for row in self.rows]
 
     def to_json(self) -> dict[str, Any]:
-        """Values, statuses, sources and conflicts, for result files and traces."""
+        """Values, statuses, sources, quotes, evidence and conflicts, for result files and traces."""
         return {
             "columns": list(self.columns),
             "key_columns": list(self.key_columns),
             "rows": [
                 {
                     "task_index": row.task_index,
-                    "cells": {
-                        c: {"value": cell.value, "status": str(cell.status), "source": cell.source}
-                        | ({"alternatives": cell.alternatives} if cell.alternatives else {})
-                        for c, cell in row.cells.items()
-                    },
+                    "cells": {c: cell.to_json() for c, cell in row.cells.items()},
                 }
                 for row in self.rows
             ],
         }
+
+    def evidence_counts(self) -> dict[str, int]:
+        """How many cells answered by sub-agents (a value, not from the task matrix) are
+        `verified`, `unverified` and `no_evidence`."""
+        counts = dict.fromkeys((str(e) for e in Evidence), 0)
+        for row in self.rows:
+            for cell in row.cells.values():
+                if cell.status is not CellStatus.MISSING and cell.source != MATRIX_SOURCE:
+                    counts[str(cell.evidence)] += 1
+        return counts
 
     def __len__(self) -> int:
         return len(self.rows)

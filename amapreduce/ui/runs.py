@@ -16,6 +16,7 @@ from amapreduce.errors import UserError
 from amapreduce.llm.meter import format_cost
 from amapreduce.llm.usage import Usage
 from amapreduce.run.rundir import RUN_STATES, list_runs, load_run
+from amapreduce.table.evidence import Evidence
 from amapreduce.table.render import to_jsonl
 from amapreduce.table.table import Cell, CellStatus, Row, Table
 from amapreduce.ui.timeline import Timeline, read_timeline
@@ -98,13 +99,15 @@ def _cell(raw: object) -> CellView:
     source = str(source) if source else None
     alternatives = [str(a) for a in cell.get("alternatives") or []]
     css = [f"cell-{status if status in _STATUSES else 'other'}"]
-    verified = cell.get("verified")
-    if isinstance(verified, bool):
+    evidence = cell.get("evidence")
+    verified = {Evidence.VERIFIED.value: True, Evidence.UNVERIFIED.value: False}.get(str(evidence))
+    if verified is not None:
         css.append("cell-verified" if verified else "cell-unverified")
-    title = [f"status: {status}" + ("" if not isinstance(verified, bool) else
-                                    (", verified" if verified else ", unverified"))]
+    title = [f"status: {status}" + (f", {evidence}" if verified is not None else "")]
     if source:
         title.append(f"source: {source}")
+    if cell.get("quote"):
+        title.append(f"quote: {cell['quote']}")
     if alternatives:
         title.append("also seen: " + "; ".join(alternatives))
     link = source if source and source.lower().startswith(("http://", "https://")) else None
@@ -216,7 +219,7 @@ def run_view(path: Path) -> RunView:
 
 
 def _as_table(recorded: dict[str, Any]) -> Table:
-    """The `Table` a `result.json` records (values, statuses, sources, conflicts)."""
+    """The `Table` a `result.json` records (values, statuses, sources, conflicts, quotes, evidence)."""
     columns = [str(c) for c in recorded.get("columns") or []]
     table = Table(columns, [str(k) for k in recorded.get("key_columns") or [] if k in columns])
     for raw in recorded.get("rows") or []:
@@ -224,8 +227,15 @@ def _as_table(recorded: dict[str, Any]) -> Table:
         for column in columns:
             view = _cell((raw.get("cells") or {}).get(column))
             status = CellStatus(view.status) if view.status in _STATUSES else CellStatus.MISSING
-            alternatives = [str(a) for a in ((raw.get("cells") or {}).get(column) or {}).get("alternatives") or []]
-            cells[column] = Cell(value=view.value, status=status, source=view.source, alternatives=alternatives)
+            found = (raw.get("cells") or {}).get(column)
+            recorded_cell = found if isinstance(found, dict) else {}
+            alternatives = [str(a) for a in recorded_cell.get("alternatives") or []]
+            quote, evidence = recorded_cell.get("quote"), str(recorded_cell.get("evidence"))
+            cells[column] = Cell(
+                value=view.value, status=status, source=view.source, alternatives=alternatives,
+                quote=str(quote) if quote else None,
+                evidence=Evidence(evidence) if evidence in set(Evidence) else Evidence.NO_EVIDENCE,
+            )
         table.rows.append(Row(cells=cells, task_index=int(raw.get("task_index") or 0)))
     return table
 

@@ -16,6 +16,11 @@ the run ends with that one-line reason.
 Why the arguments and the output are scrubbed (`amapreduce._text.scrub`): both are outside text.
 A model's arguments may carry a lone surrogate (`"\\ud83d"` in its tool call), and a search
 backend's JSON answer may too; either would fail the request body or a writer later.
+
+Why the tools record what they fetched (`table.evidence.record_fetched`): a cell's quote is
+checked against the text its URL really gave in the attempt that wrote it (a page's main text,
+whole even when the model read a focused extract of it; a search result's title and snippet), never
+against what the model says it read.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from amapreduce.errors import (
     ToolError,
     UserError,
 )
+from amapreduce.table.evidence import record_fetched
 from amapreduce.web.models import SearchResult
 from amapreduce.web.service import MAX_RESULTS, WebService
 from amapreduce.web.summarize import focused_extract
@@ -100,6 +106,8 @@ class WebSearchTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may
             raise
         except AmapreduceError as exc:
             raise _as_tool_error(exc) from exc
+        for r in results:
+            record_fetched(f"{r.title}\n{r.snippet or ''}", r.url)
         return scrub(format_results(query, results))
 
 
@@ -142,6 +150,7 @@ class CrawlPageTool(Tool):  # type: ignore[misc,unused-ignore]  # smolagents may
             raise
         except AmapreduceError as exc:
             raise _as_tool_error(exc) from exc
+        record_fetched(f"{page.title or ''}\n{page.text}", url, page.final_url)
         if self.model is not None and self.focused and query and query.strip():
             return scrub(
                 focused_extract(self.model, query.strip(), page.final_url, page.text, max_words=self.max_words)
