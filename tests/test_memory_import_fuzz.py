@@ -241,4 +241,4 @@ def test_random_json_documents_import_or_fail_in_one_line(template: Path, doc: A
 def test_the_fuzzed_lines_import_unmutated(template: Path) -> None:
     """The mutations start from lines that import: a refusal above is the mutation's doing."""
     code, out, err, unchanged = import_bytes(template, lines(HEADER, RECORD, HINT).encode())
-    assert code == 0 and not unchanged and out.startswith("imported 1 records and 1 hints"), err
+    assert code == 0 and not unchanged and out.startswith("imported 1 record and 1 hint"), err

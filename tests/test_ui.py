@@ -116,6 +116,24 @@ def test_runs_page_lists_runs_with_status_rows_missing_cells_cost_and_wall_time(
     assert "http-equiv=\"refresh\"" not in page.text  # nothing is running
 
 
+def test_runs_page_reads_each_run_once(world: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wall time comes with `list_runs`' rows: the page does not read each `result.json` again."""
+    from amapreduce.run import rundir
+    from amapreduce.ui.runs import runs_view
+
+    real, read = rundir.load_run, []
+
+    def counting(runs_dir: Path, run: str) -> dict[str, object]:
+        read.append(run)
+        return real(runs_dir, run)
+
+    monkeypatch.setattr(rundir, "load_run", counting)
+    monkeypatch.setattr("amapreduce.ui.runs.load_run", counting)  # the page's own reads count too
+    view = runs_view(world / "runs", None)
+    assert len(read) == len(view["runs"]) == 2
+    assert {r["run"]: r["wall_s"] for r in view["runs"]}[CRAFTED] == 12.5
+
+
 def test_runs_filter_by_status(client: TestClient, world: Path) -> None:
     complete = client.get("/runs", params={"status": "complete"}).text
     assert _demo_run(world) in complete and CRAFTED not in complete

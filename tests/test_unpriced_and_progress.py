@@ -85,12 +85,14 @@ def test_cost_text_for_people() -> None:
     assert format_cost(None) == "unpriced"
 
 
-def write_result(runs: Path, name: str, usage: dict[str, Any] | None) -> None:
+def write_result(runs: Path, name: str, usage: dict[str, Any] | None, timings: dict[str, Any] | None = None) -> None:
     (runs / name).mkdir(parents=True)
     record: dict[str, Any] = {"kind": "ask", "query": name, "status": "complete",
                               "completeness": {"rows": 1, "missing_cells": 0}}
     if usage is not None:
         record["usage"] = usage
+    if timings is not None:
+        record["timings"] = timings
     (runs / name / "result.json").write_text(json.dumps(record), encoding="utf-8")
 
 
@@ -98,7 +100,7 @@ def test_runs_list_reports_unpriced_runs_also_from_result_files_written_before(t
     runs = tmp_path / "runs"
     write_result(runs, "20260101-000001-old", {"total": {"cost_usd": 0.0}, "unpriced_models": ["local/llama"]})
     write_result(runs, "20260101-000002-new", {"total": {"cost_usd": None}, "unpriced_models": ["local/llama"]})
-    write_result(runs, "20260101-000003-priced", {"total": {"cost_usd": 0.0123}, "unpriced_models": []})
+    write_result(runs, "20260101-000003-priced", {"total": {"cost_usd": 0.0123}, "unpriced_models": []}, {"wall_s": 3.25})
     write_result(runs, "20260101-000004-failed-early", None)
     by_run = {r["run"]: r for r in list_runs(runs)}
     for name in ("20260101-000001-old", "20260101-000002-new"):
@@ -106,6 +108,8 @@ def test_runs_list_reports_unpriced_runs_also_from_result_files_written_before(t
         assert cost_cell(by_run[name]) == "unpriced (local/llama)"
     assert by_run["20260101-000003-priced"]["cost_usd"] == 0.0123 and cost_cell(by_run["20260101-000003-priced"]) == "$0.0123"
     assert by_run["20260101-000004-failed-early"]["cost_usd"] is None and cost_cell(by_run["20260101-000004-failed-early"]) == ""
+    # the wall time rides along (`runs list --json`, the UI's Runs page), null when the run recorded none
+    assert by_run["20260101-000003-priced"]["wall_s"] == 3.25 and by_run["20260101-000004-failed-early"]["wall_s"] is None
 
 
 def test_runs_list_table_shows_unpriced_not_zero_dollars(

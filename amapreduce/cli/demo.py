@@ -121,7 +121,7 @@ def _echo_memory(memory: dict[str, Any], decisions: list[Any]) -> None:
         typer.echo("  distillation ({what}): {created} hints created, {edited} edited, {removed} removed, "
                    "{merged} merges".format(**{k: distilled.get(k, 0) for k in
                                                ("what", "created", "edited", "removed", "merged")}))
-    typer.echo(f"  the memory now holds {learned['records']} records and {learned['hints']} hints.")
+    typer.echo(f"  the memory now holds {counted(learned['records'], 'record')} and {counted(learned['hints'], 'hint')}.")
 
 
 def _serve(task_id: str | None, port: int, settings: Any) -> None:

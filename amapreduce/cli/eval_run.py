@@ -148,6 +148,8 @@ def run(
                             tasks_parallel=tasks_parallel, simulated=simulated, memory_model=memory_model,
                             resume=resume, progress=lambda line: err.print(line, markup=False))
     _print(outcome.results, outcome.status, outcome.reason, folder, as_json)
+    if outcome.status == "failed":  # the provider refused a trial for good: one `error:` line, as every command
+        typer.echo(f"error: evaluation stopped: {outcome.reason}", err=True)
     from amapreduce.cli.exit_codes import eval_exit_code
 
     code = eval_exit_code(outcome.status)
@@ -273,7 +275,7 @@ def _print(results: dict[str, Any], status: str, reason: str | None, folder: Pat
                           f"{mem['hints_after']}", markup=False)
     if status == "complete":
         console.print(f"results written to {folder / 'results.json'}; answers in {folder}/trial*/", markup=False)
-    else:
+    elif status == "stopped":
         console.print(f"evaluation stopped: {reason}", markup=False)
 
 

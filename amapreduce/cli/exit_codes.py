@@ -98,10 +98,12 @@ def exit_for_run(status: RunStatus) -> None:
         raise typer.Exit(code)
 
 
-def eval_exit_code(status: Literal["complete", "stopped"]) -> int:
+def eval_exit_code(status: Literal["complete", "stopped", "failed"]) -> int:
     """The exit code of `eval run` for its outcome's status.
 
-    An evaluation stops only when `--max-cost` is spent before a trial could start; one whose
-    answers are incomplete still completed (its scores say how good they are).
+    An evaluation stops when `--max-cost` is spent before a trial could start (4), and fails when
+    the provider refused a trial's run for good (1: a wrong key, no such model; every later trial
+    would be refused too); one whose answers are incomplete still completed (its scores say how
+    good they are).
     """
-    return {"complete": EXIT_OK, "stopped": EXIT_BUDGET}[status]
+    return {"complete": EXIT_OK, "stopped": EXIT_BUDGET, "failed": EXIT_FAILED}[status]

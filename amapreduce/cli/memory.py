@@ -109,8 +109,14 @@ def import_(file: Annotated[Path, typer.Argument(metavar="FILE", help="JSONL exp
     with _open(store, encoder=encoder, create=True) as st:
         counts = import_file(st, parsed)
     _emit(as_json, {"file": str(file), **counts},
-          f"imported {counts['records']} records and {counts['hints']} hints from {file} "
+          f"imported {_records_and_hints(counts)} from {file} "
           f"({counts['skipped']} already present)")
+
+
+def _records_and_hints(counts: dict[str, Any]) -> str:
+    from amapreduce.cli.output import counted
+
+    return f"{counted(counts['records'], 'record')} and {counted(counts['hints'], 'hint')}"
 
 
 @app.command("export")
@@ -121,7 +127,7 @@ def export(file: Annotated[Path, typer.Argument(metavar="FILE", help="JSONL file
 
     with _open(store, readonly=True) as st:
         counts = export_jsonl(st, file)
-    _emit(as_json, {"file": str(file), **counts}, f"exported {counts['records']} records and {counts['hints']} hints to {file}")
+    _emit(as_json, {"file": str(file), **counts}, f"exported {_records_and_hints(counts)} to {file}")
 
 
 @app.command("search")
@@ -232,9 +238,11 @@ def prune(store: Path | None = StoreOpt,
             with st.write() as conn:
                 doomed = prune_hints(conn, threshold)
     items = [{"id": h["id"], "text": h["text"], "w": int(h["w"])} for h in doomed]
+    from amapreduce.cli.output import counted
+
     verb = "would remove" if dry_run else "removed"
     _emit(as_json, {"dry_run": dry_run, "threshold": threshold, "pruned": items},
-          f"{verb} {len(items)} hints with w <= {threshold}" + "".join(f"\n  {h['id']} w={h['w']} {h['text']}" for h in items))
+          f"{verb} {counted(len(items), 'hint')} with w <= {threshold}" + "".join(f"\n  {h['id']} w={h['w']} {h['text']}" for h in items))
 
 
 @app.command("add")

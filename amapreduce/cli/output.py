@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amapreduce._atomic import atomic_write
-from amapreduce.llm.meter import format_cost
+from amapreduce.llm.meter import format_recorded_cost
 from amapreduce.table.render import to_csv
 
 if TYPE_CHECKING:
@@ -58,13 +58,8 @@ def effort_text(completeness: Mapping[str, Any]) -> str:
 def cost_cell(row: Mapping[str, Any]) -> str:
     """The cost of one `runs list` row (`run.rundir.list_runs`) as the table shows it: `$0.0123`,
     `unpriced (model ids)`, or empty for a run that recorded no usage (a failed start, a journal
-    without a result yet)."""
-    cost, unpriced = row.get("cost_usd"), row.get("unpriced_models")
-    if isinstance(unpriced, list) and unpriced:
-        return format_cost(None, map(str, unpriced))
-    if isinstance(cost, bool) or not isinstance(cost, int | float):
-        return ""
-    return format_cost(float(cost))
+    without a result yet); the words are `llm.meter.format_recorded_cost`'s, which the web UI shows too."""
+    return format_recorded_cost(row.get("cost_usd"), row.get("unpriced_models"))
 
 
 EVIDENCE_HELP = "The --csv copy also holds each cell's quote and evidence (verified/unverified/no_evidence)."

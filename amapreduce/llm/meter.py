@@ -36,6 +36,7 @@ __all__ = [
     "PriceTable",
     "UsageMeter",
     "format_cost",
+    "format_recorded_cost",
     "litellm_offline",
     "load_price_overrides",
 ]
@@ -181,6 +182,18 @@ def format_cost(cost_usd: float | None, unpriced_models: Iterable[str] = (), *, 
     models = ", ".join(sorted(set(unpriced_models)))
     details = [d for d in (models, f"${priced_usd:.4f} for the priced models" if priced_usd > 0 else "") if d]
     return f"unpriced ({'; '.join(details)})" if details else "unpriced"
+
+
+def format_recorded_cost(cost_usd: object, unpriced_models: object) -> str:
+    """A cost as a JSON record holds it (`cost_usd`, `unpriced_models`: a `runs list` row, a usage
+    block of `result.json`) in `format_cost`'s words, or empty when the record has no cost (a run
+    that recorded no usage). Why here: `runs list` and the web UI show the same records and must
+    agree on the words; the values are checked because the records come from files on disk."""
+    if isinstance(unpriced_models, list) and unpriced_models:
+        return format_cost(None, map(str, unpriced_models))
+    if isinstance(cost_usd, bool) or not isinstance(cost_usd, int | float):
+        return ""
+    return format_cost(float(cost_usd))
 
 
 class UsageMeter:

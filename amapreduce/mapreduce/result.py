@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from amapreduce.decision.model import Decision
-from amapreduce.errors import BudgetExceeded, ProviderUnavailable
+from amapreduce.errors import BudgetExceeded, ProviderRejected, ProviderUnavailable
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import BatchPlan
 from amapreduce.table.keys import normalize_value
@@ -68,6 +68,11 @@ class RunEnding:
 
     status: RunStatus
     reason: str | None = None
+    rejected: bool = field(default=False, compare=False)
+    """The run was refused for good (`ProviderRejected`: wrong key, no access, no such model, invalid
+    request), so every later run with the same settings would be refused too: a caller that starts
+    many (`eval run`) stops on it. Set by `stop_ending` only. Not compared: it says which error the
+    `reason` came from, and two endings with the same status and reason read the same."""
 
     @property
     def label(self) -> str:
@@ -119,7 +124,7 @@ def stop_ending(exc: BaseException) -> RunEnding:
     """How a run stopped by `exc` (one of `RUN_STOPPING_ERRORS`) ended (no configured secret in
     the reason, which `result.json` and the journal keep)."""
     status = RunStatus.FAILED if isinstance(exc, ProviderUnavailable) else RunStatus.STOPPED
-    return RunEnding(status, redact_secrets(str(exc)))
+    return RunEnding(status, redact_secrets(str(exc)), rejected=isinstance(exc, ProviderRejected))
 
 
 @dataclass(frozen=True, kw_only=True)

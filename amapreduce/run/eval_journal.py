@@ -163,7 +163,8 @@ class InstanceCommitted(JournalEntry):
 
 
 class EvalEnded(JournalEntry):
-    """The evaluation finished (results.json written) or stopped on its budget."""
+    """The evaluation finished (results.json written), or stopped: on its budget, or because the
+    provider refused a trial for good (`status` "stopped" and the reason in both cases)."""
 
     type: Literal["eval_ended"] = "eval_ended"
     status: Literal["complete", "stopped"]

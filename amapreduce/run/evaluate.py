@@ -22,6 +22,11 @@ never committed twice even when the crash fell between the commit and its journa
 unfinished trial is rerun from scratch. With K > 1 the trials rerun after a crash read the memory
 as it is at resume time (the snapshot of their killed siblings cannot be rebuilt).
 
+**Refusal.** A trial whose run the provider refused for good (`ProviderRejected`: a wrong key, no
+access, no such model, an invalid request; `RunEnding.rejected`) stops the whole evaluation
+`failed` at once, since every later trial would be refused the same way: the refused trial is not
+journaled (a `--resume` after fixing the key reruns it), finished trials and commits stay.
+
 `results.json` is scored at the end by the very function `amapreduce eval score` uses, over the
 trial folders, so rescoring them reproduces it exactly.
 """
@@ -40,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce._atomic import atomic_open
-from amapreduce.errors import UserError
+from amapreduce.errors import ProviderRejected, UserError, find_cause
 from amapreduce.journal import JournalWriter, read_journal
 from amapreduce.run.commit import commit_instance, pool_counts
 from amapreduce.run.eval_journal import (
@@ -57,6 +62,7 @@ from amapreduce.run.eval_journal import (
     read_eval_config,
     results_document,
 )
+from amapreduce.trace import redact_secrets
 
 if TYPE_CHECKING:
     from amapreduce.evaluation.loaders import TaskSpec
@@ -83,10 +89,10 @@ class SimulatedModels:
 
 @dataclass(kw_only=True)
 class EvalRunOutcome:
-    """A finished (or budget-stopped) evaluation."""
+    """A finished, budget-stopped or refused (`failed`) evaluation."""
 
     out: Path
-    status: Literal["complete", "stopped"]
+    status: Literal["complete", "stopped", "failed"]
     reason: str | None
     results: dict[str, Any]
     """The `results.json` document (empty when stopped before any task finished)."""
@@ -110,7 +116,11 @@ class _Budget:
 
 
 class _Stop(Exception):  # noqa: N818 - internal signal, never leaves this module
-    """The budget ran out before a trial could start."""
+    """The budget ran out before a trial could start, or (`failed`) the provider refused a trial's run for good."""
+
+    def __init__(self, reason: str, *, failed: bool = False) -> None:
+        super().__init__(reason)
+        self.failed = failed
 
 
 @dataclass(kw_only=True)
@@ -190,7 +200,7 @@ def run_benchmark(
     memory, before = _open_memory(config, simulated, memory_model)
     after = before
     budget = _Budget(config.max_cost_usd, sum(t.cost_usd for t in state.trials.values()))
-    stopped: str | None = None
+    stopped: _Stop | None = None
     with JournalWriter(journal_path, kind="eval") as journal:
         if fresh:
             journal.append(EvalStarted(config=config, memory_before=before))
@@ -208,8 +218,11 @@ def run_benchmark(
         if stopped is None:
             with atomic_open(out / RESULTS) as handle:
                 json.dump(results, handle, ensure_ascii=False, indent=2)
-        journal.append(EvalEnded(status="stopped" if stopped else "complete", reason=stopped))
-    return EvalRunOutcome(out=out, status="stopped" if stopped else "complete", reason=stopped, results=results)
+        reason = None if stopped is None else str(stopped)
+        journal.append(EvalEnded(status="stopped" if stopped else "complete", reason=reason))
+    status: Literal["complete", "stopped", "failed"] = (
+        "complete" if stopped is None else "failed" if stopped.failed else "stopped")
+    return EvalRunOutcome(out=out, status=status, reason=reason, results=results)
 
 
 def _open_memory(config: EvalConfig, simulated: SimulatedModels | None,
@@ -231,15 +244,16 @@ def _size(memory: ExperientialMemory) -> dict[str, int]:
 
 
 def _drive(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory | None, journal: JournalWriter,
-           state: _State, out: Path, parallel: int, progress: Callable[[str], None] | None) -> str | None:
-    """Start instances in task order (at most `parallel` uncommitted at once) and commit them in order."""
+           state: _State, out: Path, parallel: int, progress: Callable[[str], None] | None) -> _Stop | None:
+    """Start instances in task order (at most `parallel` uncommitted at once) and commit them in order;
+    the first stop (budget or refusal) ends it once the started instances finish their trials."""
     from amapreduce.memory.protocol import InstanceSession
 
     order = config.task_ids
     futures: dict[str, Future[list[TrialDone]]] = {}
     sessions: dict[str, InstanceSession | None] = {}
     started = committed = 0
-    stopped: str | None = None
+    stopped: _Stop | None = None
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="eval-task") as pool:
         while committed < len(order):
             while stopped is None and started < len(order) and started < committed + parallel:
@@ -259,7 +273,7 @@ def _drive(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory 
                 try:
                     done = futures.pop(iid).result()
                 except _Stop as stop:
-                    stopped = str(stop)
+                    stopped = stop
                     session = sessions.pop(iid, None)
                     if session is not None:
                         session.snapshot.close()
@@ -275,7 +289,8 @@ def _drive(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory 
             try:
                 future.result()
             except _Stop as stop:
-                stopped = stopped or str(stop)
+                if stopped is None or (stop.failed and not stopped.failed):  # a refusal outranks a budget stop
+                    stopped = stop
             session = sessions.pop(iid, None)
             if session is not None:
                 session.snapshot.close()
@@ -347,9 +362,14 @@ class _TrialRunner:
                               meter=meter, prior_provider=snapshot, task_id=iid, show_progress=False,
                               kind=RunKind.EVAL)
         except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (status failed) and never committed
+            refused = find_cause(exc, ProviderRejected)
+            if refused is not None:
+                self._refused(str(refused))
             failure = f"{type(exc).__name__}: {exc}"
             entry = {"status": "failed", "run_dir": None, "usage": None}
         else:
+            if outcome.ending.rejected:
+                self._refused(outcome.ending.reason or "the provider refused the run")
             answer = outcome.markdown
             record = outcome.record
             usage = outcome.meter.total()
@@ -392,6 +412,12 @@ class _TrialRunner:
             self.state.trials[(iid, trial)] = done
             self.state.running -= 1
         return done
+
+    def _refused(self, reason: str) -> None:
+        """Stop the evaluation on a trial the provider refused for good (the trial is not journaled)."""
+        with self.state.lock:
+            self.state.running -= 1
+        raise _Stop(f"{redact_secrets(reason)}; fix it and continue with --resume", failed=True)
 
     def _score(self, iid: str, trial: int) -> dict[str, Any]:
         """The trial's metrics, by the very code `eval score` runs on the answer file."""

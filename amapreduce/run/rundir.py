@@ -163,7 +163,8 @@ def _cost_of(usage: object) -> tuple[float | None, list[str]]:
 def list_runs(runs_dir: Path, *, state: str | None = None) -> list[dict[str, Any]]:
     """One summary per run folder that has a `result.json` or a journal, newest first; with
     `state`, only the runs in that state (one of `RUN_STATES`). A run's `cost_usd` is null when it
-    recorded no usage or used a model with no known price (named in `unpriced_models`)."""
+    recorded no usage or used a model with no known price (named in `unpriced_models`); its
+    `wall_s` (`result.json`'s `timings.wall_s`) is null until it has a result."""
     rows: list[dict[str, Any]] = []
     if not runs_dir.is_dir():
         return rows
@@ -185,9 +186,16 @@ def list_runs(runs_dir: Path, *, state: str | None = None) -> list[dict[str, Any
                 "missing_cells": completeness.get("missing_cells"),
                 "cost_usd": cost,
                 "unpriced_models": unpriced,
+                "wall_s": _wall_s(data.get("timings")),
                 "status": data.get("status"),
                 "state": data.get("state"),
                 **({"progress": data["progress"]} if "progress" in data else {}),
             }
         )
     return [r for r in rows if state is None or r["state"] == state]
+
+
+def _wall_s(timings: object) -> float | None:
+    """A run's wall time from its recorded `timings` (None when it has none yet or it is not a number)."""
+    wall = timings.get("wall_s") if isinstance(timings, dict) else None
+    return float(wall) if isinstance(wall, int | float) and not isinstance(wall, bool) else None

@@ -20,7 +20,8 @@ from amapreduce.errors import ConfigError, UserError
 from amapreduce.evaluation.report import EvalRun, load_eval_run, split_halves, write_report
 from amapreduce.evaluation.report_data import MEMORY_LOG_FILE, RESULTS_FILE, as_float
 from amapreduce.evaluation.report_plots import COST_PLOT, HINT_POOL_PLOT, LEARNING_PLOT, PER_TASK_PLOT
-from amapreduce.ui.runs import as_dict, as_list, cost_text
+from amapreduce.llm.meter import format_recorded_cost
+from amapreduce.ui.runs import as_dict, as_list
 
 __all__ = ["NO_COMPARE", "PLOTS", "eval_list", "eval_view", "plot_file"]
 
@@ -108,7 +109,7 @@ def eval_view(folders: tuple[Path, ...], index: int, *, compare: int | None, plo
         for trial in as_list(raw_tasks.get(task_id)):
             if isinstance(trial, dict):
                 per_task.append({**trial, "task_id": task_id,
-                                 "cost": cost_text(trial.get("cost_usd"), None),
+                                 "cost": format_recorded_cost(trial.get("cost_usd"), None),
                                  "run_dir": trial.get("run_dir") if isinstance(trial.get("run_dir"), str) else None})
     plots, plots_error = _plots(runs, plot_dir)
     summary = as_dict(raw.get("summary"))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from amapreduce.errors import UserError
-from amapreduce.llm.meter import format_cost
+from amapreduce.llm.meter import format_recorded_cost
 from amapreduce.llm.usage import Usage
 from amapreduce.run.rundir import RUN_STATES, list_runs, load_run
 from amapreduce.table.evidence import Evidence
@@ -21,7 +21,7 @@ from amapreduce.table.render import to_jsonl
 from amapreduce.table.table import Cell, CellStatus, Row, Table
 from amapreduce.ui.timeline import Timeline, read_timeline
 
-__all__ = ["DOWNLOADS", "CellView", "RunView", "as_dict", "as_list", "cost_text", "download", "run_view", "runs_view"]
+__all__ = ["DOWNLOADS", "CellView", "RunView", "as_dict", "as_list", "download", "run_view", "runs_view"]
 
 DOWNLOADS = {"csv": ("table.csv", "text/csv"), "md": ("table.md", "text/markdown"),
              "jsonl": ("table.jsonl", "application/x-ndjson")}
@@ -41,23 +41,8 @@ def as_list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def cost_text(cost: object, unpriced: object) -> str:
-    """A cost as the CLI shows it (`format_cost`): dollars, `unpriced (...)`, or empty when unknown."""
-    if isinstance(unpriced, list) and unpriced:
-        return format_cost(None, map(str, unpriced))
-    if isinstance(cost, bool) or not isinstance(cost, int | float):
-        return ""
-    return format_cost(float(cost))
-
-
-def _wall_s(data: dict[str, Any]) -> float | None:
-    timings = data.get("timings")
-    wall = timings.get("wall_s") if isinstance(timings, dict) else None
-    return float(wall) if isinstance(wall, int | float) and not isinstance(wall, bool) else None
-
-
 def runs_view(runs_dir: Path, state: str | None) -> dict[str, Any]:
-    """The Runs page: one row per run (`list_runs`), with its wall time from `result.json`.
+    """The Runs page: one row per run (`list_runs`, which reads each run's files once, its wall time included).
 
     Raises:
         UserError: `state` is not one of `RUN_STATES`.
@@ -66,14 +51,10 @@ def runs_view(runs_dir: Path, state: str | None) -> dict[str, Any]:
         raise UserError(f"unknown status {state!r}: use one of {', '.join(RUN_STATES)}.")
     rows = list_runs(runs_dir, state=state)
     for row in rows:
-        for key in ("kind", "query", "rows", "missing_cells"):  # an unreadable run has only its name and why
+        for key in ("kind", "query", "rows", "missing_cells", "wall_s"):  # an unreadable run has only its name and why
             row.setdefault(key, None)
-        row["cost"] = cost_text(row.get("cost_usd"), row.get("unpriced_models"))
+        row["cost"] = format_recorded_cost(row.get("cost_usd"), row.get("unpriced_models"))
         row["live"] = row.get("state") == LIVE_STATE
-        try:
-            row["wall_s"] = _wall_s(load_run(runs_dir, str(runs_dir / row["run"])))
-        except UserError:
-            row["wall_s"] = None
     return {"runs": rows, "states": RUN_STATES, "state": state, "live": any(r["live"] for r in rows),
             "runs_dir": str(runs_dir)}
 
@@ -182,7 +163,7 @@ def _usage(usage: object) -> list[dict[str, Any]]:
         counted = Usage.from_json(raw)
         rows.append({"role": role, "requests": counted.requests, "prompt_tokens": counted.input_tokens,
                      "completion_tokens": counted.output_tokens, "cached_tokens": counted.cached_tokens,
-                     "cost": cost_text(raw.get("cost_usd"), unpriced if role == "total" else None)})
+                     "cost": format_recorded_cost(raw.get("cost_usd"), unpriced if role == "total" else None)})
     return rows
 
 
