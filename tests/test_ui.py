@@ -169,6 +169,7 @@ def test_run_page_shows_table_timeline_decision_plan_and_usage(client: TestClien
                                                    result["table"]["columns"]]
     assert "source: corpus://sandbox/countries/ar.html" in cells[1][1]
     assert "found: 70" in page.text
+    assert "quote verified: 56" in page.text and "quote unverified: 0" in page.text  # the legend of the left marker
     gantt = page.text.split('id="timeline"')[1].split("</svg>")[0]
     completeness = result["completeness"]
     assert gantt.count('class="bar bar-') == completeness["attempts"]

@@ -2,8 +2,7 @@
 
 Each `run` call owns its state (an `EngineRun` of `mapreduce.run_state`: slots, attempts in flight, finished queue, stop
 reason), so runs sharing an engine are independent; one loop in the calling thread owns the
-run's tables (no locks around them): it keeps at most
-`workers` attempts in flight on the executor, merges each reply as it completes (completion
+run's tables (no locks around them): it keeps at most `workers` attempts in flight on the executor, merges each reply as it completes (completion
 order), retries a batch with a continuation prompt that names exactly what is missing
 (results of earlier attempts are kept), abandons attempts that pass their deadline, and
 finally reduces the per-task tables into one table in matrix order. Then Algorithm 1's delta
@@ -275,12 +274,12 @@ class MapReduceEngine:
         self._emit("phase", phase, done_batches, total)
         inflight: dict[Future[SolverReply], BatchJob] = {}
         batches = telemetry.SpanGroup("amapreduce.batch", key_attribute="amapreduce.batch_id")
+        finished: deque[tuple[BatchJob, SolverReply | None, BaseException | None]] = deque()
         try:
             self._submit(run, pending, inflight, executor, batches)
             while inflight:
                 if run.stopping.is_set():
                     raise RunCancelled("cancelled")
-                finished: list[tuple[BatchJob, SolverReply | None, BaseException | None]] = []
                 for fut in run.finished(inflight):
                     job = inflight.pop(fut)
                     run.leave(job)
@@ -293,7 +292,8 @@ class MapReduceEngine:
                     run.abandon(job)  # its slot goes to the next attempt; a late result is ignored
                     executor.replace_stuck_thread()  # the hung thread must not starve queued attempts
                     finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
-                for job, reply, exc in finished:
+                while finished:
+                    job, reply, exc = finished.popleft()
                     if isinstance(exc, RUN_STOPPING_ERRORS):
                         run.stop(stop_ending(exc))
                     follow = self._settle(run, job, phase, reply, exc, tables, records, execution)
@@ -311,6 +311,8 @@ class MapReduceEngine:
         except (KeyboardInterrupt, RunCancelled) as exc:
             # queued attempts waiting for a slot must not start after Ctrl-C
             run.stop(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else CANCELLED)
+            for job, reply, error in finished:  # taken off the queue, not yet settled when the stop came
+                self._settle(run, job, phase, reply, error, tables, records, execution)
             for job in list(inflight.values()):
                 if job.outcome is not None:  # answered before the stop: keep (and count) its rows
                     self._settle(run, job, phase, *job.outcome, tables, records, execution)
@@ -392,8 +394,7 @@ class MapReduceEngine:
             prompt=prompt,
             tasks=tuple(item.text for item in w.items),
             column_specs=w.column_specs,
-            rationale=w.batch.rationale,
-            shared_context=dict(w.batch.shared_context),
+            rationale=w.batch.rationale, shared_context=dict(w.batch.shared_context),
         )
 
     def _settle(

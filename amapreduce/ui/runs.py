@@ -70,6 +70,8 @@ class CellView:
     link: str | None
     """The source as a link, only for http(s) URLs (never `javascript:` or a local scheme)."""
     title: str
+    evidence: str | None = None
+    """`verified` or `unverified` when the cell's quote was checked (the left marker), else None."""
 
 
 def _cell(raw: object) -> CellView:
@@ -92,7 +94,8 @@ def _cell(raw: object) -> CellView:
     if alternatives:
         title.append("also seen: " + "; ".join(alternatives))
     link = source if source and source.lower().startswith(("http://", "https://")) else None
-    return CellView(value=value, status=status, css=" ".join(css), source=source, link=link, title="\n".join(title))
+    return CellView(value=value, status=status, css=" ".join(css), source=source, link=link, title="\n".join(title),
+                    evidence=str(evidence) if verified is not None else None)
 
 
 def _table(recorded: object) -> dict[str, Any] | None:
@@ -102,11 +105,14 @@ def _table(recorded: object) -> dict[str, Any] | None:
     rows = [[_cell((r.get("cells") or {}).get(c)) for c in columns]
             for r in recorded.get("rows") or [] if isinstance(r, dict)]
     counts: dict[str, int] = {}
+    checked: dict[str, int] = {}
     for row in rows:
         for cell in row:
             counts[cell.status] = counts.get(cell.status, 0) + 1
+            if cell.evidence is not None:
+                checked[cell.evidence] = checked.get(cell.evidence, 0) + 1
     return {"columns": columns, "key_columns": [str(k) for k in recorded.get("key_columns") or []],
-            "rows": rows, "counts": counts}
+            "rows": rows, "counts": counts, "evidence": checked}
 
 
 def _decision(raw: dict[str, Any]) -> dict[str, Any]:
