@@ -89,14 +89,18 @@ def ours(**values: Any) -> dict[str, Any]:
     return {f"amapreduce.{name}": value for name, value in values.items()}
 
 
+def _text(value: object) -> str:
+    """`value` as text fit to leave the process: scrubbed, every registered secret masked."""
+    return redact_secrets(scrub(str(value)))  # str(): a `str` subclass is written as plain text
+
+
 def _clean(value: Any) -> AttributeValue | None:
     """An attribute value fit to leave the process: text scrubbed and with every registered secret
     masked; numbers and booleans as they are; sequences item by item; None dropped."""
     if isinstance(value, Enum):
         value = value.value
     if isinstance(value, str):
-        value = str(value)  # a `str` subclass is written as plain text
-        return redact_secrets(scrub(value))
+        return _text(value)
     if isinstance(value, bool | int | float):
         return value
     if value is None:
@@ -106,8 +110,8 @@ def _clean(value: Any) -> AttributeValue | None:
         items = [v for v in (_clean(v) for v in value) if v is not None]
         if len({type(v) for v in items}) <= 1 and all(isinstance(v, str | bool | int | float) for v in items):
             return items
-        return [redact_secrets(scrub(str(v))) for v in value]
-    return redact_secrets(scrub(str(value)))
+        return [_text(v) for v in value]
+    return _text(value)
 
 
 def _attributes(attributes: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
@@ -144,7 +148,7 @@ class SpanHandle:
         message redacted and no stack trace (a stack trace can quote a provider's echo of a key)."""
         if self._span is None:
             return
-        message = redact_secrets(scrub(str(exc)))
+        message = _text(exc)
         self._span.add_event("exception", {"exception.type": type(exc).__name__, "exception.message": message})
         self.error(f"{type(exc).__name__}: {message}")
 
@@ -155,7 +159,7 @@ class SpanHandle:
             from opentelemetry.trace import Status, StatusCode
 
             self._failed = True
-            self._span.set_status(Status(StatusCode.ERROR, redact_secrets(scrub(description))))
+            self._span.set_status(Status(StatusCode.ERROR, _text(description)))
 
     def end(self, attributes: Mapping[str, Any] | None = None) -> None:
         """Set `attributes`, then end the span."""
@@ -425,7 +429,7 @@ def redacting_exporter(inner: SpanExporter) -> SpanExporter:
     def copy(s: ReadableSpan) -> ReadableSpan:
         status = s.status
         if status.description:
-            status = Status(status.status_code, redact_secrets(scrub(status.description)))
+            status = Status(status.status_code, _text(status.description))
         return ReadableSpan(
             name=s.name, context=s.context, parent=s.parent, resource=s.resource, attributes=_attributes(s.attributes),
             events=[Event(e.name, _attributes(e.attributes), e.timestamp) for e in s.events], links=s.links,

@@ -44,6 +44,7 @@ __all__ = [
     "forget_secrets",
     "redact",
     "redact_secrets",
+    "redacted_json",
     "register_secrets",
 ]
 
@@ -113,6 +114,12 @@ def _as_text(value: object) -> str:
     return redact_secrets(str(value))
 
 
+def redacted_json(value: Any, *, indent: int | None = None) -> str:
+    """`value` as JSON with credentials redacted (`redact`), objects JSON cannot encode written as
+    their text with secrets masked too: the one way a trace line or a run file is serialised."""
+    return json.dumps(redact(value), ensure_ascii=False, indent=indent, default=_as_text)
+
+
 class Trace:
     """Interface: anything that accepts trace events."""
 
@@ -150,7 +157,7 @@ class TraceWriter(Trace):
         U+FFFD (`_text.scrub`) on the serialised line, which also covers objects only `str()`
         can write.
         """
-        line = json.dumps({"ts": round(time.time(), 6), "event": event, **redact(data)}, ensure_ascii=False, default=_as_text)
+        line = redacted_json({"ts": round(time.time(), 6), "event": event, **data})
         line = scrub(line)
         with self._lock:
             if self._file is None:

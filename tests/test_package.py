@@ -136,7 +136,7 @@ def test_cli_start_imports_no_heavy_library() -> None:
     code = (
         "import sys, amapreduce.cli.app\n"
         "heavy = ['torch', 'sentence_transformers', 'faiss', 'finch', 'smolagents', 'pandas', 'trafilatura', 'litellm', "
-        "'opentelemetry', 'openinference', 'mcp', 'starlette', 'uvicorn', 'selenium']\n"
+        "'opentelemetry', 'openinference', 'mcp', 'starlette', 'uvicorn', 'selenium', 'pydantic']\n"
         "print(','.join(m for m in heavy if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -31,24 +31,17 @@ from amapreduce.llm.guard import allow_model_requests
 from amapreduce.llm.messages import message_text
 from amapreduce.llm.meter import UsageMeter
 from amapreduce.llm.models import ManagedModel
+from amapreduce.run.rundir import RunDir
 from amapreduce.settings import load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply
-from amapreduce.trace import REDACTED, TraceWriter, forget_secrets, redact, redact_secrets, register_secrets
+from amapreduce.trace import REDACTED, TraceWriter, redact, redact_secrets, register_secrets
 from amapreduce.web.backends.base import BackendError
 from amapreduce.web.backends.tavily import TavilyBackend
 from tests.test_cli_exit_codes import Items, decision_file, workdir  # noqa: F401 - `workdir`: an autouse fixture
 
 KEY = "sk-proj-ECHOEDkey0123456789abcdefXYZ"
 """The key the run is configured with; the server wants another and echoes this one."""
-
-
-@pytest.fixture(autouse=True)
-def fresh_secrets() -> Iterator[None]:
-    """No secret of another test masks this one's text, and none of this one's outlives it."""
-    forget_secrets()
-    yield
-    forget_secrets()
 
 
 def everything_written(folder: Path) -> dict[str, bytes]:
@@ -119,6 +112,25 @@ def test_the_trace_takes_lone_surrogates_and_masks_keys_in_any_field(tmp_path: P
     assert event["raw_output"] == '[{"name": "caf\ufffd"}]' and event["prompt"] == f"retry: {REDACTED}"
     assert event["extra"] == f"odd \ufffd {REDACTED}" and event["k\ufffd"] == 1
     assert KEY not in text
+
+
+def test_result_json_masks_a_key_inside_an_object_json_cannot_encode(tmp_path: Path) -> None:
+    """`result.json` is written as the trace is (`redacted_json`): an object JSON cannot encode is
+    written as its text, and a key inside that text is masked too (it used to go through `str` as is)."""
+    register_secrets([KEY])
+
+    class Odd:
+        def __str__(self) -> str:
+            return f"refused: {KEY}"
+
+    run_dir = RunDir.create(tmp_path, "secret")
+    try:
+        run_dir.write_result({"error": Odd(), "api_key": "anything", "nested": [{"note": f"saw {KEY}"}]})
+    finally:
+        run_dir.close()
+    text = (run_dir.path / "result.json").read_text(encoding="utf-8")
+    assert KEY not in text
+    assert json.loads(text) == {"error": f"refused: {REDACTED}", "api_key": REDACTED, "nested": [{"note": f"saw {REDACTED}"}]}
 
 
 # -- what is sent ----------------------------------------------------------------------------------

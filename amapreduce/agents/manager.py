@@ -66,7 +66,7 @@ class _RunStop:
                     self.error = exc
 
 
-def _clipping(tool: Tool, limit: int, stop: _RunStop | None = None) -> Tool:
+def _clipping(tool: Tool, limit: int, stop: _RunStop) -> Tool:
     """A copy of `tool` whose output is cut to `limit` characters; `tool` itself is unchanged.
     A run-stopping error it raises is noted in `stop`, and raised on as before.
 
@@ -82,8 +82,7 @@ def _clipping(tool: Tool, limit: int, stop: _RunStop | None = None) -> Tool:
         try:
             out = tool(*args, **kwargs)
         except Exception as exc:
-            if stop is not None:
-                stop.note(exc)
+            stop.note(exc)
             raise
         return clip_observation(out, limit) if isinstance(out, str) else out
 

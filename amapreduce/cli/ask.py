@@ -8,18 +8,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from amapreduce.cli import options as opt
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
-from amapreduce.cli.output import EVIDENCE_HELP, VERIFY_HELP
 
 if TYPE_CHECKING:
     from amapreduce.run.ask import AskOutcome
 
-__all__ = ["OTEL_HELP", "register", "runs_app"]
-
-OTEL_HELP = (
-    "Send OpenTelemetry traces (one trace per run; smolagents spans plus ours) to the collector the OTEL_* "
-    "variables name (default OTLP http://localhost:4318). Needs: pip install 'amapreduce[otel]'. Or AMAPREDUCE_OTEL=1."
-)
+__all__ = ["register", "runs_app"]
 
 runs_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -38,26 +33,22 @@ def _memory_store(memory: Path | None, no_memory: bool, default: Path) -> Path |
 def ask(
     query: str = typer.Argument(..., help="The wide-search question."),
     model: str | None = typer.Option(None, "--model", help="LiteLLM id (openai/gpt-5-mini) or the server's model name."),
-    api_base: str | None = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."),
-    search: str | None = typer.Option(None, "--search", help=(
-        "ddgs | searxng:URL | serper | tavily | corpus:INDEX, or an installed plug-in's NAME[:ARG] "
-        "(`amapreduce search --list-backends`).")),
-    workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once."),
+    api_base: opt.ApiBaseOpt = None,
+    search: opt.SearchOpt = None,
+    workers: opt.WorkersOpt = None,
     memory: Path | None = typer.Option(None, "--memory", help="Experiential-memory store for the plan stage."),
     no_memory: bool = typer.Option(False, "--no-memory", help="Run without experiential memory."),
-    mcp: Path | None = typer.Option(None, "--mcp", metavar="CONFIG", help=(
-        "JSON file of MCP servers (Claude Desktop's {\"mcpServers\": ...} format) whose tools every search "
-        "sub-agent gets; needs the `mcp` extra.")),
+    mcp: opt.McpOpt = None,
     mcp_manager: bool = typer.Option(False, "--mcp-manager", help="Give the MCP servers' tools to the manager too."),
-    out: Path | None = typer.Option(None, "--out", help="Also write the markdown table here."),
-    csv_out: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV here."),
-    evidence: bool = typer.Option(False, "--evidence", help=EVIDENCE_HELP),
-    verify: str | None = typer.Option(None, "--verify", metavar="off|record|strict", help=VERIFY_HELP),
+    out: opt.OutOpt = None,
+    csv_out: opt.CsvOpt = None,
+    evidence: opt.EvidenceOpt = False,
+    verify: opt.VerifyOpt = None,
     max_cost: float | None = typer.Option(None, "--max-cost", help=(
         "Stop after spending this many dollars. Models with no known price (a local vLLM or llama.cpp model) count "
         "as $0: price them in the JSON file named by AMAPREDUCE_PRICES_FILE, or use --max-tokens.")),
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="Stop after this many tokens."),
-    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
+    otel: opt.OtelOpt = False,
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Answer a wide-search question with a table (manager + parallel search sub-agents)."""
@@ -81,41 +72,19 @@ def ask(
 def report_ask(
     outcome: AskOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None, evidence: bool = False
 ) -> None:
-    """Hand a finished (or stopped) `ask` run to the user: the table copies asked for, the `--json`
-    object or the table and a summary line, and the exit code of how it ended (`exit_for_run`).
+    """Hand a finished (or stopped) `ask` run to the user (`output.hand_over`): the `--json` object
+    also holds the query and the completeness record, the summary line the effort and the cost.
     One output contract for `ask` and for `runs resume` of an `ask` run."""
-    from amapreduce.cli.exit_codes import exit_for_run
-    from amapreduce.cli.output import counted, effort_text, usage_json, write_table_copies
+    from amapreduce.cli.output import counted, effort_text, hand_over
 
-    write_table_copies(outcome.table, outcome.markdown, out=out, csv_out=csv_out, evidence=evidence)
-    completeness = outcome.record["completeness"]
-    if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "query": outcome.record["query"],
-                    "status": outcome.status,
-                    "rows": completeness["rows"],
-                    "missing_cells": completeness["missing_cells"],
-                    "completeness": completeness,
-                    "table_markdown": outcome.markdown,
-                    "usage": usage_json(outcome.meter),
-                    "run_dir": str(outcome.run_dir.path),
-                    **({"error": outcome.ending.error} if outcome.ending.error else {}),
-                },
-                ensure_ascii=False,
-            )
-        )
-    else:
-        typer.echo(outcome.markdown)
-        typer.echo(
-            f"{counted(completeness['rows'], 'row')}, {counted(completeness['missing_cells'], 'missing cell')} "
-            f"({outcome.status}{f': {outcome.ending.error}' if outcome.ending.error else ''}); "
-            f"{effort_text(completeness)}; "
-            f"{outcome.meter.cost_text()}. Run directory: {outcome.run_dir.path}",
-            err=True,
-        )
-    exit_for_run(outcome.ending.status)
+    c = outcome.record["completeness"]
+    hand_over(
+        outcome, outcome.table, outcome.markdown, as_json=as_json,
+        fields={"query": outcome.record["query"], "rows": c["rows"], "missing_cells": c["missing_cells"], "completeness": c},
+        counts=f"{counted(c['rows'], 'row')}, {counted(c['missing_cells'], 'missing cell')}",
+        tail=f"; {effort_text(c)}; {outcome.meter.cost_text()}. Run directory: {outcome.run_dir.path}",
+        out=out, csv_out=csv_out, evidence=evidence,
+    )
 
 
 @runs_app.command("list")
@@ -221,7 +190,7 @@ def runs_resume(
     run: str = typer.Argument(..., help="Run folder name (from `runs list`) or path."),
     runs_dir: Path | None = typer.Option(None, "--runs-dir", help="Folder of run directories (default: runs/)."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once (default: the run's)."),
-    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
+    otel: opt.OtelOpt = False,
     as_json: bool = typer.Option(False, "--json", help=(
         "Print exactly one JSON object on stdout (as `mapreduce run --json`, or `ask --json` for an `ask` run).")),
 ) -> None:

@@ -12,9 +12,9 @@ from typing import Any
 
 import typer
 
-from amapreduce.cli.ask import OTEL_HELP
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
-from amapreduce.cli.output import VERIFY_HELP, counted, effort_text
+from amapreduce.cli.options import OtelOpt, VerifyOpt, WorkersOpt
+from amapreduce.cli.output import counted, effort_text
 
 __all__ = ["demo", "register"]
 
@@ -30,8 +30,8 @@ def demo(
     seed: int = typer.Option(0, "--seed", help="Seed of the fault injection (and of --wrong-values)."),
     wrong_values: float = typer.Option(0.0, "--wrong-values", min=0.0, max=1.0, metavar="RATE", help=(
         "Share of the simulated sub-agents' cells answered wrong, with made-up quotes (0-1): measures the quote check.")),
-    verify: str | None = typer.Option(None, "--verify", metavar="off|record|strict", help=VERIFY_HELP),
-    workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once."),
+    verify: VerifyOpt = None,
+    workers: WorkersOpt = None,
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
     memory: Path | None = typer.Option(
         None, "--memory", help="Demo memory store (default: <cache dir>/demo-memory; created if missing)."),
@@ -40,7 +40,7 @@ def demo(
     serve: bool = typer.Option(False, "--serve", help="Serve the simulated model as a loopback OpenAI-compatible "
                                "endpoint and print the `ask` line to use against it (Ctrl-C stops)."),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="With --serve: the loopback port (0: any free port)."),
-    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
+    otel: OtelOpt = False,
 ) -> None:
     """Run a sandbox task end to end with a simulated model, offline; print the table and its score.
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from amapreduce.cli.ask import OTEL_HELP
 from amapreduce.cli.exit_codes import EVAL_EXIT_CODES_HELP
+from amapreduce.cli.options import OtelOpt
 from amapreduce.errors import UserError
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def run(
     max_cost: Annotated[float | None, typer.Option(
         "--max-cost", min=0.0, help="Stop starting trials once the evaluation has spent this many USD.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the evaluation in DIR / --out.")] = False,
-    otel: Annotated[bool, typer.Option("--otel", help=OTEL_HELP)] = False,
+    otel: OtelOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")] = False,
 ) -> None:
     """Run a benchmark end to end (manager, mapreduce, sub-agents), score it, and let the memory learn.

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from amapreduce.cli.ask import OTEL_HELP
+from amapreduce.cli import options as opt
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
-from amapreduce.cli.output import EVIDENCE_HELP, VERIFY_HELP
 
 if TYPE_CHECKING:
     from amapreduce.run.mapreduce_run import MapReduceRunOutcome
@@ -74,20 +73,16 @@ def plan(
 def run(
     decision_file: str = typer.Argument(..., metavar="DECISION.json", help="Decision file to execute."),
     model: str | None = typer.Option(None, "--model", help="Sub-agent model: LiteLLM id or the server's model name."),
-    api_base: str | None = typer.Option(None, "--api-base", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."),
-    search: str | None = typer.Option(None, "--search", help=(
-        "ddgs | searxng:URL | serper | tavily | corpus:INDEX, or an installed plug-in's NAME[:ARG] "
-        "(`amapreduce search --list-backends`).")),
-    workers: int | None = typer.Option(None, "--workers", min=1, help="Sub-agents running at once."),
+    api_base: opt.ApiBaseOpt = None,
+    search: opt.SearchOpt = None,
+    workers: opt.WorkersOpt = None,
     max_batches: int | None = typer.Option(None, "--max-batches", min=1, help=MAX_BATCHES_HELP),
-    mcp: Path | None = typer.Option(None, "--mcp", metavar="CONFIG", help=(
-        "JSON file of MCP servers (Claude Desktop's {\"mcpServers\": ...} format) whose tools every search "
-        "sub-agent gets; needs the `mcp` extra.")),
-    out: Path | None = typer.Option(None, "--out", help="Also write the markdown table here."),
-    csv_out: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV here."),
-    evidence: bool = typer.Option(False, "--evidence", help=EVIDENCE_HELP),
-    verify: str | None = typer.Option(None, "--verify", metavar="off|record|strict", help=VERIFY_HELP),
-    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
+    mcp: opt.McpOpt = None,
+    out: opt.OutOpt = None,
+    csv_out: opt.CsvOpt = None,
+    evidence: opt.EvidenceOpt = False,
+    verify: opt.VerifyOpt = None,
+    otel: opt.OtelOpt = False,
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Run a decision through the engine and search sub-agents, with no manager.
@@ -115,40 +110,19 @@ def report_run(
     outcome: MapReduceRunOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None,
     evidence: bool = False,
 ) -> None:
-    """Hand a finished (or stopped) `mapreduce run` to the user: the table copies asked for, the
-    `--json` object or the table and a summary line, and the exit code of how it ended
-    (`exit_for_run`). One output contract for `mapreduce run` and `runs resume`.
+    """Hand a finished (or stopped) `mapreduce run` to the user (`output.hand_over`): the `--json`
+    object also holds the completeness record and the wall time, the summary line the patch rounds
+    and retries. One output contract for `mapreduce run` and `runs resume`.
     """
-    from amapreduce.cli.exit_codes import exit_for_run
-    from amapreduce.cli.output import counted, usage_json, write_table_copies
+    from amapreduce.cli.output import counted, hand_over
 
-    result = outcome.result
-    write_table_copies(result.table, result.markdown(), out=out, csv_out=csv_out, evidence=evidence)
-    if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "rows": result.summary.rows,
-                    "missing_cells": result.summary.missing_cells,
-                    "completeness": outcome.record["completeness"],
-                    "table_markdown": result.markdown(),
-                    "usage": usage_json(outcome.meter),
-                    "timings": {"wall_s": result.summary.timings.get("wall_s", 0.0)},
-                    "run_dir": str(outcome.run_dir.path),
-                    "status": outcome.status,
-                    **({"error": outcome.ending.error} if outcome.ending.error else {}),
-                },
-                ensure_ascii=False,
-            )
-        )
-    else:
-        typer.echo(result.markdown())
-        s = result.summary
-        typer.echo(
-            f"{counted(s.rows, 'row')}, {counted(s.missing_cells, 'missing cell')}, "
-            f"{counted(s.patch_rounds, 'patch round')}, {counted(s.retries, 'retry')} "
-            f"({outcome.status}{f': {outcome.ending.error}' if outcome.ending.error else ''}). "
-            f"Run directory: {outcome.run_dir.path}",
-            err=True,
-        )
-    exit_for_run(outcome.ending.status)
+    result, s = outcome.result, outcome.result.summary
+    hand_over(
+        outcome, result.table, result.markdown(), as_json=as_json,
+        fields={"rows": s.rows, "missing_cells": s.missing_cells, "completeness": outcome.record["completeness"],
+                "timings": {"wall_s": s.timings.get("wall_s", 0.0)}},
+        counts=(f"{counted(s.rows, 'row')}, {counted(s.missing_cells, 'missing cell')}, "
+                f"{counted(s.patch_rounds, 'patch round')}, {counted(s.retries, 'retry')}"),
+        tail=f". Run directory: {outcome.run_dir.path}",
+        out=out, csv_out=csv_out, evidence=evidence,
+    )

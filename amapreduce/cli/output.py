@@ -2,23 +2,26 @@
 
 Why here, at the command line: the `--out`/`--csv` copies and the `usage` object of `--json`
 are the commands' output contract; the run directory itself is written by `run.lifecycle`.
+Nothing beyond the standard library is imported at module level (the command modules import
+this one, and `amapreduce --help` must not load the meter or the table code).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amapreduce._atomic import atomic_write
-from amapreduce.llm.meter import format_recorded_cost
-from amapreduce.table.render import to_csv
+import typer
 
 if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
+    from amapreduce.run.ask import AskOutcome
+    from amapreduce.run.mapreduce_run import MapReduceRunOutcome
     from amapreduce.table.table import Table
 
-__all__ = ["EVIDENCE_HELP", "VERIFY_HELP", "cost_cell", "counted", "effort_text", "usage_json", "write_table_copies"]
+__all__ = ["cost_cell", "counted", "effort_text", "hand_over", "usage_json", "write_table_copies"]
 
 
 def usage_json(meter: UsageMeter) -> dict[str, Any]:
@@ -59,12 +62,9 @@ def cost_cell(row: Mapping[str, Any]) -> str:
     """The cost of one `runs list` row (`run.rundir.list_runs`) as the table shows it: `$0.0123`,
     `unpriced (model ids)`, or empty for a run that recorded no usage (a failed start, a journal
     without a result yet); the words are `llm.meter.format_recorded_cost`'s, which the web UI shows too."""
+    from amapreduce.llm.meter import format_recorded_cost
+
     return format_recorded_cost(row.get("cost_usd"), row.get("unpriced_models"))
-
-
-EVIDENCE_HELP = "The --csv copy also holds each cell's quote and evidence (verified/unverified/no_evidence)."
-VERIFY_HELP = ("Check each cell's quote against the pages fetched: off, record (default; AMAPREDUCE_VERIFY), "
-               "or strict (unverified cells count as missing and are asked again).")
 
 
 def write_table_copies(
@@ -72,7 +72,34 @@ def write_table_copies(
 ) -> None:
     """Write the `--out` markdown and `--csv` copies a user asked for (atomically); with
     `evidence` (`--evidence`), the CSV holds each cell's quote and evidence too."""
+    from amapreduce._atomic import atomic_write
+    from amapreduce.table.render import to_csv
+
     if out is not None:
         atomic_write(out, markdown + "\n")
     if csv_out is not None:
         atomic_write(csv_out, to_csv(table, evidence=evidence))
+
+
+def hand_over(
+    outcome: AskOutcome | MapReduceRunOutcome, table: Table, markdown: str, *, as_json: bool, fields: dict[str, Any],
+    counts: str, tail: str, out: Path | None, csv_out: Path | None, evidence: bool,
+) -> None:
+    """Hand a finished (or stopped) run to the user, the one output contract of `ask`, `mapreduce run`
+    and `runs resume`: the table copies asked for (`write_table_copies`); then with `as_json` one
+    JSON object (the command's `fields`, then `table_markdown`, `usage`, `run_dir`, `status` and
+    `error`), else the table on stdout and on stderr `counts (status: error)tail`; and the exit code
+    of how the run ended (`exit_for_run`)."""
+    from amapreduce.cli.exit_codes import exit_for_run
+
+    write_table_copies(table, markdown, out=out, csv_out=csv_out, evidence=evidence)
+    error = outcome.ending.error
+    if as_json:
+        typer.echo(json.dumps({
+            **fields, "table_markdown": markdown, "usage": usage_json(outcome.meter),
+            "run_dir": str(outcome.run_dir.path), "status": outcome.status, **({"error": error} if error else {}),
+        }, ensure_ascii=False))
+    else:
+        typer.echo(markdown)
+        typer.echo(f"{counts} ({outcome.status}{f': {error}' if error else ''}){tail}", err=True)
+    exit_for_run(outcome.ending.status)

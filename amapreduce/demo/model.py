@@ -356,7 +356,7 @@ class SimulatedAtlasModel(FunctionModel):
             return final_answer(problem)
         if todo:
             return todo[0]  # one look-up per step: no parallelism
-        decision = intent.decision(pages, obs)
+        decision = intent.draft(pages, obs)  # its matrix and template: the baseline does every look-up itself
         if isinstance(decision, list):
             return decision[0]
         columns = column_specs(intent.columns)

@@ -326,15 +326,6 @@ class Intent:
         low = [n.lower() for n in names]
         return low[0] if len(low) == 1 else ", ".join(low[:-1]) + " and " + low[-1]
 
-    def decision(self, pages: Sequence[str], obs: Observations, *, batching: Batching | None = None,
-                 cap: int | None = None) -> dict[str, Any] | list[ToolCall]:
-        """The mapreduce arguments (`batching`, default: `default_batching` under `cap`), or the
-        crawls still needed to know the entities."""
-        draft = self.draft(pages, obs)
-        if isinstance(draft, list):
-            return draft
-        return with_batching(draft, batching or default_batching(draft["task_matrix"], cap))
-
     def draft(self, pages: Sequence[str], obs: Observations) -> dict[str, Any] | list[ToolCall]:
         """Matrix, template and schema of the decision (no batching yet), or the crawls still needed."""
         cols = list(self.columns)

@@ -108,16 +108,17 @@ def score_answer_corrected(
     """`score_answer`, with the scorer's bug fixes when `corrected` (`eval score --corrected`); also
     what the fixes changed (the scorer's non-zero correction counts, e.g. `B1 cells rendered as
     integers`)."""
-    from amapreduce.evaluation.judges import ExactJudge, IdentityAligner
-    from amapreduce.evaluation.loaders import load_gold
-    from amapreduce.evaluation.preprocess import DateContext
-    from amapreduce.evaluation.score import METRIC_FIELDS, ScoreConfig, score_table
+    from amapreduce.evaluation.runner import EvalOptions, Trial, run_evaluation
+    from amapreduce.evaluation.score import METRIC_FIELDS
 
-    cfg = ScoreConfig(benchmark="widesearch", judge=ExactJudge(), aligner=IdentityAligner(), dates=DateContext(),
-                      corrected=corrected)
-    result = score_table(task, load_gold(gold_dir, task), markdown, cfg)
-    changed = {what: int(n) for what, n in sorted(result.corrections.items()) if n}
-    return {name: float(getattr(result, name)) for name in METRIC_FIELDS}, changed
+    # `eval score`'s own code (its default options: exact judge, identity alignment), so the
+    # corrected score also reads the gold and the dates as `--corrected` does.
+    iid = task.instance_id
+    report = run_evaluation({iid: task}, [iid], [Trial("demo", {iid: markdown})], Path(gold_dir),
+                            EvalOptions(corrected=corrected))
+    metrics = report.per_task[iid][0]
+    changed = {what: int(n) for what, n in sorted(report.corrections.items()) if n}
+    return {name: float(metrics[name]) for name in METRIC_FIELDS}, changed
 
 
 def run_demo(

@@ -44,13 +44,18 @@ def _masked_content(content: Any) -> Any:
         return redact_secrets(content)
     if not isinstance(content, list):
         return content
-    parts = [
-        {**part, "text": redact_secrets(part["text"])}
-        if isinstance(part, dict) and isinstance(part.get("text"), str) and redact_secrets(part["text"]) is not part["text"]
-        else part
-        for part in content
-    ]
+    parts = [_masked_part(part) for part in content]
     return content if all(new is old for new, old in zip(parts, content, strict=True)) else parts
+
+
+def _masked_part(part: Any) -> Any:
+    """A text part with secrets masked (a copy); the same object when it has none or is no text part."""
+    text = part.get("text") if isinstance(part, dict) else None
+    if isinstance(text, str):
+        masked = redact_secrets(text)
+        if masked is not text:
+            return {**part, "text": masked}
+    return part
 
 
 def without_secrets(messages: list[M]) -> list[M]:

@@ -170,21 +170,12 @@ class MapReduceEngine:
         forced_cols = set(decision.forced_values(0))
         one_row, names = decision.one_row_per_task, decision.columns
         wanted = tuple(c for c in names if c not in forced_cols)
-        items = []
-        for i, task_table in tables.items():
-            forced = decision.forced_values(i)
-            if one_row:
-                task_table.upsert(forced, task_index=i, sources=dict.fromkeys(forced, MATRIX_SOURCE))
-            items.append(
-                WorkItem(
-                    task_index=i,
-                    text=decision.task_text(i),
-                    forced=forced,
-                    columns=wanted,
-                    single_row=one_row,
-                    expected_rows=decision.rows_per_task,
-                )
-            )
+        items = [WorkItem(task_index=i, text=decision.task_text(i), forced=decision.forced_values(i), columns=wanted,
+                          single_row=one_row, expected_rows=decision.rows_per_task) for i in tables]
+        if one_row:  # the matrix fixes each task's one row: it exists before any answer
+            for item in items:
+                tables[item.task_index].upsert(item.forced, task_index=item.task_index,
+                                               sources=dict.fromkeys(item.forced, MATRIX_SOURCE))
         work = [WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), column_specs=decision.column_specs) for b in plan.batches]
         self.trace.write("run_start", num_rows=len(items), strategy=plan.strategy, batches=[b.manifest() for b in plan.batches])
         execution = checkpoint.begin(decision, plan) if checkpoint is not None else None
@@ -293,9 +284,7 @@ class MapReduceEngine:
                     executor.replace_stuck_thread()  # the hung thread must not starve queued attempts
                     finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
                 while finished:
-                    job, reply, exc = finished.popleft()
-                    if isinstance(exc, RUN_STOPPING_ERRORS):
-                        run.stop(stop_ending(exc))
+                    job, reply, exc = finished.popleft()  # a run-stopping error stopped the run in `_execute`
                     follow = self._settle(run, job, phase, reply, exc, tables, records, execution)
                     r = records[-1]
                     batches.event(r.batch_id, "amapreduce.attempt_settled",
@@ -486,7 +475,8 @@ class MapReduceEngine:
     # -- reduce and summary ---------------------------------------------------------------------
 
     def _table(self, decision: Decision) -> Table:
-        return Table(decision.columns, decision.resolved_key_columns, missing_markers=self.config.missing_markers, strict_evidence=self.config.verify == "strict")
+        return Table(decision.columns, decision.resolved_key_columns, missing_markers=self.config.missing_markers,
+                     strict_evidence=self.config.verify == "strict")
 
     def _reduce(self, decision: Decision, tables: dict[int, Table]) -> Table:
         table = self._table(decision)

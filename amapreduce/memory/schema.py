@@ -26,6 +26,7 @@ from amapreduce.errors import RunError, UserError
 __all__ = [
     "DB_NAME",
     "SCHEMA_VERSION",
+    "NoMemoryStore",
     "NotAMemoryStore",
     "StoreCorrupted",
     "StoreError",

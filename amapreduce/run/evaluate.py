@@ -59,7 +59,6 @@ from amapreduce.run.eval_journal import (
     InstanceCommitted,
     PriorRecord,
     TrialDone,
-    read_eval_config,
     results_document,
 )
 from amapreduce.trace import redact_secrets
@@ -174,7 +173,8 @@ def run_benchmark(
         if not resume:
             raise UserError(f"{out} already holds an evaluation (its {JOURNAL}). Continue it with --resume, "
                             "or choose another --out.")
-        saved = read_eval_config(out)
+        _, entries = read_journal(journal_path, ENTRIES, kind="eval")
+        saved = next((e.config for e in entries if isinstance(e, EvalStarted)), None)
         if saved is None:
             raise UserError(f"{journal_path} has no configuration entry; it is not a resumable evaluation.")
         changed = saved.differences(config.model_copy(update={"eval_id": saved.eval_id}))
@@ -183,7 +183,6 @@ def run_benchmark(
                             f"(differs in {', '.join(changed)}). Rerun with the original options, or `eval run --resume "
                             f"{out}` alone.")
         config = saved
-        _, entries = read_journal(journal_path, ENTRIES, kind="eval")
         for entry in entries:
             if isinstance(entry, EvalStarted):
                 state.memory_before = dict(entry.memory_before)
@@ -491,5 +490,5 @@ def _write_memory_log(out: Path, config: EvalConfig, state: _State) -> None:
     lines = sorted(state.committed.values(), key=lambda e: order[e.task_id])
     with atomic_open(out / MEMORY_LOG) as handle:
         for entry in lines:
-            if entry.log.get("committed") or entry.log.get("reason") not in ("no memory",):
+            if entry.log.get("reason") != "no memory":  # without a memory there is nothing to log
                 handle.write(json.dumps(entry.log, ensure_ascii=False) + "\n")

@@ -56,7 +56,6 @@ __all__ = ["LEARNABLE_STATES", "HintCredit", "LearnOutcome", "learn_from_run", "
 
 LEARNABLE_STATES = ("complete", "incomplete")
 """The run states whose outcome is final, so the memory may learn from it."""
-GOLD_BENCHMARKS = ("widesearch", "deepwidesearch", "sandbox")
 _ASK_KINDS = frozenset(kind.value for kind in RunKind if kind.is_ask)
 """The run kinds with a prior and a decision to credit: `ask`, and the demo's and evaluations' runs."""
 
@@ -352,7 +351,7 @@ def learn_from_run(
         RunError: the store refused the record (its metrics lack what the pass rule reads).
     """
     from amapreduce.memory import ExperientialMemory, MemoryConfig, MemoryStore
-    from amapreduce.run.eval_journal import benchmark_defaults
+    from amapreduce.run.eval_journal import BENCHMARKS, benchmark_defaults
 
     scored = gold is not None or tasks is not None or benchmark is not None
     if utility is not None and scored:
@@ -366,8 +365,8 @@ def learn_from_run(
         raise UserError(f"--label-rule {label_rule} applies to scored runs; a --utility verdict is labelled by the "
                         f"`{UTILITY_RULE}` rule (set its pass level with --threshold).")
     bench = benchmark or "widesearch"
-    if bench not in GOLD_BENCHMARKS:
-        raise UserError(f"--benchmark must be one of {', '.join(GOLD_BENCHMARKS)}, got {bench!r}.")
+    if bench not in BENCHMARKS:
+        raise UserError(f"--benchmark must be one of {', '.join(BENCHMARKS)}, got {bench!r}.")
     run = _read_ask_run(run_dir)
     record_id = run_record_id(run_dir)
     defaults = benchmark_defaults(bench)

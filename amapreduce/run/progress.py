@@ -175,9 +175,8 @@ class RunProgress:
         """The heartbeat thread: a line every `interval_s` while nothing else writes one."""
         delay = self.interval_s
         while not self._wait(delay):
+            self.tick()
             with self._lock:
-                if self._active and self._due() <= 0:
-                    self._write_line()
                 delay = max(self._due(), 0.0) or self.interval_s
 
     def _due(self) -> float:

@@ -26,7 +26,7 @@ from amapreduce._atomic import atomic_write
 from amapreduce.errors import UserError
 from amapreduce.mapreduce.result import RunEnding, RunStatus
 from amapreduce.run.run_journal import RunJournal, read_run_journal
-from amapreduce.trace import TraceWriter, redact
+from amapreduce.trace import TraceWriter, redacted_json
 
 __all__ = ["RUN_STATES", "RunDir", "atomic_write", "list_runs", "load_run", "run_path", "slugify"]
 
@@ -81,7 +81,7 @@ class RunDir:
 
     def write_result(self, result: Mapping[str, Any]) -> None:
         """Write `result.json` (credentials redacted)."""
-        atomic_write(self.path / "result.json", json.dumps(redact(dict(result)), ensure_ascii=False, indent=2, default=str))
+        atomic_write(self.path / "result.json", redacted_json(dict(result), indent=2))
 
     def close(self) -> None:
         """Close the trace."""

@@ -205,25 +205,30 @@ def run_view(path: Path) -> RunView:
     )
 
 
+def _recorded_cell(raw: object) -> Cell:
+    """The `Cell` a `result.json` cell records (`Cell.to_json`); an unknown status counts as missing,
+    an unknown evidence as `no_evidence`."""
+    cell = as_dict(raw)
+    status, evidence = str(cell.get("status")), str(cell.get("evidence"))
+    source, quote = cell.get("source"), cell.get("quote")
+    return Cell(
+        value=str(cell.get("value") or ""),
+        status=CellStatus(status) if status in _STATUSES else CellStatus.MISSING,
+        source=str(source) if source else None,
+        alternatives=[str(a) for a in cell.get("alternatives") or []],
+        quote=str(quote) if quote else None,
+        evidence=Evidence(evidence) if evidence in set(Evidence) else Evidence.NO_EVIDENCE,
+    )
+
+
 def _as_table(recorded: dict[str, Any]) -> Table:
     """The `Table` a `result.json` records (values, statuses, sources, conflicts, quotes, evidence)."""
     columns = [str(c) for c in recorded.get("columns") or []]
     table = Table(columns, [str(k) for k in recorded.get("key_columns") or [] if k in columns])
     for raw in recorded.get("rows") or []:
-        cells = {}
-        for column in columns:
-            view = _cell((raw.get("cells") or {}).get(column))
-            status = CellStatus(view.status) if view.status in _STATUSES else CellStatus.MISSING
-            found = (raw.get("cells") or {}).get(column)
-            recorded_cell = found if isinstance(found, dict) else {}
-            alternatives = [str(a) for a in recorded_cell.get("alternatives") or []]
-            quote, evidence = recorded_cell.get("quote"), str(recorded_cell.get("evidence"))
-            cells[column] = Cell(
-                value=view.value, status=status, source=view.source, alternatives=alternatives,
-                quote=str(quote) if quote else None,
-                evidence=Evidence(evidence) if evidence in set(Evidence) else Evidence.NO_EVIDENCE,
-            )
-        table.rows.append(Row(cells=cells, task_index=int(raw.get("task_index") or 0)))
+        cells = raw.get("cells") or {}
+        table.rows.append(Row(cells={c: _recorded_cell(cells.get(c)) for c in columns},
+                              task_index=int(raw.get("task_index") or 0)))
     return table
 
 

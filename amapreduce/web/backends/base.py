@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from amapreduce.settings import Settings
 
 __all__ = [
-    "BACKEND_SPECS",
     "SEARCH_RETRY",
     "BackendError",
     "KeyedBackend",
@@ -57,9 +56,6 @@ __all__ = [
     "search_breaker_policy",
     "search_unavailable",
 ]
-
-BACKEND_SPECS = "ddgs | searxng[:URL] | serper | tavily | corpus:INDEX"
-"""The built-in backends' specs (installed plug-ins add theirs: `registry.backend_specs()`)."""
 
 SEARCH_RETRY = RetryPolicy(max_retries=2)
 """Three attempts per search; backoff cap, jitter and `Retry-After` limit as for model calls."""

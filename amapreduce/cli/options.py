@@ -1,0 +1,52 @@
+"""The flags the run commands (`ask`, `mapreduce run`, `runs resume`, `demo`, `eval run`) share, defined once.
+
+Why one module: `--otel`, `--verify`, `--evidence`, `--mcp`, `--search` and the table copies mean
+the same on every command that takes them; one `Annotated` definition each keeps their names,
+metavars and help from drifting apart. Only typer is imported here: every command module
+imports this one, and `amapreduce --help` must stay fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = [
+    "ApiBaseOpt",
+    "CsvOpt",
+    "EVIDENCE_HELP",
+    "EvidenceOpt",
+    "McpOpt",
+    "OTEL_HELP",
+    "OtelOpt",
+    "OutOpt",
+    "SearchOpt",
+    "VERIFY_HELP",
+    "VerifyOpt",
+    "WorkersOpt",
+]
+
+OTEL_HELP = (
+    "Send OpenTelemetry traces (one trace per run; smolagents spans plus ours) to the collector the OTEL_* "
+    "variables name (default OTLP http://localhost:4318). Needs: pip install 'amapreduce[otel]'. Or AMAPREDUCE_OTEL=1."
+)
+EVIDENCE_HELP = "The --csv copy also holds each cell's quote and evidence (verified/unverified/no_evidence)."
+VERIFY_HELP = ("Check each cell's quote against the pages fetched: off, record (default; AMAPREDUCE_VERIFY), "
+               "or strict (unverified cells count as missing and are asked again).")
+
+OtelOpt = Annotated[bool, typer.Option("--otel", help=OTEL_HELP)]
+VerifyOpt = Annotated[str | None, typer.Option("--verify", metavar="off|record|strict", help=VERIFY_HELP)]
+EvidenceOpt = Annotated[bool, typer.Option("--evidence", help=EVIDENCE_HELP)]
+McpOpt = Annotated[Path | None, typer.Option("--mcp", metavar="CONFIG", help=(
+    "JSON file of MCP servers (Claude Desktop's {\"mcpServers\": ...} format) whose tools every search "
+    "sub-agent gets; needs the `mcp` extra."))]
+SearchOpt = Annotated[str | None, typer.Option("--search", help=(
+    "ddgs | searxng:URL | serper | tavily | corpus:INDEX, or an installed plug-in's NAME[:ARG] "
+    "(`amapreduce search --list-backends`)."))]
+ApiBaseOpt = Annotated[str | None, typer.Option(
+    "--api-base", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")]
+WorkersOpt = Annotated[int | None, typer.Option("--workers", min=1, help="Sub-agents running at once.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Also write the markdown table here.")]
+CsvOpt = Annotated[Path | None, typer.Option("--csv", help="Also write the table as CSV here.")]
