@@ -14,6 +14,13 @@ name the same key: the same policy returns the same limiter; a different policy 
 `ConfigError`. Silently keeping the first caller's limits, or letting the last caller change
 them, would hide that two parts of one process disagree about a shared limit. Spacing and window
 limiters are kept apart, so a backend and a provider may share a name without clashing.
+
+Why a gate protocol. A model provider's limit is one quota however many processes call it: with
+`--executor ray` the workers of a cluster must share one window, not hold one each (N processes
+would get N times the quota). So model calls take their tickets from a `WindowGate`, which a
+`WindowLimiter` of this process is, and which a cluster-wide limiter (a Ray actor, in
+`run.ray_limits`) is too. The gate also takes a provider's `Retry-After` (`defer`): a 429 tells
+the caller that the provider refuses this key for a while, so every caller sharing the key waits.
 """
 
 from __future__ import annotations
@@ -23,13 +30,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import overload
+from typing import Protocol, overload
 
 from amapreduce.errors import ConfigError
 
 __all__ = [
     "SpacingLimiter",
     "SpacingPolicy",
+    "WindowGate",
     "WindowLimiter",
     "WindowPolicy",
     "forget_shared_limiters",
@@ -89,11 +97,25 @@ class SpacingLimiter:
         return wait
 
 
+class WindowGate(Protocol):
+    """What a model call needs of its provider's limiter, wherever the limiter lives."""
+
+    def acquire(self, tokens: int = 0) -> list[float]:
+        """Block until a call of about `tokens` tokens may start; return its ticket
+        (`[grant time, tokens]`, the time on the limiter's own clock)."""
+
+    def settle(self, ticket: list[float], tokens: int) -> None:
+        """Replace a ticket's estimate with the tokens the call really used."""
+
+    def defer(self, seconds: float) -> None:
+        """Admit no call for `seconds` from now (the provider's `Retry-After`)."""
+
+
 class WindowLimiter:
     """Sliding-window limits on requests and tokens (`policy.rpm`, `policy.tpm`).
 
     Token counts are estimated before a call (`acquire`) and corrected when the real usage is
-    known (`settle`).
+    known (`settle`). A provider's `Retry-After` holds every caller back (`defer`).
     """
 
     def __init__(
@@ -103,6 +125,7 @@ class WindowLimiter:
         self._clock, self._sleep = clock, sleep
         self._cond = threading.Condition()
         self._events: deque[list[float]] = deque()  # [start time, tokens] per admitted call
+        self._resume_at = float("-inf")  # no call starts before this time (`defer`)
 
     def _expire(self, now: float) -> None:
         while self._events and self._events[0][0] <= now - self.policy.window_s:
@@ -111,7 +134,7 @@ class WindowLimiter:
     def _wait_needed(self, now: float, tokens: int) -> float:
         self._expire(now)
         rpm, tpm, window_s = self.policy.rpm, self.policy.tpm, self.policy.window_s
-        waits = [0.0]
+        waits = [0.0, self._resume_at - now]
         if rpm is not None and len(self._events) >= rpm:
             waits.append(self._events[len(self._events) - rpm][0] + window_s - now)
         if tpm is not None:
@@ -152,6 +175,13 @@ class WindowLimiter:
         """Replace a ticket's estimate with the tokens the call really used."""
         with self._cond:
             ticket[1] = float(max(0, tokens))
+
+    def defer(self, seconds: float) -> None:
+        """Admit no call for `seconds` from now (a provider's `Retry-After`); a shorter deferral
+        than one already in force changes nothing."""
+        if seconds > 0:
+            with self._cond:
+                self._resume_at = max(self._resume_at, self._clock() + seconds)
 
     def window_counts(self) -> tuple[int, float]:
         """(requests, tokens) in the current window (for tests and progress displays)."""

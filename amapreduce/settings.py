@@ -222,6 +222,11 @@ class Settings(BaseModel):
     utility_delay_weight: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     """λ_t of the evaluation utility, per second of wall time (`AMAPREDUCE_UTILITY_DELAY_WEIGHT`);
     None: the benchmark's default (0)."""
+    context_window: int | None = Field(default=None, ge=1_000, le=100_000_000)
+    """Context window of the sub-agent model in tokens (`AMAPREDUCE_CONTEXT_WINDOW`); discovery's
+    merge calls get `budget_ratio` of it when a decision gives no `chunk_size`/`token_budget`.
+    None: the model's own, from LiteLLM's model info when the `litellm` extra knows the model,
+    else 128,000."""
     subagent_max_steps: int = Field(default=20, ge=1)
     """Agent steps per sub-agent attempt (`AMAPREDUCE_SUBAGENT_MAX_STEPS`)."""
     manager_max_steps: int = Field(default=30, ge=1)

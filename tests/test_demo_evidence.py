@@ -6,13 +6,14 @@ never from the gold."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from amapreduce.cli.app import main
 from amapreduce.demo.faults import FaultPlan
-from amapreduce.demo.run import run_demo
+from amapreduce.demo.run import DemoOutcome, run_demo
 from amapreduce.settings import Settings
 from amapreduce.table.evidence import Evidence
 from amapreduce.table.table import MATRIX_SOURCE, CellStatus
@@ -30,25 +31,45 @@ def settings(cache: Path, tmp_path: Path, **extra: object) -> Settings:
     return Settings.model_validate({"cache_dir": cache, "runs_dir": tmp_path / "runs", "workers": 4, **extra})
 
 
-def test_wrong_values_are_caught_and_correct_cells_stay_verified(cache: Path, tmp_path: Path) -> None:
-    wrong_total = wrong_caught = right_total = right_verified = 0
-    for task_id in TASKS:
-        out = run_demo(task_id, settings(cache, tmp_path), faults=FaultPlan(seed=7, wrong_values=0.2))
+@dataclass
+class CatchRates:
+    """Cells of demo runs with wrong values injected: how many of the injected (wrong) cells the
+    quote check flagged `unverified`, and how many of the others it kept `verified`."""
+
+    wrong_total: int = 0
+    wrong_caught: int = 0
+    right_total: int = 0
+    right_verified: int = 0
+
+    def add(self, out: DemoOutcome) -> None:
+        """Count the answered cells of one run (matrix cells and missing ones are not answers)."""
         injected = {(w.source, w.column, w.value) for w in out.wrong_cells}
-        assert out.faults["wrong_value"] == len(injected) > 0
         for row in out.ask.table.rows:
             for column, cell in row.cells.items():
                 if cell.status is CellStatus.MISSING or cell.source == MATRIX_SOURCE:
                     continue
                 if (cell.source, column, cell.value) in injected:
-                    wrong_total += 1
-                    wrong_caught += cell.evidence is Evidence.UNVERIFIED
+                    self.wrong_total += 1
+                    self.wrong_caught += cell.evidence is Evidence.UNVERIFIED
                 else:
-                    right_total += 1
-                    right_verified += cell.evidence is Evidence.VERIFIED
-    assert wrong_total >= 40 and right_total >= 200  # enough cells for the rates to mean something
-    assert wrong_caught / wrong_total >= 0.95
-    assert right_verified / right_total >= 0.99
+                    self.right_total += 1
+                    self.right_verified += cell.evidence is Evidence.VERIFIED
+
+    def check(self) -> None:
+        """Issue 12's bar: >= 95 % of the wrong values flagged, >= 99 % of the right ones verified,
+        over enough cells for the rates to mean something."""
+        assert self.wrong_total >= 40 and self.right_total >= 200
+        assert self.wrong_caught / self.wrong_total >= 0.95
+        assert self.right_verified / self.right_total >= 0.99
+
+
+def test_wrong_values_are_caught_and_correct_cells_stay_verified(cache: Path, tmp_path: Path) -> None:
+    rates = CatchRates()
+    for task_id in TASKS:
+        out = run_demo(task_id, settings(cache, tmp_path), faults=FaultPlan(seed=7, wrong_values=0.2))
+        assert out.faults["wrong_value"] == len(out.wrong_cells) > 0
+        rates.add(out)
+    rates.check()
 
 
 def test_wrong_values_are_seeded(cache: Path, tmp_path: Path) -> None:

@@ -163,3 +163,14 @@ def test_top_k_per_group_through_optional_inputs() -> None:
     assert [(r["region"], r["rank"], r["city"]) for r in tool.table.records()] == [
         ("Asia", "1", "Tokyo"), ("Asia", "2", "Delhi"), ("Europe", "1", "Moscow"), ("Europe", "2", "London")
     ]
+
+
+def test_what_is_still_missing_comes_right_after_the_summary_line() -> None:
+    """The manager sees a clipped tool output: the rows still missing must not be cut off the end
+    behind a long table, so they come second, before the rows."""
+    tool = MapReduceTool(MapReduceEngine(WorldSolver(TRUTH, drop_rate=1.0), config=EngineConfig(workers=4, patch_rounds=0)),
+                         query="capitals?", plan_stage=False)
+    lines = tool(**ARGS).splitlines()
+    assert not json.loads(lines[0])["complete"]
+    assert json.loads(lines[1])["count"] == 8 and len(json.loads(lines[1])["still_missing"]) == 8
+    assert [json.loads(line)["name"] for line in lines[2:]] == list(TRUTH)

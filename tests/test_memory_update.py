@@ -198,3 +198,20 @@ def test_an_exported_summary_is_imported_as_it_was(tmp_path: Path) -> None:
     for line, summary in zip(records, stored, strict=True):
         record = copy.record(line["id"])
         assert record is not None and record.decision == summary  # an export is re-imported as it was
+
+
+def test_a_discover_decision_is_recorded_with_how_its_matrix_is_found(tmp_path: Path) -> None:
+    """A decision that discovers its matrix has none when the memory records it: recording it
+    used to raise IndexError (`task_matrix[0]`) and lose the run's lesson."""
+    decision = Decision.parse({
+        "discover": {"sources": ["https://a.example/list-1", "https://a.example/list-2"],
+                     "template": "List every city on __0__", "json_schema": ["City", "Country"],
+                     "key_columns": ["City", "Country"], "merge": "model"},
+        "template": "Population of __0__ (__1__)", "json_schema": ["City", "Country", "Population"]})
+    summary = DecisionSummary.of(decision)
+    assert (summary.rows, summary.cols) == (0, 2)
+    assert summary.describe().startswith("task matrix discovered from 2 sources (model merge, key City, Country);")
+    mem, enc = ranked_store(tmp_path)
+    enc.vectors["every big city"] = enc.at(0.3)
+    result = mem.update(None, query="every big city", decision=decision, metrics=PASS)
+    assert result.label is True

@@ -49,7 +49,7 @@ def _crafted_run(runs: Path) -> None:
     result = {"kind": "ask", "query": "<b>which</b> countries?", "status": "incomplete",
               "completeness": {"rows": 1, "missing_cells": 1},
               "table": {"columns": ["Name", "Capital", "Population"], "key_columns": ["Name"],
-                        "rows": [{"task_index": 0, "cells": cells}]},
+                        "rows": [{"task_index": 0, "cells": cells, "origin": "top[2019]"}]},
               "usage": {"by_role": {"manager": {"requests": 2, "input_tokens": 10, "output_tokens": 5, "cost_usd": 0.5}},
                         "total": {"requests": 2, "input_tokens": 10, "output_tokens": 5, "cost_usd": 0.5},
                         "unpriced_models": []},
@@ -208,7 +208,8 @@ def test_downloads(client: TestClient, world: Path) -> None:
     assert lines == [{"Name": SCRIPT, "Capital": "A", "Population": "", "_missing": ["Population"],
                       "_conflicts": {"Capital": ["B<i>"]}, "_sources": ["https://example.org/a?x=1&y=2",
                                                                         "javascript:alert(2)"],
-                      "_quotes": {}, "_evidence": {"Name": "no_evidence", "Capital": "no_evidence"}}]
+                      "_quotes": {}, "_evidence": {"Name": "no_evidence", "Capital": "no_evidence"},
+                      "_origin": "top[2019]"}]  # a nested run's provenance (`Row.origin`) comes back too
     assert client.get(f"/runs/{CRAFTED}/download/md").status_code == 400  # it has no table.md
     assert client.get(f"/runs/{name}/download/exe").status_code == 400
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
 from amapreduce.cli.options import OtelOpt, VerifyOpt, WorkersOpt
 from amapreduce.cli.output import counted, effort_text
+
+if TYPE_CHECKING:
+    from amapreduce.demo.discovery import Scouting
 
 __all__ = ["demo", "register"]
 
@@ -37,6 +40,9 @@ def demo(
         None, "--memory", help="Demo memory store (default: <cache dir>/demo-memory; created if missing)."),
     no_memory: bool = typer.Option(False, "--no-memory", help="Neither read nor teach a memory."),
     sample: int = typer.Option(0, "--sample", min=0, help="Simulated manager's sample (0: its fixed default)."),
+    scouting: str = typer.Option("mapreduce", "--scouting", metavar="MODE", help=(
+        "How the simulated manager finds a discovery task's entities (sbx_disc_*): mapreduce (a decision with "
+        "`discover`) or sequential (it reads every list page itself).")),
     serve: bool = typer.Option(False, "--serve", help="Serve the simulated model as a loopback OpenAI-compatible "
                                "endpoint and print the `ask` line to use against it (Ctrl-C stops)."),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="With --serve: the loopback port (0: any free port)."),
@@ -57,15 +63,18 @@ def demo(
 
     if memory is not None and no_memory:
         raise UserError("use either --memory STORE or --no-memory, not both.")
+    if scouting not in ("mapreduce", "sequential"):
+        raise UserError(f"--scouting must be mapreduce or sequential, not {scouting!r}.")
     settings = load_settings(workers=workers, otel=otel or None, verify=verify)
     start_tracing(settings)
     if serve:
-        _serve(task_id, port, settings)
+        _serve(task_id, port, settings, "sequential" if scouting == "sequential" else "mapreduce")
         return
     store = None if no_memory else (memory or settings.cache_dir / "demo-memory")
     typer.echo(_NOTE, err=True)
     outcome = run_demo(task_id, settings, faults=FaultPlan(rate=faults, seed=seed, wrong_values=wrong_values),
-                       show_progress=None if not as_json else False, memory_store=store, sample=sample)
+                       show_progress=None if not as_json else False, memory_store=store, sample=sample,
+                       scouting="sequential" if scouting == "sequential" else "mapreduce")
     if as_json:
         typer.echo(json.dumps(outcome.to_json(), ensure_ascii=False))
     else:
@@ -76,6 +85,11 @@ def demo(
             f"\nTask {outcome.task_id} ({outcome.ask.status}): {counted(c['rows'], 'row')}, "
             f"{counted(c['missing_cells'], 'missing cell')}; {effort_text(c)}; faults injected: {injected}."
         )
+        for found in outcome.ask.record.get("discoveries") or []:
+            typer.echo(f"Discovery: {counted(found['sources'], 'source')}, {counted(found['candidates'], 'candidate')} -> "
+                       f"{counted(found['entities'], 'entity', 'entities')}; {counted(found['merge_calls'], 'merge call')} "
+                       f"({' '.join(n for n in found['nodes'] if n != 'map') or 'none'}), largest merge prompt "
+                       f"{found['peak_prompt_tokens']} tokens (budget {found['token_budget']}).")
         typer.echo("Evidence of the sub-agents' cells: " + ", ".join(f"{v} {k}" for k, v in outcome.evidence().items()) + ".")
         typer.echo(f"Score against the sandbox gold (exact judge): {_metrics_text(outcome.score)}.")
         if outcome.corrected_score and outcome.corrected_score != outcome.score:
@@ -124,7 +138,7 @@ def _echo_memory(memory: dict[str, Any], decisions: list[Any]) -> None:
     typer.echo(f"  the memory now holds {counted(learned['records'], 'record')} and {counted(learned['hints'], 'hint')}.")
 
 
-def _serve(task_id: str | None, port: int, settings: Any) -> None:
+def _serve(task_id: str | None, port: int, settings: Any, scouting: Scouting) -> None:
     """`demo --serve`: serve until Ctrl-C (which ends the command with 130, as any interrupt)."""
     import threading
 
@@ -142,7 +156,7 @@ def _serve(task_id: str | None, port: int, settings: Any) -> None:
         def wait() -> None:
             stop.wait()
 
-        serve(port, world.index_dir, tasks[chosen].query, echo=typer.echo, wait=wait)
+        serve(port, world.index_dir, tasks[chosen].query, echo=typer.echo, wait=wait, scouting=scouting)
     except OSError as exc:  # the port is taken
         raise UserError(f"cannot serve on 127.0.0.1:{port}: {exc.strerror or exc}. Choose another --port.") from None
 

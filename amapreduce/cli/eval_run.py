@@ -3,10 +3,12 @@
 The flags are parsed here; the evaluation itself is `amapreduce.run.evaluate.run_benchmark`, the
 report `amapreduce.evaluation.report.write_report`. The sandbox benchmark needs no files and, with
 no `--model`, runs offline with the simulated model (deterministic code, not an LLM).
+`--executor ray[:ADDRESS]` (or `AMAPREDUCE_EXECUTOR`) runs the trials as Ray tasks (`run.eval_ray`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from amapreduce.errors import UserError
 if TYPE_CHECKING:
     from amapreduce.evaluation.loaders import TaskSpec
     from amapreduce.run.eval_journal import EvalConfig
+    from amapreduce.run.eval_ray import ExecutorSpec
     from amapreduce.run.evaluate import SimulatedModels
     from amapreduce.settings import Settings
 
@@ -100,6 +103,10 @@ def run(
         "--max-cost", min=0.0, help="Stop starting trials once the evaluation has spent this many USD.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the evaluation in DIR / --out.")] = False,
     otel: OtelOpt = False,
+    executor: Annotated[str | None, typer.Option(
+        "--executor", help="Where trials run: local (threads here), ray (a Ray instance on this machine) or "
+        "ray:ADDRESS (a running cluster). Default: AMAPREDUCE_EXECUTOR, else local. Ray needs: "
+        "pip install 'amapreduce[ray]'.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")] = False,
 ) -> None:
     """Run a benchmark end to end (manager, mapreduce, sub-agents), score it, and let the memory learn.
@@ -121,6 +128,7 @@ def run(
     if resume_dir is not None and not resume:
         raise UserError(f"unexpected argument {str(resume_dir)!r}; to continue an evaluation use --resume.")
     base = load_settings(model=model, api_base=api_base, workers=workers, otel=otel or None)
+    spec = _executor(executor)
     if benchmark is None:
         if not resume:
             raise UserError("--benchmark is required: widesearch, deepwidesearch or sandbox.")
@@ -144,9 +152,15 @@ def run(
     if simulated is not None:
         err.print("Simulated model (deterministic code, not an LLM) over the bundled sandbox atlas; the memory, "
                   "scorer and pipeline are real.", markup=False)
-    outcome = run_benchmark(config, out=folder, tasks=task_specs, settings=settings, options=options,
-                            tasks_parallel=tasks_parallel, simulated=simulated, memory_model=memory_model,
-                            resume=resume, progress=lambda line: err.print(line, markup=False))
+    with contextlib.ExitStack() as stack:
+        remote = None
+        if spec.kind == "ray":
+            from amapreduce.run.eval_ray import RayTrials
+
+            remote = stack.enter_context(RayTrials(spec.address))
+        outcome = run_benchmark(config, out=folder, tasks=task_specs, settings=settings, options=options,
+                                tasks_parallel=tasks_parallel, simulated=simulated, memory_model=memory_model,
+                                resume=resume, progress=lambda line: err.print(line, markup=False), remote=remote)
     _print(outcome.results, outcome.status, outcome.reason, folder, as_json)
     if outcome.status == "failed":  # the provider refused a trial for good: one `error:` line, as every command
         typer.echo(f"error: evaluation stopped: {outcome.reason}", err=True)
@@ -201,6 +215,20 @@ def _config(benchmark: str, folder: Path, settings: Settings, *, tasks: Path | N
     )
 
 
+def _executor(flag: str | None) -> ExecutorSpec:
+    """The `--executor` flag, else `AMAPREDUCE_EXECUTOR` (the `.env` file included), else local;
+    Ray must be importable when asked for (checked before the evaluation folder exists)."""
+    import os
+
+    from amapreduce.run.eval_ray import EXECUTOR_VARIABLE, parse_executor, require_ray
+
+    value = flag if flag is not None else os.environ.get(EXECUTOR_VARIABLE) or "local"
+    spec = parse_executor(value, source="--executor" if flag is not None else EXECUTOR_VARIABLE)
+    if spec.kind == "ray":
+        require_ray()
+    return spec
+
+
 def _check_setup(config: EvalConfig, settings: Settings, *, simulated: bool) -> None:
     """Refuse a search backend or model the trials could not build, before the evaluation folder exists.
 
@@ -228,20 +256,20 @@ def _tasks(config: EvalConfig) -> dict[str, TaskSpec]:
 
 def _wiring(config: EvalConfig, base: Settings) -> tuple[Settings, SimulatedModels | None, Any]:
     """The trials' settings, and the simulated models (sandbox without a model) or the real memory model."""
-    from amapreduce.llm.factory import build_role_model, model_for_role, new_meter
-
     settings = base.model_copy(update={"search_backend": config.search, "model": config.model,
                                        "api_base": config.api_base})
     if config.model is None:
+        import dataclasses
+
         from amapreduce.demo.benchmark import sandbox_models
         from amapreduce.demo.run import demo_settings
 
         index = config.search.removeprefix("corpus:")
-        return demo_settings(settings, index), sandbox_models(), None
-    memory_id = model_for_role(settings, "memory")
-    memory_model = (build_role_model(settings, "memory", memory_id, meter=new_meter(settings))
-                    if memory_id and config.memory_store is not None else None)
-    return settings, None, memory_model
+        # `rebuild`: a Ray worker builds the same simulated models itself (they never cross)
+        return demo_settings(settings, index), dataclasses.replace(sandbox_models(), rebuild=sandbox_models), None
+    from amapreduce.run.eval_trial import memory_model_for
+
+    return settings, None, memory_model_for(settings) if config.memory_store is not None else None
 
 
 def _print(results: dict[str, Any], status: str, reason: str | None, folder: Path, as_json: bool) -> None:

@@ -44,9 +44,22 @@ def plan(
 
     settings = load_settings(max_batches=max_batches)
     decision = load_decision(decision_file)
-    batch_plan = plan_batches(decision, max_batches=settings.batch_cap("user"))
+    cap = settings.batch_cap("user")
+    if decision.discover is not None:
+        # The fill stage's matrix is what discovery finds: only the discovery map can be planned now.
+        from amapreduce.mapreduce.discover import discovery_decision
+
+        mapped = discovery_decision(decision.discover)
+        stage, batch_plan = "discover", plan_batches(mapped, max_batches=cap)
+        first, columns, keys = mapped.task_text(0), mapped.columns, mapped.resolved_key_columns
+        note = "The fill stage is planned once discovery has found its entities."
+    else:
+        stage, batch_plan = "fill", plan_batches(decision, max_batches=cap)
+        first, columns, keys = decision.task_text(0), decision.columns, decision.resolved_key_columns
+        note = f"Each task runs the child decision {_child_name(decision.child)}." if decision.child is not None else ""
     if as_json:
-        typer.echo(json.dumps(batch_plan.to_json(), ensure_ascii=False))
+        typer.echo(json.dumps({**batch_plan.to_json(), "stage": stage, **({"note": note} if note else {})},
+                              ensure_ascii=False))
         return
     from rich.console import Console
     from rich.markup import escape
@@ -57,16 +70,24 @@ def plan(
     # markup parser, and `:smile:` must not turn into an emoji.
     console = Console(emoji=False)
     console.print(
+        f"{'discovery: ' if stage == 'discover' else ''}"
         f"[bold]{batch_plan.num_rows}[/] atomic tasks → [bold]{len(batch_plan.batches)}[/] batches "
-        f"([cyan]{escape(batch_plan.strategy)}[/]); columns: {escape(', '.join(decision.columns))}; "
-        f"key: {escape(', '.join(decision.resolved_key_columns))}"
+        f"([cyan]{escape(batch_plan.strategy)}[/]); columns: {escape(', '.join(columns))}; "
+        f"key: {escape(', '.join(keys))}"
     )
     table = Table("batch", "rows", "size", "rationale")
     for b in batch_plan.batches:
         shown = ", ".join(str(i) for i in b.indices[:12]) + (" …" if b.size > 12 else "")
         table.add_row(escape(b.batch_id), shown, str(b.size), escape(b.rationale))
     console.print(table)
-    console.print(f"First sub-query: [italic]{escape(decision.task_text(0))}[/]")
+    console.print(f"First sub-query: [italic]{escape(first)}[/]")
+    if note:
+        console.print(escape(note))
+
+
+def _child_name(child: object) -> str:
+    """How `mapreduce plan` names a decision's child: its name in `decisions`, or "(inline)"."""
+    return repr(child) if isinstance(child, str) else "(inline)"
 
 
 @app.command("run", epilog=EXIT_CODES_HELP)
@@ -83,12 +104,16 @@ def run(
     evidence: opt.EvidenceOpt = False,
     verify: opt.VerifyOpt = None,
     otel: opt.OtelOpt = False,
+    executor: opt.ExecutorOpt = None,
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Run a decision through the engine and search sub-agents, with no manager.
 
     For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/; a
     command refused for bad input (exit 2) leaves nothing.
+
+    With --executor ray, a plain decision of more batches than one chunk (the --max-batches cap,
+    else 4 per worker) runs in chunks as Ray tasks, merged here in matrix order.
     """
     from amapreduce.decision.model import load_decision
     from amapreduce.run.mapreduce_run import run_decision
@@ -100,9 +125,11 @@ def run(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches,
         otel=otel or None, mcp=mcp, verify=verify,
     )
+    spec = opt.executor_spec(executor)
     require_model(settings)
     check_run_setup(settings, ("subagent", "extraction"))
-    outcome = run_decision(decision, settings, label=Path(decision_file).stem, show_progress=None if not as_json else False)
+    outcome = run_decision(decision, settings, label=Path(decision_file).stem, show_progress=None if not as_json else False,
+                           executor=spec)
     report_run(outcome, as_json=as_json, out=out, csv_out=csv_out, evidence=evidence)
 
 

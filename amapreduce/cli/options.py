@@ -9,15 +9,20 @@ imports this one, and `amapreduce --help` must stay fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from amapreduce.run.eval_ray import ExecutorSpec
 
 __all__ = [
     "ApiBaseOpt",
     "CsvOpt",
     "EVIDENCE_HELP",
     "EvidenceOpt",
+    "EXECUTOR_HELP",
+    "ExecutorOpt",
     "McpOpt",
     "OTEL_HELP",
     "OtelOpt",
@@ -26,6 +31,7 @@ __all__ = [
     "VERIFY_HELP",
     "VerifyOpt",
     "WorkersOpt",
+    "executor_spec",
 ]
 
 OTEL_HELP = (
@@ -50,3 +56,24 @@ ApiBaseOpt = Annotated[str | None, typer.Option(
 WorkersOpt = Annotated[int | None, typer.Option("--workers", min=1, help="Sub-agents running at once.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Also write the markdown table here.")]
 CsvOpt = Annotated[Path | None, typer.Option("--csv", help="Also write the table as CSV here.")]
+EXECUTOR_HELP = ("Where the work runs: local (threads here), ray (a Ray instance on this machine) or ray:ADDRESS "
+                 "(a running cluster). Default: AMAPREDUCE_EXECUTOR, else local. Ray needs: pip install 'amapreduce[ray]'.")
+ExecutorOpt = Annotated[str | None, typer.Option("--executor", metavar="local|ray[:ADDRESS]", help=EXECUTOR_HELP)]
+
+
+def executor_spec(flag: str | None) -> ExecutorSpec:
+    """The `--executor` flag, else `AMAPREDUCE_EXECUTOR` (read after the settings loaded the `.env`
+    file), else local; Ray must be importable when asked for, checked before anything is made.
+
+    Raises:
+        ConfigError: a value that is not local, ray or ray:ADDRESS, or ray without the `ray` extra.
+    """
+    import os
+
+    from amapreduce.run.eval_ray import EXECUTOR_VARIABLE, parse_executor, require_ray
+
+    value = flag if flag is not None else os.environ.get(EXECUTOR_VARIABLE) or "local"
+    spec = parse_executor(value, source="--executor" if flag is not None else EXECUTOR_VARIABLE)
+    if spec.kind == "ray":
+        require_ray()
+    return spec

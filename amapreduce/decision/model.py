@@ -18,33 +18,45 @@ of unencodable code points (`amapreduce._text.scrub_data`) before validation, so
 surrogate can neither crash a writer nor the console later. Numbers are bounded where a larger
 one can only be a mistake (`MAX_BATCH_SIZE`, `MAX_ROWS_PER_TASK`), and a key cell must show
 something (`table.keys.is_blank`): a zero-width space names no entity.
+
+A decision may be composed (issue 12): `discover` finds the task matrix instead of listing it
+(`task_matrix` stays empty), and `child` runs a whole decision per task, named in the root's
+`decisions` or given inline, with `__parent_k__` filled from the parent's row. The checks of
+the composition (cycles, `max_depth`, unknown names, root-only fields, parent placeholders) live
+in `decision.nesting` and run once, on the outermost decision validated.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    ModelWrapValidatorHandler,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
+    Tag,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from amapreduce._text import scrub_data
+from amapreduce.decision import nesting
 from amapreduce.decision.columns import ColumnSpec, columns_from_schema
+from amapreduce.decision.describe import CHILD_TAG, cell_to_str, describe, shown
+from amapreduce.decision.discover_spec import DiscoverSpec
 from amapreduce.decision.strategy import (
     MAX_BATCH_SIZE,
     ByAttr,
     Int,
-    OpenGroup,
     OpenStrategy,
     PerAtom,
     Strategy,
@@ -62,36 +74,9 @@ MAX_ROWS_PER_TASK = 10_000
 """Most rows one task may be asked for (`rows_per_task`). A sub-agent answers a task in one
 reply; "top 10 000" is already far beyond one reply, so a larger number (`1e18`) is a mistake."""
 
-_PER_BATCH = "tasks per batch (one sub-agent answers a whole batch in one reply)"
-_LIMITS = {
-    "batch_size": _PER_BATCH,
-    "chunk_size": _PER_BATCH,
-    "max_group_size": _PER_BATCH,
-    "rows_per_task": "rows per task (one sub-agent answers a task in one reply; list more tasks instead)",
-}
-"""What each bounded field counts, for the message that refuses a number over its bound."""
-
-
-def _shown(value: Any, limit: int = 24) -> str:
-    """`value` for a one-line message (a string as it is, anything else as its repr), abbreviated:
-    a 4,000-digit number must not fill the screen (nor reach `str(int)`'s 4,300-digit limit)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 80:  # > 24 digits
-        return f"a number of about {round(value.bit_length() * math.log10(2)):,} digits"
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 1]}…"
-
-
-def _cell_to_str(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        try:
-            return str(value)
-        except ValueError:  # an integer beyond `str(int)`'s 4,300-digit limit
-            raise ValueError(f"{where} is {_shown(value)}; write an entity's name or number as text") from None
-    raise ValueError(f"{where} must be a string (or number), got {_shown(value, 80)}")
+def _child_kind(value: Any) -> str:
+    """The union member of a `child`: a name of `decisions`, or an inline decision."""
+    return "name" if isinstance(value, str) else CHILD_TAG
 
 
 class Decision(BaseModel):
@@ -99,8 +84,8 @@ class Decision(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    task_matrix: list[list[str]]
-    """N rows × K₀ cells; row i fills the template's `__0__ … __{K₀-1}__`."""
+    task_matrix: list[list[str]] = Field(default_factory=list)
+    """N rows × K₀ cells; row i fills the template's `__0__ … __{K₀-1}__` (empty with `discover`)."""
     template: str
     """The atomic sub-query with placeholders."""
     json_schema: dict[str, Any] | list[Any]
@@ -114,6 +99,14 @@ class Decision(BaseModel):
     """Output column filled by each matrix column (null: context only). Default: the first K₀ columns."""
     rows_per_task: Int | None = Field(default=None, ge=1, le=MAX_ROWS_PER_TASK)
     """Rows each task must yield when the key is finer than the matrix (e.g. top-10 per year)."""
+    discover: DiscoverSpec | None = None
+    """Find the task matrix (one row per discovered entity: its `discover.key_columns`)."""
+    child: Annotated[Annotated[Decision, Tag(CHILD_TAG)] | Annotated[str, Tag("name")], Discriminator(_child_kind)] | None = None
+    """Run per task instead of a sub-agent: a name in the root's `decisions`, or an inline decision."""
+    decisions: dict[str, Decision] | None = None
+    """Root only: named decisions a `child` may name."""
+    max_depth: Int | None = Field(default=None, ge=1, le=nesting.MAX_DEPTH)
+    """Root only: nesting depth limit, the root being depth 1 (default `nesting.DEFAULT_MAX_DEPTH`)."""
 
     _column_specs: tuple[ColumnSpec, ...] = PrivateAttr(default=())
     _mapped: tuple[str | None, ...] = PrivateAttr(default=())
@@ -126,6 +119,12 @@ class Decision(BaseModel):
         # so nothing downstream (plan output, prompts, trace, tables) meets an unencodable string.
         return scrub_data(data) if isinstance(data, Mapping) else data
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Unused composition fields are left out: a plain decision dumps (journal, result.json) as before.
+        data = handler(self)
+        return {k: v for k, v in data.items() if v is not None or k not in nesting.PARTS}
+
     @field_validator("task_matrix", mode="before")
     @classmethod
     def _coerce_cells(cls, value: Any) -> Any:
@@ -135,7 +134,7 @@ class Decision(BaseModel):
         for i, row in enumerate(value):
             if not isinstance(row, list | tuple):
                 raise ValueError(f"row {i} must be a list of cells, got {row!r}")
-            rows.append([_cell_to_str(c, f"task_matrix[{i}][{j}]") for j, c in enumerate(row)])
+            rows.append([cell_to_str(c, f"task_matrix[{i}][{j}]") for j, c in enumerate(row)])
         return rows
 
     @field_validator("batch_strategy", mode="before")
@@ -160,10 +159,30 @@ class Decision(BaseModel):
         self._check_strategy()
         return self
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _tree(cls, data: Any, handler: ModelWrapValidatorHandler[Decision]) -> Decision:
+        # The checks of the whole composition run once, on the outermost decision (see `nesting`),
+        # after `_check` has resolved the columns: a wrap validator defined after it encloses it.
+        with nesting.level() as outermost:
+            decision = handler(data)
+        if outermost:
+            nesting.check_tree(decision)
+        return decision
+
     # -- validation steps -------------------------------------------------------------------
+
+    def _width(self) -> int:
+        """Cells per matrix row (with `discover`: the discovered key columns)."""
+        if self.task_matrix:
+            return len(self.task_matrix[0])
+        return len(self.discover.resolved_key_columns) if self.discover is not None else 0
 
     def _check_matrix(self) -> None:
         m = self.task_matrix
+        if self.discover is not None:
+            nesting.check_discovered(m, self.batch_strategy)
+            return
         if not m:
             raise ValueError("task_matrix is empty; give at least one row (one atomic task per row)")
         width = len(m[0])
@@ -192,7 +211,7 @@ class Decision(BaseModel):
             seen[norm] = i
 
     def _check_template(self) -> None:
-        width = len(self.task_matrix[0])
+        width = self._width()
         used = placeholders(self.template)
         if not self.template.strip():
             raise ValueError("template is empty; write the atomic sub-query with __0__ … placeholders")
@@ -205,18 +224,21 @@ class Decision(BaseModel):
         bad = [m.group(0) for m in PLACEHOLDER.finditer(self.template) if placeholders(m.group(0))[0] >= width]
         if bad:
             raise ValueError(
-                f"template uses {_shown(bad[0], 40)} but task_matrix rows have {width} cells "
+                f"template uses {shown(bad[0], 40)} but task_matrix rows have {width} cells "
                 f"(placeholders __0__ … __{width - 1}__)"
             )
-        if not used and len(self.task_matrix) > 1:
+        if not used and (len(self.task_matrix) > 1 or self.discover is not None):
             raise ValueError(
                 "template has no __0__ … placeholder, so every row would render the same sub-query; "
                 "put the row's cells into it with __0__, __1__, ..."
             )
 
     def _resolve_matrix_columns(self) -> tuple[str | None, ...]:
-        width = len(self.task_matrix[0])
+        width = self._width()
         names = [c.name for c in self._column_specs]
+        found = self.discover.resolved_key_columns if self.discover is not None else ()
+        if self.matrix_columns is None and found and set(found) <= set(names):
+            return found  # discovered keys fill the output columns of the same names
         if self.matrix_columns is None:
             if width > len(names):
                 raise ValueError(
@@ -262,12 +284,12 @@ class Decision(BaseModel):
                         f"a cell with no visible character ({row[j]!r}: only zero-width, format or space characters)"
                     )
                     raise ValueError(
-                        f"task_matrix row {i} ({_shown(row, 80)}) has {what} for key column {col!r} "
+                        f"task_matrix row {i} ({shown(row, 80)}) has {what} for key column {col!r} "
                         f"(task_matrix[{i}][{j}]); every row must name its entity, so fill the cell or drop the row"
                     )
 
     def _attribute(self, index: int | None, name: str | None, where: str) -> int:
-        width = len(self.task_matrix[0])
+        width = self._width()
         if name is not None:
             if name not in self._mapped:
                 mapped = [n for n in self._mapped if n is not None]
@@ -277,7 +299,7 @@ class Decision(BaseModel):
             raise ValueError(f"{where} needs `attribute_index` or `attribute_name`")
         if index >= width:
             raise ValueError(
-                f"{where}.attribute_index {_shown(index)} is out of range: rows have {width} cells (0 … {width - 1})"
+                f"{where}.attribute_index {shown(index)} is out of range: rows have {width} cells (0 … {width - 1})"
             )
         return index
 
@@ -294,7 +316,7 @@ class Decision(BaseModel):
                     for i in group.indices:
                         if not 0 <= i < n:
                             raise ValueError(
-                                f"{where}.indices has {_shown(i)}, out of range for {n} rows (0 … {n - 1})"
+                                f"{where}.indices has {shown(i)}, out of range for {n} rows (0 … {n - 1})"
                             )
                         if i in owner:
                             raise ValueError(f"row {i} is in batch_strategy.groups[{owner[i]}] and groups[{g}]")
@@ -353,6 +375,31 @@ class Decision(BaseModel):
         """Output cells that row `i` fixes (its matrix-mapped columns)."""
         return {col: self.task_matrix[i][j] for j, col in enumerate(self._mapped) if col is not None}
 
+    @property
+    def depth_limit(self) -> int:
+        """`max_depth`, or its default: the most levels of nesting, this decision being level 1."""
+        return self.max_depth or nesting.DEFAULT_MAX_DEPTH
+
+    def with_matrix(self, rows: Sequence[Sequence[str]]) -> Decision:
+        """This decision with `rows` as its task matrix and no `discover` (the fill after discovery).
+
+        The matrix columns stay those this decision maps (with `discover`, the discovered keys').
+
+        Raises:
+            DecisionError: the rows are not a valid matrix for it (empty, ragged, duplicates ...).
+        """
+        data = self.model_dump(mode="json")
+        if self.discover is not None:
+            data.pop("discover")
+            data["matrix_columns"] = list(self._mapped)
+        return Decision.parse({**data, "task_matrix": [list(row) for row in rows]})
+
+    def child_for(self, i: int) -> Decision:
+        """The decision task `i` runs: `child`, resolved and with `__parent_k__` → row `i`'s cells
+        (see `nesting.child_for`). Raises ValueError without a `child`, DecisionError when the
+        filled child is invalid (its rows became duplicates ...)."""
+        return nesting.child_for(self, i, Decision.parse)
+
     @classmethod
     def from_dataframe(
         cls, df: pd.DataFrame, *, template: str, columns: Sequence[str] | Mapping[str, Any],
@@ -402,62 +449,12 @@ class Decision(BaseModel):
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:
-            raise DecisionError(_describe(exc)) from None
+            raise DecisionError(describe(exc, cls)) from None
         except RecursionError:
             raise DecisionError(
                 "invalid decision: it is nested too deeply to read; a decision needs only a few levels "
                 "(a matrix of rows, a schema of columns)."
             ) from None
-
-
-_STRATEGY_MODELS: dict[str, tuple[str, type[BaseModel]]] = {
-    "per_atom": ("per_atom batch_strategy", PerAtom),
-    "by_attr": ("by_attr batch_strategy", ByAttr),
-    "open": ("open batch_strategy", OpenStrategy),
-}
-
-
-def _owner(loc: tuple[Any, ...]) -> tuple[str, type[BaseModel]]:
-    """The model an unknown field was found in, from the error's location.
-
-    Why: listing the Decision's own fields for a typo inside `batch_strategy` sends the reader
-    to the wrong place. Locations look like `(batch_strategy, open, groups, 0, field)`.
-    """
-    if len(loc) > 2 and loc[0] == "batch_strategy" and loc[1] in _STRATEGY_MODELS:
-        if loc[1] == "open" and len(loc) > 4 and loc[2] == "groups":
-            return "open group", OpenGroup
-        return _STRATEGY_MODELS[loc[1]]
-    return "decision", Decision
-
-
-def _loc_part(part: Any) -> str:
-    # Keys come from the user; quote anything that is not a plain name so a key holding a
-    # newline or a dot cannot break the one-line message or be misread as a path.
-    if isinstance(part, int) or (isinstance(part, str) and part.isidentifier()):
-        return str(part)
-    return repr(part)
-
-
-def _describe(exc: ValidationError) -> str:
-    errors = exc.errors(include_url=False)
-    first = errors[0]
-    loc = ".".join(_loc_part(p) for p in first["loc"] if not str(p).startswith("function-"))
-    msg = str(first["msg"]).removeprefix("Value error, ")
-    if first["type"] == "union_tag_invalid":
-        tag = (first.get("ctx") or {}).get("tag")
-        msg = f"unknown batch strategy {tag!r}; use one of 'per_atom', 'by_attr', 'open'"
-    elif first["type"] == "union_tag_not_found":
-        msg = "batch strategy has no `type`; give one of 'per_atom', 'by_attr', 'open'"
-    elif first["type"] == "less_than_equal" and first["loc"] and first["loc"][-1] in _LIMITS:
-        bound = (first.get("ctx") or {}).get("le")
-        msg = f"{_shown(first.get('input'))} is too large; at most {bound:,} {_LIMITS[first['loc'][-1]]}"
-    elif first["type"] == "extra_forbidden":
-        what, model = _owner(tuple(first["loc"]))
-        msg = f"unknown field; allowed {what} fields are " + ", ".join(sorted(model.model_fields))
-    text = f"invalid decision: {loc + ': ' if loc else ''}{msg}."
-    if len(errors) > 1:
-        text += f" ({len(errors) - 1} more problem(s) after this one.)"
-    return text
 
 
 def load_decision(path: str | Path) -> Decision:

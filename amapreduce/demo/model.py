@@ -14,7 +14,15 @@ corpus. Which part it plays follows from the call, as it would for a real model:
   a rank get no quote);
 * offered only the web tools with a plain question → the **single-agent baseline** of the
   benchmark: the same discovery, then every look-up itself, one tool call per step, and a
-  markdown table typed in its final answer.
+  markdown table typed in its final answer;
+* given the merge prompt of a discovery (its system message's first line is
+  `amapreduce.demo.discovery.MERGE_FIRST_LINE`) → the **merge model**: the candidates grouped by
+  its folding of names, each group keeping the spelling it prefers.
+
+For a discovery task (`sbx_disc_*`, `amapreduce.demo.discovery`) the manager finds the hub of the
+list pages and writes a decision with `discover` (or, with `scouting="sequential"`, reads every
+list page itself), and a sub-agent asked to list a page's cities answers one row per listed city,
+quoted by its line on the page (no answer limit: the rows are copied off one page).
 
 A sub-agent has a **capacity**, the weakness that makes batching a real decision: its final
 answer holds at most about `capacity_cells` output cells (every output column of a row counts,
@@ -49,6 +57,15 @@ from typing import Any
 from smolagents.models import ChatMessage, MessageRole
 
 from amapreduce.demo.atlas import Observations
+from amapreduce.demo.discovery import (
+    MERGE_FIRST_LINE,
+    DiscoveryIntent,
+    Scouting,
+    candidate_rows,
+    list_question,
+    merge_reply,
+    parse_discovery,
+)
 from amapreduce.demo.faults import FaultPlan, WrongCell
 from amapreduce.demo.hints import prior_hints
 from amapreduce.demo.plan import (
@@ -160,10 +177,13 @@ class SimulatedAtlasModel(FunctionModel):
         sample: which sample of the model this is, as trial k of an evaluation is sample k-1: 0
             batches by the fixed default, k >= 1 explores (see `amapreduce.demo.plan`). A batching
             hint that applies wins over both.
+        scouting: how the manager finds the entities of a discovery task (`sbx_disc_*`):
+            `mapreduce` (a decision with `discover`) or `sequential` (it reads every list page
+            itself); see `amapreduce.demo.discovery`.
     """
 
     def __init__(self, *, faults: FaultPlan | None = None, latency_s: float = 0.0, model_id: str = SIMULATED_MODEL_ID,
-                 capacity_cells: int | None = CAPACITY_CELLS, sample: int = 0) -> None:
+                 capacity_cells: int | None = CAPACITY_CELLS, sample: int = 0, scouting: Scouting = "mapreduce") -> None:
         if capacity_cells is not None and capacity_cells < 1:
             raise ValueError(f"capacity_cells must be at least 1 (or None for no limit), got {capacity_cells}")
         if sample < 0:
@@ -172,6 +192,7 @@ class SimulatedAtlasModel(FunctionModel):
         self.latency_s = latency_s
         self.capacity_cells = capacity_cells
         self.sample = sample
+        self.scouting = scouting
         super().__init__(self._reply, model_id=model_id)
 
     # -- dispatch -------------------------------------------------------------------------------
@@ -184,7 +205,9 @@ class SimulatedAtlasModel(FunctionModel):
         obs = Observations.parse(texts[1:])
         reply: Reply
         kinds: tuple[str, ...]
-        if "mapreduce" in info.tools:
+        if texts and texts[0].lstrip().startswith(MERGE_FIRST_LINE):
+            role, kinds, reply = "merge", _CALL_FAULTS[1:], merge_reply(texts[-1])
+        elif "mapreduce" in info.tools:
             role, kinds, reply = "manager", _CALL_FAULTS[1:], self._manager(task, obs, texts)
         elif "Sub-questions:" in task:
             role, kinds, reply = "subagent", _CALL_FAULTS, self._subagent(task, obs)
@@ -239,7 +262,10 @@ class SimulatedAtlasModel(FunctionModel):
     def _manager(self, task: str, obs: Observations, texts: list[str]) -> Reply:
         intent = parse_intent(task)
         if intent is None:
-            return final_answer("The simulated model does not know how to plan this question (it only knows the sandbox tasks).")
+            found = parse_discovery(task)
+            if found is None:
+                return final_answer("The simulated model does not know how to plan this question (it only knows the sandbox tasks).")
+            return self._discovery_manager(found, obs, texts)
         todo, pages, problem = self._discover(intent, obs)
         if problem is not None:
             return final_answer(problem)
@@ -248,6 +274,26 @@ class SimulatedAtlasModel(FunctionModel):
         decision = self._decision(task, intent, pages, obs, texts)
         if isinstance(decision, list):
             return decision
+        return self._drive(decision, texts)
+
+    def _discovery_manager(self, intent: DiscoveryIntent, obs: Observations, texts: list[str]) -> Reply:
+        """A discovery task: the hub page, then a `discover` decision or (sequential scouting)
+        every list page read here, in the manager's own context."""
+        hub = resolve(obs, intent.hub())
+        if hub is None:
+            return final_answer(f"The page {intent.hub().title!r} was not found, so the lists of cities are unknown.")
+        if isinstance(hub, ToolCall):
+            return hub
+        if self.scouting == "mapreduce":
+            return self._drive(intent.discover_decision(hub, plan_cap(texts)), texts)
+        urls = intent.list_urls(hub)
+        todo = [tool_call("crawl_page", url=url) for url in urls if url not in obs.pages]
+        if todo:
+            return todo
+        return self._drive(intent.sequential_decision([obs.pages[url] for url in urls], plan_cap(texts)), texts)
+
+    def _drive(self, decision: dict[str, Any], texts: list[str]) -> Reply:
+        """Plan, execute, at most one delta follow-up of a matrix decision, then the summary."""
         calls = sum(len(_MANAGER_CALL.findall(t)) for t in texts)
         heads = [json.loads(line) for t in texts for line in t.splitlines() if line.startswith('{"call_stage": "execute"')]
         if calls < 2 and not heads:
@@ -257,11 +303,13 @@ class SimulatedAtlasModel(FunctionModel):
         head = heads[-1]
         missing = [json.loads(line) for t in texts for line in t.splitlines() if line.startswith('{"still_missing":')]
         if not head.get("complete") and missing and calls == 2:
-            width = len(decision["task_matrix"][0])
+            fill = {k: v for k, v in decision.items() if k != "discover"}  # a discovery's follow-up only fills
+            matrix = decision.get("task_matrix")
+            width = len(matrix[0]) if matrix else len(decision.get("discover", {}).get("key_columns", [])) or 1
             keys = [list(m["key"].values())[:width] for m in missing[-1]["still_missing"]]
-            rows = [r for r in decision["task_matrix"] if r in keys]
+            rows = [r for r in matrix if r in keys] if matrix else keys
             if rows:
-                return tool_call("mapreduce", **{**decision, "task_matrix": rows})  # delta follow-up only
+                return tool_call("mapreduce", **{**fill, "task_matrix": rows})  # delta follow-up only
         total = head.get("table_rows_total", head.get("rows"))
         state = "complete" if head.get("complete") else f"incomplete ({head.get('missing_cells')} cells missing)"
         return final_answer(f"The table has {total} rows and is {state}; it is rendered from the mapreduce results.")
@@ -308,8 +356,15 @@ class SimulatedAtlasModel(FunctionModel):
         columns, questions, wanted = self._batch(task)
         todo: list[ToolCall] = []
         rows: list[dict[str, Any]] = []
+        listed: list[dict[str, Any]] = []  # candidate rows copied off list pages: no answer limit
         for number, text in questions:
             if wanted is not None and number not in wanted:
+                continue
+            if (url := list_question(text)) is not None:  # discovery: every row of a list page
+                if url in obs.pages:
+                    listed += candidate_rows(obs.pages[url], url, number, [c.name for c in columns])
+                elif (call := tool_call("crawl_page", url=url)) not in todo:
+                    todo.append(call)
                 continue
             question = parse_question(text)
             got = question.step(obs) if question is not None else None
@@ -323,7 +378,7 @@ class SimulatedAtlasModel(FunctionModel):
             return todo
         limit = answer_limit(task, columns=len(columns), asked_rows=len(questions), capacity_cells=self.capacity_cells)
         cut = limit is not None and len(rows) > limit
-        return final_answer(_render_rows(rows[:limit] if cut else rows, cut=cut))
+        return final_answer(_render_rows(listed + (rows[:limit] if cut else rows), cut=cut))
 
     def _quotes(self, columns: list[Column], facts: dict[str, str], row: dict[str, Any], key: str,
                 question: str) -> dict[str, str]:

@@ -17,13 +17,14 @@ from amapreduce.errors import UserError
 from amapreduce.settings import Settings
 
 if TYPE_CHECKING:
+    from amapreduce.demo.discovery import Scouting
     from amapreduce.demo.faults import FaultPlan, WrongCell
     from amapreduce.evaluation.loaders import TaskSpec
     from amapreduce.memory import ExperientialMemory
     from amapreduce.memory.protocol import InstanceSession
     from amapreduce.run.ask import AskOutcome
 
-__all__ = ["DEFAULT_TASK", "DemoOutcome", "demo_settings", "load_sandbox_tasks", "run_demo", "score_answer",
+__all__ = ["DEFAULT_TASK", "DemoOutcome", "demo_settings", "gold_dir_of", "load_sandbox_tasks", "run_demo", "score_answer",
            "score_answer_corrected"]
 
 DEFAULT_TASK = "sbx_en_001"
@@ -66,6 +67,8 @@ class DemoOutcome:
             "table_markdown": self.ask.markdown,
             "memory": self.memory,
             "evidence": self.evidence(),
+            # a discovery task's `DiscoverySummary` per discovering execution (no key for the others)
+            **({"discoveries": found} if (found := self.ask.record.get("discoveries")) else {}),
         }
 
     def evidence(self) -> dict[str, int]:
@@ -75,12 +78,19 @@ class DemoOutcome:
 
 
 def load_sandbox_tasks(settings: Settings) -> tuple[dict[str, TaskSpec], Any]:
-    """The sandbox tasks by id, and the sandbox world (its index built under the cache dir)."""
+    """The sandbox tasks by id (the 42 wide-search tasks, then the discovery tasks `sbx_disc_*`),
+    and the sandbox world (its index built under the cache dir)."""
     from amapreduce.evaluation.loaders import load_tasks
     from amapreduce.sandbox import sandbox_world
 
     world = sandbox_world(settings.cache_dir)
-    return load_tasks(world.tasks_file, "widesearch"), world
+    return {**load_tasks(world.tasks_file, "widesearch"), **load_tasks(world.discovery_tasks_file, "widesearch")}, world
+
+
+def gold_dir_of(world: Any, task_id: str) -> Path:
+    """The folder holding `task_id`'s gold table (the discovery tasks keep theirs apart)."""
+    return Path(world.discovery_gold_dir if (Path(world.discovery_gold_dir) / f"{task_id}.csv").is_file()
+                else world.gold_dir)
 
 
 def demo_settings(base: Settings, index_dir: Any) -> Settings:
@@ -130,6 +140,7 @@ def run_demo(
     show_progress: bool | None = False,
     memory_store: Path | None = None,
     sample: int = 0,
+    scouting: Scouting = "mapreduce",
 ) -> DemoOutcome:
     """Answer one sandbox task with the simulated model through the whole pipeline; score it.
 
@@ -145,6 +156,8 @@ def run_demo(
             committed (record, hint credit, distillation when due) exactly as `eval run` commits.
         sample: the simulated manager's sample number (0: its fixed default; k: another sample, as
             an LLM at temperature > 0 would give).
+        scouting: how the simulated manager finds a discovery task's entities (`mapreduce`: a
+            decision with `discover`; `sequential`: it reads every list page itself).
 
     Raises:
         UserError: `task_id` is not a sandbox task; the message lists the ids.
@@ -161,7 +174,7 @@ def run_demo(
     if chosen not in tasks:
         raise UserError(f"unknown sandbox task {chosen!r}. Sandbox tasks are: {', '.join(sorted(tasks))}.")
     task = tasks[chosen]
-    model = SimulatedAtlasModel(faults=faults, latency_s=latency_s, sample=sample)
+    model = SimulatedAtlasModel(faults=faults, latency_s=latency_s, sample=sample, scouting=scouting)
     run_settings = demo_settings(settings, world.index_dir)
     memory = _demo_memory(memory_store) if memory_store is not None else None
     session = InstanceSession(memory, task_id=chosen, query=task.query) if memory is not None else None
@@ -176,8 +189,9 @@ def run_demo(
             show_progress=show_progress,
             kind=RunKind.DEMO,
         )
-        score = score_answer(task, world.gold_dir, outcome.markdown)
-        corrected, corrections = score_answer_corrected(task, world.gold_dir, outcome.markdown)
+        gold = gold_dir_of(world, chosen)
+        score = score_answer(task, gold, outcome.markdown)
+        corrected, corrections = score_answer_corrected(task, gold, outcome.markdown)
         learned = _learn(memory, session, outcome, score) if memory is not None and session is not None else None
     finally:
         if memory is not None:
@@ -220,8 +234,8 @@ def _learn(memory: ExperientialMemory, session: InstanceSession, outcome: AskOut
              "record_ids": list(prior.record_ids) if prior is not None else []}
     if not tool.decisions:
         session.snapshot.close()
-        return {"store": str(memory.store.folder), "prior": shown, "learned": {"committed": False,
-                                                                               "reason": "no decision was executed"}}
+        return {"store": str(memory.store.folder), "prior": shown,
+                "learned": {"committed": False, "reason": "no decision was executed"}}
     wall = float(outcome.record["timings"]["wall_s"])
     u = utility(score, tokens=usage.total_tokens, delay_s=wall,
                 weights=UtilityWeights(cost=defaults.cost_weight, delay=defaults.delay_weight))

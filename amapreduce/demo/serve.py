@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from amapreduce.demo.discovery import Scouting
 from amapreduce.demo.memory_model import SimulatedMemoryModel
 from amapreduce.demo.model import SIMULATED_MODEL_ID, SimulatedAtlasModel
 from amapreduce.llm.messages import message_text
@@ -27,10 +28,10 @@ MEMORY_PROMPT_MARKS = ("### Historical hints", "## SUCCESSFUL decision", "## Cur
 """Headings only the memory's prompts (prompts/memory.yaml) contain."""
 
 
-def serving_model() -> FunctionModel:
+def serving_model(scouting: Scouting = "mapreduce") -> FunctionModel:
     """One model answering every role: memory prompts go to the simulated memory model, the rest to
-    the simulated atlas model."""
-    atlas, memory = SimulatedAtlasModel(), SimulatedMemoryModel()
+    the simulated atlas model (whose manager scouts discovery tasks as `scouting` says)."""
+    atlas, memory = SimulatedAtlasModel(scouting=scouting), SimulatedMemoryModel()
 
     def reply(messages: list[Any], info: ModelInfo) -> Reply:
         text = "\n".join(message_text(m) for m in messages)
@@ -47,11 +48,11 @@ def ask_command(query: str, base_url: str, index_dir: Any) -> str:
 
 
 def serve(port: int, index_dir: Any, query: str, *, echo: Callable[[str], None],
-          wait: Callable[[], None]) -> int:
+          wait: Callable[[], None], scouting: Scouting = "mapreduce") -> int:
     """Serve until `wait` returns (the CLI waits for Ctrl-C); return the number of requests answered."""
     from amapreduce.testing.openai_server import OpenAICompatibleServer
 
-    with OpenAICompatibleServer(serving_model(), port=port, keep_requests=False) as server:
+    with OpenAICompatibleServer(serving_model(scouting), port=port, keep_requests=False) as server:
         echo(f"Serving the simulated model (deterministic code, not an LLM) at {server.base_url} "
              "(loopback only; any model name is accepted). Ctrl-C stops it. In another terminal:")
         echo(ask_command(query, server.base_url, index_dir))

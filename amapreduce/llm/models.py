@@ -13,6 +13,12 @@ included), retries with backoff that honour `Retry-After`, usage and cost accoun
 included), and a `model_call` trace event per call. Reasoning models get no `temperature`/`max_tokens` (their APIs
 reject them). The provider clients' own retries (openai's `max_retries`, LiteLLM's
 `num_retries`, smolagents' `retryer`) are switched off so exactly one policy applies.
+
+Where a provider's limiter and breaker live: this process's (`ratelimit.shared_limiter`,
+`breaker.shared_breaker`) unless a process installed other `ProviderGates` with
+`use_provider_gates` — a worker of a Ray run installs the cluster's (`run.ray_limits`), so every
+worker of the cluster takes its tickets from one window and sees one breaker. The seam is plain
+Python: nothing here knows Ray.
 """
 
 from __future__ import annotations
@@ -21,14 +27,14 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from smolagents.models import ChatMessage, Model
 
 from amapreduce.errors import ConfigError, ProviderUnavailable
-from amapreduce.llm.breaker import BreakerPolicy, CircuitBreaker, is_outage, shared_breaker
+from amapreduce.llm.breaker import BreakerPolicy, is_outage, shared_breaker
 from amapreduce.llm.messages import estimate_tokens, message_text, without_secrets
 from amapreduce.llm.meter import UsageMeter, litellm_offline
 from amapreduce.llm.retry import (
@@ -41,13 +47,25 @@ from amapreduce.llm.retry import (
 )
 from amapreduce.llm.scope import scope_cancelled, scope_labels
 from amapreduce.llm.usage import Usage
-from amapreduce.ratelimit import WindowLimiter, WindowPolicy, shared_limiter
+from amapreduce.ratelimit import WindowGate, WindowPolicy, shared_limiter
 from amapreduce.trace import redact_secrets, register_secrets
 
 if TYPE_CHECKING:
     from amapreduce.trace import Trace
 
-__all__ = ["NO_KEY", "ROLES", "ManagedModel", "ModelSpec", "build_model", "cached_tokens", "is_reasoning_model", "provider_of"]
+__all__ = [
+    "NO_KEY",
+    "ROLES",
+    "BreakerGate",
+    "ManagedModel",
+    "ModelSpec",
+    "ProviderGates",
+    "build_model",
+    "cached_tokens",
+    "is_reasoning_model",
+    "provider_of",
+    "use_provider_gates",
+]
 
 ROLES = ("manager", "subagent", "extraction", "memory", "judge")
 """The roles a run assigns models to; each may use its own model."""
@@ -78,6 +96,49 @@ class ModelSpec(BaseModel):
     """Tokens per minute for this provider, shared by the whole process."""
     flatten_messages: bool = False
     """Send message content as plain strings (llama.cpp's server needs it)."""
+
+
+class BreakerGate(Protocol):
+    """What a model call needs of its provider's circuit breaker (`breaker.CircuitBreaker` is one)."""
+
+    def admit(self) -> bool:
+        """Wait until a request may be sent; True when it is the half-open probe (raises the
+        breaker's error when the provider is down)."""
+
+    def record(self, probe: bool, outage: str | None) -> None:
+        """Report a request's outcome (`outage`: why it failed as an outage; None: it answered)."""
+
+    def release(self, probe: bool) -> None:
+        """A request ended without an outcome."""
+
+
+class ProviderGates(Protocol):
+    """Where providers' rate limiters and circuit breakers live (see the module doc)."""
+
+    def limiter(self, key: str, policy: WindowPolicy) -> WindowGate:
+        """The limiter every caller of provider `key` shares."""
+
+    def breaker(self, key: str, policy: BreakerPolicy) -> BreakerGate:
+        """The circuit breaker every caller of provider `key` shares."""
+
+
+_gates: ProviderGates | None = None
+
+
+def use_provider_gates(gates: ProviderGates | None) -> ProviderGates | None:
+    """Make models built from now on in this process use `gates` (None: this process's own
+    limiters and breakers); return the gates in force before, so a caller can put them back."""
+    global _gates
+    previous, _gates = _gates, gates
+    return previous
+
+
+def _limiter(key: str, policy: WindowPolicy) -> WindowGate:
+    return _gates.limiter(key, policy) if _gates is not None else shared_limiter(key, policy)
+
+
+def _breaker(key: str, policy: BreakerPolicy) -> BreakerGate:
+    return _gates.breaker(key, policy) if _gates is not None else shared_breaker(key, policy)
 
 
 def is_reasoning_model(model_id: str) -> bool:
@@ -189,7 +250,8 @@ class ManagedModel(Model):
         inner: the model that talks to the provider (or a simulated model).
         role: what the model is used for (`manager`, `subagent`, ...), for usage by role.
         meter: the run's usage meter (and budget).
-        limiter: the provider's shared limiter (None: unlimited).
+        limiter: the provider's shared limiter (None: unlimited); a `Retry-After` a provider sends
+            defers it for every caller.
         breaker: the provider's shared circuit breaker (None: none).
         retry: the retry policy.
         sleep: replaces `time.sleep` between retries (tests).
@@ -207,8 +269,8 @@ class ManagedModel(Model):
         *,
         role: str,
         meter: UsageMeter,
-        limiter: WindowLimiter | None = None,
-        breaker: CircuitBreaker | None = None,
+        limiter: WindowGate | None = None,
+        breaker: BreakerGate | None = None,
         retry: RetryPolicy | None = None,
         sleep: Any = None,
         trace: Trace | None = None,
@@ -294,6 +356,8 @@ class ManagedModel(Model):
                 delay_s=round(delay_s, 3), error=self._describe(state.error),
             )
             self._write("model_retry", **event.trace_fields())
+            if transient.retry_after_s is not None and self.limiter is not None:
+                self.limiter.defer(min(transient.retry_after_s, self.retry.max_retry_after_s))
             if self.on_retry is not None:
                 self.on_retry(event)
 
@@ -344,9 +408,9 @@ def build_model(
     if role not in ROLES:
         raise ConfigError(f"unknown model role {role!r}; roles are {', '.join(ROLES)}.")
     register_secrets([spec.api_key.get_secret_value() if spec.api_key else None])
-    limiter = shared_limiter(provider_of(spec), WindowPolicy(rpm=spec.rpm, tpm=spec.tpm)) if (spec.rpm or spec.tpm) else None
+    limiter = _limiter(provider_of(spec), WindowPolicy(rpm=spec.rpm, tpm=spec.tpm)) if (spec.rpm or spec.tpm) else None
     return ManagedModel(
         inner or _inner_model(spec), role=role, meter=meter, limiter=limiter,
-        breaker=shared_breaker(provider_of(spec), breaker) if breaker is not None else None,
+        breaker=_breaker(provider_of(spec), breaker) if breaker is not None else None,
         retry=retry, trace=trace, on_retry=on_retry, provider=provider_of(spec),
     )

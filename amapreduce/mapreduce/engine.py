@@ -135,11 +135,16 @@ class MapReduceEngine:
         self._clock = clock
         self._runs_lock = threading.Lock()
         self._runs: set[EngineRun] = set()
+        self.cancels = 0
+        """How many times `cancel` was called: a composed run (`compose`) that runs several
+        decisions one after another checks it between them, since a cancel with no run in flight
+        reaches none."""
 
     def cancel(self) -> None:
         """Stop the runs in flight soon (thread-safe); each `run` then raises `RunCancelled`.
         A later `run` starts afresh."""
         with self._runs_lock:
+            self.cancels += 1
             runs = list(self._runs)
         for run in runs:
             run.stop(CANCELLED)

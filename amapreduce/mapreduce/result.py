@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amapreduce.decision.model import Decision
 from amapreduce.errors import BudgetExceeded, ProviderRejected, ProviderUnavailable
@@ -24,6 +24,9 @@ from amapreduce.table.keys import normalize_value
 from amapreduce.table.render import to_csv, to_jsonl, to_markdown
 from amapreduce.table.table import Table
 from amapreduce.trace import redact_secrets
+
+if TYPE_CHECKING:
+    from amapreduce.mapreduce.discover import DiscoverySummary
 
 __all__ = [
     "CANCELLED",
@@ -264,7 +267,7 @@ class RunSummary:
         """The summary of `table`, the reduced answer to `decision`."""
         return cls(
             completeness=Completeness.of(table, [decision]),
-            conflicts=sum(1 for row in table.rows for cell in row.cells.values() if cell.alternatives),
+            conflicts=_conflicts(table),
             patch_rounds=rounds,
             batches=batches,
             attempts=len(records),
@@ -273,6 +276,23 @@ class RunSummary:
             failures=sum(1 for r in records if r.outcome in ("error", "parse_error")),
             usage=sum((r.usage for r in records), Usage()),
             timings={k: round(v, 6) for k, v in timings.items()},
+        )
+
+    @classmethod
+    def combined(cls, table: Table, completeness: Completeness, parts: Sequence[RunSummary]) -> RunSummary:
+        """The summary of `table`, made from the executions `parts` (a nested decision's child runs,
+        a discovery and its fill): their effort, usage and timings added up."""
+        return cls(
+            completeness=completeness,
+            conflicts=_conflicts(table),
+            patch_rounds=sum(s.patch_rounds for s in parts),
+            batches=sum(s.batches for s in parts),
+            attempts=sum(s.attempts for s in parts),
+            retries=sum(s.retries for s in parts),
+            timeouts=sum(s.timeouts for s in parts),
+            failures=sum(s.failures for s in parts),
+            usage=sum((s.usage for s in parts), Usage()),
+            timings={k: round(sum(s.timings.get(k, 0.0) for s in parts), 6) for k in ("map_s", "patch_s", "wall_s")},
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -289,6 +309,10 @@ class RunSummary:
             "usage": self.usage.to_json(),
             "timings": dict(self.timings),
         }
+
+
+def _conflicts(table: Table) -> int:
+    return sum(1 for row in table.rows for cell in row.cells.values() if cell.alternatives)
 
 
 def completeness_record(
@@ -322,6 +346,9 @@ class MapReduceResult:
     ending: RunEnding
     """`COMPLETE` / `INCOMPLETE` for a run that finished; `STOPPED` or `INTERRUPTED` (with the
     reason) for the partial result a stopped run carries."""
+    discovery: DiscoverySummary | None = None
+    """How the task matrix was discovered, for a decision with `discover` (`result.json`'s
+    `"discovery"`); None when the matrix was given. Set by `mapreduce.compose.run_decision`."""
 
     @property
     def cancelled(self) -> bool:

@@ -2,8 +2,9 @@
 
 Stage 1 (plan): the first call validates the draft decision Θ⁽⁰⁾, shows its batch plan and
 returns the experiential prior Δ_q from a pluggable provider (the memory, or `NoPrior`).
-Stage 2 (execute): the next call runs the decision through the engine and returns the
-completeness summary plus the reduced rows as JSONL. Later calls are delta follow-ups whose
+Stage 2 (execute): the next call runs the decision (`compose.run_decision`: through the engine,
+with discovery and nested decisions composed) and returns the completeness summary plus the
+reduced rows as JSONL. Later calls are delta follow-ups whose
 rows merge into the same table, which the manager's final answer is rendered from in code.
 
 Guards: at most `max_calls` accepted calls per run (plan included), identical execute
@@ -16,12 +17,19 @@ run's table are changed under one lock, and each execution is its own engine run
 columns and key are fixed by the first executed call: a follow-up with other key columns, whose
 rows could not merge into it, is refused with a message saying so, before it runs, rather than
 replacing the table and losing the rows already found (columns the table lacks are ignored).
+
+Discovery (`discover`): when the entities are many and spread over many list pages or search
+results, the manager gives the sources instead of the matrix; sub-agents list the candidates,
+code (and, with `merge: "model"`, a tree of merge calls) dedups them, and the entity list
+becomes the matrix of the fill, so it never passes through the manager's context. The plan
+stage then shows the discovery's map plan; the fill plan follows discovery.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from smolagents import Tool
@@ -31,7 +39,10 @@ from amapreduce.decision.model import Decision
 from amapreduce.errors import AmapreduceError, DecisionError, RunCancelled, ToolCallRefused
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
 from amapreduce.mapreduce.checkpoint import Checkpoint
+from amapreduce.mapreduce.compose import run_decision
+from amapreduce.mapreduce.discover import DEFAULT_CONTEXT_WINDOW, discovery_plan
 from amapreduce.mapreduce.engine import MapReduceEngine
+from amapreduce.mapreduce.merge import Merger
 from amapreduce.mapreduce.prior import NoPrior, Prior, PriorProvider, PriorRequest
 from amapreduce.mapreduce.result import MapReduceResult
 from amapreduce.table.table import Table
@@ -47,7 +58,11 @@ _DESCRIPTION = (
     "validates the decision, shows the batch plan and returns experience from past runs; call again "
     "(revised if the advice says so) to execute. After executing, call again only with a small matrix of "
     "the rows still missing (delta only). Output columns come from `json_schema`; put the columns the "
-    "matrix fills first, in matrix order."
+    "matrix fills first, in matrix order. When the entities are MANY and spread over many list pages or "
+    "search results, do not list them yourself: give `discover` instead of `task_matrix`, and the entity "
+    "list is found by parallel sub-agents, deduplicated, and used as the task matrix (it never enters your "
+    "context). For a task per entity that is itself a wide search (e.g. per year: the top 10, then their "
+    "attributes), give `child`."
 )
 
 
@@ -59,7 +74,9 @@ class MapReduceTool(Tool):
     inputs = {
         "task_matrix": {
             "type": "array",
-            "description": "N rows of strings; row i fills __0__, __1__, ... Include EVERY entity, one row each.",
+            "description": "N rows of strings; row i fills __0__, __1__, ... Include EVERY entity, one row each. "
+            "Leave it out (null) with `discover`.",
+            "nullable": True,
         },
         "template": {"type": "string", "description": "The atomic sub-query with __0__, __1__, ... placeholders."},
         "json_schema": {
@@ -86,6 +103,28 @@ class MapReduceTool(Tool):
             "nullable": True,
         },
         "rows_per_task": {"type": "integer", "description": "Rows each task must yield (e.g. 10 for a top 10).", "nullable": True},
+        "discover": {
+            "type": "object",
+            "description": "Find the task matrix instead of listing it (many entities over many list pages or "
+            'search results): {"sources": ["<list page URL or search query>", ...], "template": "List every ... '
+            'on __0__", "json_schema": ["Name", "Country"], "key_columns": ["Name", "Country"], "batch_size": 1, '
+            '"merge": "model"}. Each source fills __0__ of discover.template; "merge": "model" also merges '
+            "spelling variants (St./Saint). The discovered key columns fill the output columns of the same "
+            "names and __0__, __1__, ... of `template`.",
+            "nullable": True,
+        },
+        "child": {
+            "type": ["string", "object"],
+            "description": "Run a whole decision per task instead of one sub-query: a name in `decisions` or an "
+            "inline decision; __parent_0__, __parent_1__, ... in it are this task's cells.",
+            "nullable": True,
+        },
+        "decisions": {
+            "type": "object",
+            "description": "Named decisions a `child` may name (top level only).",
+            "nullable": True,
+        },
+        "max_depth": {"type": "integer", "description": "Nesting depth limit (default 3).", "nullable": True},
     }
     output_type = "string"
 
@@ -101,6 +140,9 @@ class MapReduceTool(Tool):
         trace: Trace | None = None,
         preview_rows: int = 5,
         checkpoint: Checkpoint | None = None,
+        merger: Merger | None = None,
+        context_window: int | Callable[[], int] = DEFAULT_CONTEXT_WINDOW,
+        on_execute: Callable[[Decision, BatchPlan | None], None] | None = None,
     ) -> None:
         super().__init__()
         if max_calls < 1:
@@ -116,12 +158,22 @@ class MapReduceTool(Tool):
         self.checkpoint = checkpoint
         """The run's journal: each execution's decision and settled attempts are saved there, so
         `amapreduce runs resume` can finish a killed run without asking the manager again."""
+        self.merger = merger
+        """Merges fuzzy duplicates of a discovery with `merge: "model"` (None: code dedup only)."""
+        self.on_execute = on_execute
+        """Told of each decision before it runs (with its plan; None for a composed one): `ask` keeps
+        the decisions the manager executed, which a composed one's journal entries do not show."""
+        self._context_window = context_window
+        """The merge model's context window, or how to find it (looked up once, when a discovery runs)."""
         self._lock = threading.Lock()
         self.calls = 0
         self._planned = False
         self._executed: set[str] = set()
         self.prior: Prior | None = None
         self.decisions: list[Decision] = []
+        self.filled: list[Decision] = []
+        """`decisions` as their tasks ran: a discovery's with the entities it found as its matrix
+        (what completeness is measured against; a discovery that found nothing asks for nothing)."""
         self.results: list[MapReduceResult] = []
         self.table: Table | None = None
         self._shape: tuple[tuple[str, ...], tuple[str, ...]] | None = None
@@ -129,14 +181,18 @@ class MapReduceTool(Tool):
 
     def forward(
         self,
-        task_matrix: list[list[Any]],
         template: str,
         json_schema: dict[str, Any],
+        task_matrix: list[list[Any]] | None = None,
         batch_strategy: dict[str, Any] | None = None,
         batch_size: int | None = None,
         key_columns: list[str] | None = None,
         matrix_columns: list[str | None] | None = None,
         rows_per_task: int | None = None,
+        discover: dict[str, Any] | None = None,
+        child: str | dict[str, Any] | None = None,
+        decisions: dict[str, Any] | None = None,
+        max_depth: int | None = None,
     ) -> str:
         raw: dict[str, Any] = {
             "task_matrix": task_matrix,
@@ -145,11 +201,15 @@ class MapReduceTool(Tool):
             "batch_strategy": batch_strategy,
             "batch_size": batch_size,
         }
-        optional = {"key_columns": key_columns, "matrix_columns": matrix_columns, "rows_per_task": rows_per_task}
+        optional = {
+            "key_columns": key_columns, "matrix_columns": matrix_columns, "rows_per_task": rows_per_task,
+            "discover": discover, "child": child, "decisions": decisions, "max_depth": max_depth,
+        }
         raw.update({k: v for k, v in optional.items() if v is not None})
+        parsed = {k: v for k, v in raw.items() if k != "task_matrix" or v is not None}
         try:
-            decision = Decision.parse(raw)
-            plan = plan_batches(decision, max_batches=self.engine.config.max_batches)
+            decision = Decision.parse(parsed)
+            plan = self._plan_of(decision)
         except DecisionError as exc:
             self.trace.write(
                 "tool_call", tool=self.name, stage="refused", reason="invalid_decision", error=str(exc), args=raw
@@ -194,6 +254,20 @@ class MapReduceTool(Tool):
             return payload
         return self._execute(raw, decision, plan)
 
+    def _plan_of(self, decision: Decision) -> BatchPlan:
+        """The plan the plan stage shows: the decision's own, or for a discovery its map's (the
+        fill is planned once the entities are known). Raises `DecisionError` over the batch cap."""
+        cap = self.engine.config.max_batches
+        if decision.discover is not None:
+            return discovery_plan(decision.discover, max_batches=cap)
+        return plan_batches(decision, max_batches=cap)
+
+    def context_window(self) -> int:
+        """The merge model's context window in tokens (looked up at the first discovery)."""
+        if callable(self._context_window):
+            self._context_window = self._context_window()
+        return self._context_window
+
     def _shape_mismatch(self, decision: Decision) -> str | None:
         """Why `decision`'s rows could not merge into the run's table (None: they can; columns
         the table lacks are ignored when merging, so only the key columns must match)."""
@@ -221,39 +295,55 @@ class MapReduceTool(Tool):
         matrix_preview: list[Any] = list(decision.task_matrix[: self.preview_rows])
         if n > self.preview_rows:
             matrix_preview.append(f"... ({n - self.preview_rows} more rows)")
-        payload = {
-            "call_stage": "plan",
-            "experiential_prior": prior_text,
-            "current_mapreduce_args": {
-                "num_rows": n,
-                "task_matrix_preview": matrix_preview,
-                "template": decision.template,
-                "columns": list(decision.columns),
-                "key_columns": list(decision.resolved_key_columns),
-                "batch_strategy": raw["batch_strategy"],
-                "batch_size": raw["batch_size"],
-            },
-            "batch_plan": {
-                "strategy": plan.strategy,
-                "num_batches": len(plan.batches),
-                "sizes": [b.size for b in plan.batches],
-            },
-            "next": "Check the decision against the experience above (all entities present, key columns "
-            "filled, one batching mode), revise it if needed, then call mapreduce again to execute.",
+        shown_plan = {"strategy": plan.strategy, "num_batches": len(plan.batches), "sizes": [b.size for b in plan.batches]}
+        args: dict[str, Any] = {
+            "num_rows": n,
+            "task_matrix_preview": matrix_preview,
+            "template": decision.template,
+            "columns": list(decision.columns),
+            "key_columns": list(decision.resolved_key_columns),
+            "batch_strategy": raw["batch_strategy"],
+            "batch_size": raw["batch_size"],
         }
+        payload: dict[str, Any] = {"call_stage": "plan", "experiential_prior": prior_text, "current_mapreduce_args": args}
+        if decision.discover is not None:
+            spec = decision.discover
+            args["discover"] = {
+                "sources": len(spec.sources), "template": spec.template, "key_columns": list(spec.resolved_key_columns),
+                "merge": spec.merge,
+            }
+            payload["discovery_plan"] = shown_plan
+            payload["batch_plan"] = "the fill plan follows discovery: one task per discovered entity"
+        else:
+            payload["batch_plan"] = shown_plan
+        if decision.child is not None:
+            args["child"] = decision.child if isinstance(decision.child, str) else "(inline decision)"
+            payload["child_plan"] = "each task runs the child decision, planned when it runs"
+        payload["next"] = (
+            "Check the decision against the experience above (all entities present, key columns "
+            "filled, one batching mode), revise it if needed, then call mapreduce again to execute."
+        )
         self.trace.write("tool_call", tool=self.name, stage="plan", args=raw, output=payload)
         return json.dumps(payload, ensure_ascii=False)
 
-    def execute(self, decision: Decision, plan: BatchPlan) -> tuple[MapReduceResult, int]:
+    def execute(self, decision: Decision, plan: BatchPlan | None) -> tuple[MapReduceResult, int]:
         """Run `decision` on `plan` (journaled when the tool has a checkpoint) and merge its rows
         into the run's table; return the result and the table's rows. `forward` calls it for the
-        manager, `runs resume` for the executions a killed run had begun.
+        manager, `runs resume` for the executions a killed run had begun. A composed decision
+        (`discover`, `child`) plans its parts as they run, so its `plan` is not used (None: a plain
+        decision is planned here).
 
         Raises:
             RunCancelled: the execution stopped; its rows are merged all the same.
         """
+        composed = decision.discover is not None or decision.child is not None
+        if self.on_execute is not None:
+            self.on_execute(decision, None if composed else plan)
         try:
-            result = self.engine.run(decision, plan=plan, checkpoint=self.checkpoint)
+            result = run_decision(
+                self.engine, decision, plan=None if composed else plan, checkpoint=self.checkpoint,
+                merger=self.merger, context_window=self.context_window() if decision.discover is not None else None,
+            )
         except RunCancelled as exc:
             self._accumulate(decision, exc.partial)  # a stopped run still keeps the rows it found
             raise
@@ -271,14 +361,21 @@ class MapReduceTool(Tool):
             "batches": summary.batches,
             "table_rows_total": table_rows_total,
         }
+        if result.discovery is not None:
+            found = result.discovery
+            head["discovery"] = {"sources": found.sources, "candidates": found.candidates, "entities": found.entities,
+                                 "merge_calls": found.merge_calls}
         missing = [
             {"key": {k: row.cells[k].value for k in result.table.key_columns}, "missing": row.missing()}
             for row in result.table.rows
             if row.missing()
         ]
-        lines = [json.dumps(head, ensure_ascii=False), result.jsonl().rstrip("\n")]
+        # What is still missing comes before the rows: the manager's view of a tool's output is
+        # clipped, and a long table (hundreds of discovered entities) cut it off the end.
+        lines = [json.dumps(head, ensure_ascii=False)]
         if missing:
             lines.append(json.dumps({"still_missing": missing[:50], "count": len(missing)}, ensure_ascii=False))
+        lines.append(result.jsonl().rstrip("\n"))
         self.trace.write("tool_call", tool=self.name, stage="execute", args=raw, output=head)
         return "\n".join(line for line in lines if line)
 
@@ -286,8 +383,18 @@ class MapReduceTool(Tool):
         """Record an execution and merge its rows into the run's table (delta follow-ups fill the
         same rows; `forward` refused any whose rows could not merge). Returns the table's rows."""
         table = result.table
+        filled = decision
+        if decision.discover is not None:
+            keys = [c for c in decision.resolved_matrix_columns if c is not None]
+            found = list({tuple(row.cells[k].value for k in keys): None for row in table.rows if all(
+                k in row.cells for k in keys)})
+            try:
+                filled = decision.with_matrix([list(k) for k in found]) if found else decision
+            except DecisionError:  # keys that differ only in spelling the fill merged: measure as given
+                filled = decision
         with self._lock:
             self.decisions.append(decision)
+            self.filled.append(filled)
             self.results.append(result)
             if self.table is None:
                 self.table = Table(table.columns, table.key_columns, missing_markers=table.missing_markers)

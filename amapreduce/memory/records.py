@@ -72,10 +72,17 @@ class DecisionSummary(BaseModel):
             size = strategy.chunk_size or decision.batch_size
         else:
             size = decision.batch_size
+        spec, matrix = decision.discover, decision.task_matrix
         summary = cls(
-            rows=len(decision.task_matrix), cols=len(decision.task_matrix[0]), template=decision.template[:500],
-            columns=decision.columns, strategy=strategy.type, batch_size=size, batches=batches,
+            rows=len(matrix), cols=len(matrix[0]) if matrix else len(spec.resolved_key_columns) if spec else 0,
+            template=decision.template[:500], columns=decision.columns, strategy=strategy.type, batch_size=size,
+            batches=batches,
         )
+        if spec is not None:  # the matrix is found at run time: say how, not "0x2 task matrix"
+            shape = f"{summary.rows}x{summary.cols} task matrix"
+            found = (f"task matrix discovered from {len(spec.sources)} sources ({spec.merge} merge, key "
+                     f"{', '.join(spec.resolved_key_columns)})")
+            return summary.model_copy(update={"pattern": summary.describe().replace(shape, found, 1)})
         return summary.with_pattern()
 
     def with_pattern(self) -> DecisionSummary:

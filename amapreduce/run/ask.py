@@ -4,15 +4,24 @@ The manager agent discovers the entities and writes the decision; the `mapreduce
 (plan stage first, with the experiential prior when a memory is given); the final table is the
 reducer's table rendered in code. Whatever happens — a budget stop, Ctrl-C, a model failure,
 a setup error — the run directory gets a `result.json` with what was found (or why it failed).
+
+Resuming (`runs resume`) runs the manager's decisions again without the manager. A plain
+decision is one engine execution, which the journal records; a composed one (`discover`,
+`child`) is several, none of which is the manager's decision. So once the manager executes a
+composed decision, the run keeps the decisions it executed, in order, in `executed.json`
+(`EXECUTED_FILE`), and a resume runs those.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from amapreduce._atomic import atomic_open
 from amapreduce.errors import RunCancelled, UserError, find_cause
 from amapreduce.mapreduce.result import (
     INTERRUPTED,
@@ -27,7 +36,7 @@ from amapreduce.mapreduce.result import (
 from amapreduce.run.lifecycle import ActiveRun, resume_run, start_run
 from amapreduce.run.progress import RunProgress
 from amapreduce.run.run_journal import RunKind
-from amapreduce.run.wiring import InnerFactory, build_parts
+from amapreduce.run.wiring import MERGE_CACHE_DIR, InnerFactory, build_parts
 from amapreduce.settings import Settings
 from amapreduce.table.render import to_markdown
 from amapreduce.table.table import Table
@@ -35,13 +44,57 @@ from amapreduce.table.table import Table
 if TYPE_CHECKING:
     from smolagents import Tool
 
+    from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
+    from amapreduce.mapreduce.batching import BatchPlan
     from amapreduce.mapreduce.prior import PriorProvider
     from amapreduce.mapreduce.tool import MapReduceTool
     from amapreduce.run.run_journal import RunJournal
     from amapreduce.run.rundir import RunDir
 
-__all__ = ["AskOutcome", "check_memory_store", "resume_ask_run", "run_ask"]
+__all__ = ["EXECUTED_FILE", "AskOutcome", "check_memory_store", "resume_ask_run", "run_ask"]
+
+EXECUTED_FILE = "executed.json"
+"""The manager's executed decisions (with plain ones' batch plans), kept once one is composed."""
+
+
+class _Executed:
+    """Keeps the decisions the `mapreduce` tool executes, in order; from the first composed one on,
+    writes them all to the run directory (atomically) before each runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._entries: list[dict[str, Any]] = []
+        self._composed = False
+
+    def __call__(self, decision: Decision, plan: BatchPlan | None) -> None:
+        from amapreduce.mapreduce.checkpoint import plan_manifest
+
+        with self._lock:
+            self._entries.append({"decision": decision.model_dump(mode="json"),
+                                  "plan": None if plan is None else plan_manifest(plan)})
+            self._composed = self._composed or decision.discover is not None or decision.child is not None
+            if self._composed:
+                with atomic_open(self.path) as handle:
+                    json.dump(self._entries, handle, ensure_ascii=False)
+
+
+def _saved_decisions(path: Path, saved: RunJournal) -> list[tuple[Decision, BatchPlan | None]]:
+    """The decisions a killed run executed: `executed.json`'s when the run kept one, else the
+    journal's executions (each plain). Raises `UserError` when there are none or the file is damaged."""
+    from amapreduce.decision.model import Decision
+    from amapreduce.mapreduce.checkpoint import plan_from_manifest
+
+    kept = path / EXECUTED_FILE
+    if kept.is_file():
+        try:
+            entries = json.loads(kept.read_text(encoding="utf-8"))
+            return [(Decision.parse(e["decision"]), None if e["plan"] is None else plan_from_manifest(e["plan"]))
+                    for e in entries]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"the run's {str(kept)!r} cannot be read ({exc}); ask the question again.") from None
+    return [(Decision.parse(e.decision), plan_from_manifest(e.plan)) for e in saved.executions]
 
 
 @dataclass(kw_only=True)
@@ -145,6 +198,7 @@ def run_ask(
             parts = build_parts(
                 settings, trace=run.run_dir.trace, meter=run.meter, progress=progress,
                 on_provider_retry=progress.on_provider_retry, inner=inner, web_tools=web_tools, roles=roles,
+                merge_cache=run.run_dir.path / MERGE_CACHE_DIR,
             )
             held.callback(parts.close)  # MCP sessions and server processes end with the run
             if prior_provider is None and memory_store is not None:
@@ -158,6 +212,9 @@ def run_ask(
                 prior_provider=prior_provider,
                 max_calls=settings.max_tool_calls,
                 checkpoint=run.checkpoint,
+                merger=parts.merger,
+                context_window=parts.context_window,
+                on_execute=_Executed(run.run_dir.path / EXECUTED_FILE),
             )
             manager = build_manager(
                 parts.models["manager"], [*parts.manager_tools, tool],
@@ -196,11 +253,9 @@ def resume_ask_run(
     Raises:
         UserError: the run was killed before the manager executed any decision.
     """
-    from amapreduce.decision.model import Decision
-    from amapreduce.mapreduce.checkpoint import plan_from_manifest
     from amapreduce.mapreduce.tool import MapReduceTool
 
-    executions = saved.executions
+    executions = _saved_decisions(path, saved)
     if not executions:
         raise UserError(
             f"the run in {str(path)!r} stopped before the manager executed a decision, so there is nothing to "
@@ -213,14 +268,14 @@ def resume_ask_run(
             parts = build_parts(
                 settings, trace=run.run_dir.trace, meter=run.meter, progress=progress,
                 on_provider_retry=progress.on_provider_retry, inner=inner, web_tools=web_tools,
-                roles=("subagent", "extraction"),
+                roles=("subagent", "extraction"), merge_cache=run.run_dir.path / MERGE_CACHE_DIR,
             )
             held.callback(parts.close)
             tool = MapReduceTool(parts.engine, query=saved.first.query, plan_stage=False, max_calls=len(executions),
-                                 checkpoint=run.checkpoint)
+                                 checkpoint=run.checkpoint, merger=parts.merger, context_window=parts.context_window)
             try:
-                for execution in executions:
-                    tool.execute(Decision.parse(execution.decision), plan_from_manifest(execution.plan))
+                for decision, plan in executions:
+                    tool.execute(decision, plan)
             except RunCancelled as exc:
                 stopped = _manager_stop_ending(exc)
             except KeyboardInterrupt as exc:
@@ -237,7 +292,7 @@ def _finish(
     """Render and record how an `ask` run ended: the table the tool accumulated, its completeness
     over every executed decision, and `result.json`."""
     table = tool.table if tool.table is not None else Table(["answer"], ["answer"])
-    completeness = Completeness.of(table, tool.decisions)
+    completeness = Completeness.of(table, tool.filled)
     if stopped is not None:
         ending = stopped
     else:
@@ -251,6 +306,8 @@ def _finish(
             "task_id": tool.task_id,
             "manager_answer": None if answer is None else str(answer),
             "decisions": [d.model_dump(mode="json") for d in tool.decisions],
+            # one `DiscoverySummary` per executed decision that discovered its matrix (none: no key)
+            **({"discoveries": found} if (found := [r.discovery.to_json() for r in tool.results if r.discovery]) else {}),
             "prior": None if tool.prior is None else {"text": tool.prior.text, "hint_ids": list(tool.prior.hint_ids)},
             "web": web_usage,
         },

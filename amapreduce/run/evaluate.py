@@ -14,6 +14,11 @@ snapshot then, so it reads exactly the commits of instances 1..i−K whatever th
 (with K = 1 every instance sees every earlier one). The trials of one instance run one after the
 other, each with a fresh simulated or real model.
 
+**Where trials run.** In threads of this process, or (`remote`, `--executor ray`) as one Ray task
+per (instance, trial) (`run.eval_ray`): the trials of an instance then run at once, each over an
+image of the instance's snapshot, and come back as plain data (`run.eval_trial`); answers, scores,
+journal lines and commits stay here, in the same order, so both give the same results.
+
 **Durability.** `DIR/journal.jsonl` (the one journal format, `amapreduce.journal`) records the
 configuration, every finished trial (score, usage, prior, decision) and every commit. A killed
 evaluation continues with `--resume`: finished trials are never rerun, and a commit is idempotent
@@ -34,10 +39,8 @@ trial folders, so rescoring them reproduces it exactly.
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import json
 import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,32 +48,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce._atomic import atomic_open
-from amapreduce.errors import ProviderRejected, UserError, find_cause
+from amapreduce.errors import UserError
 from amapreduce.journal import JournalWriter, read_journal
-from amapreduce.run.commit import commit_instance, pool_counts
+from amapreduce.run.commit import pool_counts
+from amapreduce.run.eval_commit import commit_trials, write_memory_log
 from amapreduce.run.eval_journal import (
     ENTRIES,
     JOURNAL,
-    MEMORY_LOG,
     RESULTS,
     EvalConfig,
     EvalEnded,
     EvalStarted,
     InstanceCommitted,
-    PriorRecord,
     TrialDone,
     results_document,
 )
+from amapreduce.run.eval_trial import TrialJob, TrialRun, execute_trial, snapshot_image, write_run_files
 from amapreduce.trace import redact_secrets
 
 if TYPE_CHECKING:
     from amapreduce.evaluation.loaders import TaskSpec
     from amapreduce.evaluation.runner import EvalOptions
     from amapreduce.llm.meter import Price
-    from amapreduce.llm.usage import Usage
-    from amapreduce.mapreduce.prior import Prior
     from amapreduce.memory import ExperientialMemory
-    from amapreduce.memory.protocol import InstanceSession, TrialOutcome
+    from amapreduce.memory.protocol import InstanceSession
+    from amapreduce.run.eval_trial import RemoteTrials
     from amapreduce.run.wiring import InnerFactory
     from amapreduce.settings import Settings
 
@@ -84,6 +86,9 @@ class SimulatedModels:
     """(instance id, trial) → the role → model factory of that trial's `ask` run."""
     memory_model: Any
     prices_by_prefix: Mapping[str, Price]
+    rebuild: Callable[[], SimulatedModels] | None = None
+    """A module-level function that builds these same models in another process (it crosses to a
+    Ray worker by name); None: they cannot leave this one (`--executor ray` is refused)."""
 
 
 @dataclass(kw_only=True)
@@ -145,6 +150,7 @@ def run_benchmark(
     memory_model: Any | None = None,
     resume: bool = False,
     progress: Callable[[str], None] | None = None,
+    remote: RemoteTrials | None = None,
 ) -> EvalRunOutcome:
     """Run (or resume) the evaluation `config` into `out`; see the module docstring.
 
@@ -159,14 +165,18 @@ def run_benchmark(
         memory_model: the memory's projection/distillation model when not simulated (None: raw hints).
         resume: continue the evaluation journaled in `out`.
         progress: called with one line of progress text after every trial and commit.
+        remote: runs the trials elsewhere (`run.eval_ray.RayTrials`); None: in threads here.
 
     Raises:
         UserError: `out` already holds an evaluation and `resume` is False, or holds a different
-            one; `resume` without a journal; an unknown task id.
+            one; `resume` without a journal; an unknown task id; `remote` with simulated models
+            that cannot be rebuilt elsewhere.
     """
     unknown = [i for i in config.task_ids if i not in tasks]
     if unknown:
         raise UserError(f"unknown instance id(s) {unknown[:5]}: not in the tasks file. Check --ids.")
+    if remote is not None and simulated is not None and simulated.rebuild is None:
+        raise UserError("these simulated models cannot run on another executor (no `rebuild`); use --executor local.")
     journal_path = out / JOURNAL
     state = _State()
     if journal_path.exists():
@@ -205,7 +215,7 @@ def run_benchmark(
             journal.append(EvalStarted(config=config, memory_before=before))
         before = state.memory_before or before
         runner = _TrialRunner(config=config, out=out, tasks=tasks, settings=settings, options=options,
-                              simulated=simulated, journal=journal, state=state, budget=budget)
+                              simulated=simulated, journal=journal, state=state, budget=budget, remote=remote)
         try:
             stopped = _drive(config, runner, memory, journal, state, out, max(1, tasks_parallel), progress)
             if memory is not None:
@@ -277,10 +287,10 @@ def _drive(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory 
                     if session is not None:
                         session.snapshot.close()
                     break
-                entry = _commit(config, iid, committed, done, sessions.pop(iid), memory, runner.tasks[iid].query)
+                entry = commit_trials(config, iid, committed, done, sessions.pop(iid), memory, runner.tasks[iid].query)
                 journal.append(entry)
                 state.committed[iid] = entry
-                _write_memory_log(out, config, state)
+                write_memory_log(out, config, state.committed)
             committed += 1
             if progress is not None:
                 progress(_progress_line(config, state))
@@ -310,7 +320,7 @@ def _progress_line(config: EvalConfig, state: _State) -> str:
 
 @dataclass(kw_only=True)
 class _TrialRunner:
-    """Runs the trials of one instance (in a worker thread) and journals each one."""
+    """Runs the trials of one instance (from a worker thread: here, or on Ray) and journals each one."""
 
     config: EvalConfig
     out: Path
@@ -321,89 +331,93 @@ class _TrialRunner:
     journal: JournalWriter
     state: _State
     budget: _Budget
+    remote: RemoteTrials | None = None
 
     def instance(self, iid: str, snapshot: ExperientialMemory | None) -> list[TrialDone]:
+        if self.remote is not None:
+            return self._remote_instance(self.remote, iid, snapshot)
         done: list[TrialDone] = []
         for trial in range(1, self.config.trials + 1):
-            with self.state.lock:
-                finished = self.state.trials.get((iid, trial))
+            finished = self._finished(iid, trial)
             if finished is None:
-                finished = self.trial(iid, trial, snapshot)
+                job = self._job(iid, trial)
+                self._running(1)
+                finished = self.record(job, execute_trial(job, runs_dir=self._runs_dir(iid, trial),
+                                                          simulated=self.simulated, prior_provider=snapshot))
             done.append(finished)
         return done
 
-    def trial(self, iid: str, trial: int, snapshot: ExperientialMemory | None) -> TrialDone:
-        from amapreduce.llm.factory import new_meter
-        from amapreduce.run.ask import run_ask
-        from amapreduce.run.run_journal import RunKind
+    def _remote_instance(self, remote: RemoteTrials, iid: str, snapshot: ExperientialMemory | None) -> list[TrialDone]:
+        """The instance's unfinished trials at once, one remote task each, over one image of its
+        snapshot; recorded here in trial order, as a local run records them.
 
+        They start together, so they share one budget check (each may spend what was left then).
+        """
+        jobs = [self._job(iid, trial) for trial in range(1, self.config.trials + 1) if self._finished(iid, trial) is None]
+        if jobs:
+            handles = remote.submit(jobs, snapshot_image(snapshot) if snapshot is not None else None)
+            self._running(len(jobs))
+            recorded = 0
+            try:
+                for job, handle in zip(jobs, handles, strict=True):
+                    run = remote.result(handle)
+                    recorded += 1  # `record` settles the running count, also when it stops the evaluation
+                    self.record(job, run)
+            except BaseException:
+                remote.cancel(handles[recorded:])
+                self._running(recorded - len(jobs))
+                raise
+        return [done for trial in range(1, self.config.trials + 1) if (done := self._finished(iid, trial)) is not None]
+
+    def _finished(self, iid: str, trial: int) -> TrialDone | None:
+        with self.state.lock:
+            return self.state.trials.get((iid, trial))
+
+    def _running(self, change: int) -> None:
+        with self.state.lock:
+            self.state.running += change
+
+    def _runs_dir(self, iid: str, trial: int) -> Path:
+        return self.out / "runs" / iid / f"trial{trial}"
+
+    def _job(self, iid: str, trial: int) -> TrialJob:
+        """The trial as plain data, with the budget left now (a `_Stop` when none is)."""
         left = self.budget.left()
         if left is not None and left <= 0:
             raise _Stop(f"--max-cost ${self.config.max_cost_usd} reached (spent ${self.budget.spent:.4f}); "
                         "continue with --resume and a larger --max-cost")
-        task = self.tasks[iid]
-        runs_dir = self.out / "runs" / iid / f"trial{trial}"
-        update: dict[str, Any] = {"runs_dir": runs_dir}
-        if left is not None:
-            update["max_cost_usd"] = left
-        settings = self.settings.model_copy(update=update)
-        prices = self.simulated.prices_by_prefix if self.simulated is not None else None
-        meter = new_meter(settings, prices_by_prefix=prices) if prices is not None else None
-        with self.state.lock:
-            self.state.running += 1
-        started = time.perf_counter()
-        answer: str | None = None
-        failure: str | None = None
-        entry: dict[str, Any] = {}
-        try:
-            outcome = run_ask(task.query, settings,
-                              inner=self.simulated.inner_for(iid, trial) if self.simulated is not None else None,
-                              meter=meter, prior_provider=snapshot, task_id=iid, show_progress=False,
-                              kind=RunKind.EVAL)
-        except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (status failed) and never committed
-            refused = find_cause(exc, ProviderRejected)
-            if refused is not None:
-                self._refused(str(refused))
-            failure = f"{type(exc).__name__}: {exc}"
-            entry = {"status": "failed", "run_dir": None, "usage": None}
-        else:
-            if outcome.ending.rejected:
-                self._refused(outcome.ending.reason or "the provider refused the run")
-            answer = outcome.markdown
-            record = outcome.record
-            usage = outcome.meter.total()
-            tool = outcome.tool
-            completeness = record.get("completeness", {})
-            entry = {
-                "status": outcome.status, "run_dir": str(outcome.run_dir.path), "usage": usage,
-                "prior": None if tool.prior is None else PriorRecord(
-                    text=tool.prior.text, hint_ids=list(tool.prior.hint_ids), record_ids=list(tool.prior.record_ids)),
-                "decision": tool.decisions[0].model_dump(mode="json") if tool.decisions else None,
-                "subagents": int(completeness.get("attempts") or 0), "completeness": completeness,
-            }
-        wall = time.perf_counter() - started
-        answer_file = self.out / f"trial{trial}" / f"{iid}.md"
-        with atomic_open(answer_file) as handle:
-            handle.write(answer if answer is not None else "")
-        metrics = self._score(iid, trial)
-        spent: Usage | None = entry.get("usage")
-        tokens = spent.total_tokens if spent is not None else 0
+        settings = self.settings if left is None else self.settings.model_copy(update={"max_cost_usd": left})
+        return TrialJob(task_id=iid, trial=trial, query=self.tasks[iid].query, settings=settings,
+                        memory_config=self.config.memory_config,
+                        models=self.simulated.rebuild if self.simulated is not None else None)
+
+    def record(self, job: TrialJob, run: TrialRun) -> TrialDone:
+        """Write the trial's answer (and a remote trial's run folder), score it and journal it."""
         from amapreduce.memory.labels import UtilityWeights, utility
         from amapreduce.memory.records import TraceSummary
 
+        iid, trial = job.task_id, job.trial
+        if run.refused is not None:
+            self._refused(run.refused)
+        run = write_run_files(run, self._runs_dir(iid, trial))
+        with atomic_open(self.out / f"trial{trial}" / f"{iid}.md") as handle:
+            handle.write(run.answer if run.answer is not None else "")
+        metrics = self._score(iid, trial)
+        spent = run.usage
+        tokens = spent.total_tokens if spent is not None else 0
         weights = UtilityWeights(cost=self.config.cost_weight, delay=self.config.delay_weight)
-        trace = TraceSummary.of(entry.get("completeness") or {}, cost_usd=spent.cost_usd if spent is not None else None,
-                                delay_s=round(wall, 3))
+        trace = TraceSummary.of(run.completeness, cost_usd=spent.cost_usd if spent is not None else None,
+                                delay_s=round(run.wall_s, 3))
         done = TrialDone(
-            task_id=iid, trial=trial, status=entry["status"], failure=failure, metrics=metrics,
-            utility=round(utility(metrics, tokens=tokens, delay_s=wall, weights=weights), 6),
+            task_id=iid, trial=trial, status=run.status, failure=run.failure, metrics=metrics,
+            utility=round(utility(metrics, tokens=tokens, delay_s=run.wall_s, weights=weights), 6),
             cost_usd=spent.cost_usd if spent is not None else 0.0,
             prompt_tokens=spent.input_tokens if spent is not None else 0,
             completion_tokens=spent.output_tokens if spent is not None else 0,
             model_calls=spent.requests if spent is not None else 0,
-            subagents=int(entry.get("subagents") or 0), wall_s=round(wall, 3),
-            run_dir=_relative(entry.get("run_dir"), self.out), prior=entry.get("prior"),
-            decision=entry.get("decision"), trace=trace.model_dump(),
+            subagents=run.subagents, wall_s=round(run.wall_s, 3),
+            run_dir=_relative(run.run_dir, self.out), prior=run.prior,
+            decision=run.decision, trace=trace.model_dump(),
         )
         self.journal.append(done)
         self.budget.add(done.cost_usd)
@@ -437,58 +451,3 @@ def _relative(path: str | None, out: Path) -> str | None:
         return str(Path(path).resolve().relative_to(out.resolve()))
     except ValueError:
         return path
-
-
-def _record_id(config: EvalConfig, iid: str) -> str:
-    """The instance's record id: the same on every resume of this evaluation, unique across evaluations."""
-    return "r-" + hashlib.sha256(f"{config.eval_id}|{iid}".encode()).hexdigest()[:12]
-
-
-def _outcome(done: TrialDone, query: str, iid: str) -> TrialOutcome:
-    from amapreduce.decision.model import Decision
-    from amapreduce.mapreduce.prior import Prior
-    from amapreduce.memory.protocol import TrialOutcome
-    from amapreduce.memory.records import DecisionSummary, TraceSummary
-
-    prior: Prior | None = None
-    if done.prior is not None:
-        prior = Prior(text=done.prior.text, hint_ids=tuple(done.prior.hint_ids),
-                      record_ids=tuple(done.prior.record_ids), details={"query": query, "task_id": iid})
-    decision = Decision.parse(done.decision) if done.decision is not None else DecisionSummary()
-    failure = done.failure or (None if done.decision is not None else "no decision was executed")
-    return TrialOutcome(trial=done.trial, prior=prior, decision=decision,
-                        metrics={**done.metrics, "utility": done.utility},
-                        trace=TraceSummary.model_validate(done.trace),
-                        failure=failure, utility=done.utility)
-
-
-def _commit(config: EvalConfig, iid: str, order: int, done: list[TrialDone], session: InstanceSession | None,
-            memory: ExperientialMemory | None, query: str) -> InstanceCommitted:
-    """Commit the instance's canonical trial (when learning) and describe it for `memory_log.jsonl`."""
-    from amapreduce.memory.protocol import canonical_trial
-
-    outcomes = [_outcome(d, query, iid) for d in done]
-    chosen = canonical_trial(outcomes)
-    log: dict[str, Any] = {"task_id": iid, "order": order, "chosen_trial": chosen.trial if chosen else None,
-                           "utility": chosen.utility if chosen else None, "label": None, "record_id": None,
-                           "prior_hints": [], "pruned": [], "distillation": None, "committed": False}
-    if memory is None or session is None:
-        log["reason"] = "no memory"
-        return InstanceCommitted(task_id=iid, log=log)
-    if not config.learn:
-        session.snapshot.close()
-        log["reason"] = "--no-learn"
-        log.update(pool_counts(memory))
-        return InstanceCommitted(task_id=iid, log=log)
-    log.update(commit_instance(memory, session, outcomes, record_id=_record_id(config, iid)))
-    return InstanceCommitted(task_id=iid, log=log)
-
-
-def _write_memory_log(out: Path, config: EvalConfig, state: _State) -> None:
-    """`memory_log.jsonl`, rewritten whole from the journal's commits (so a resume never duplicates a line)."""
-    order = {iid: n for n, iid in enumerate(config.task_ids)}
-    lines = sorted(state.committed.values(), key=lambda e: order[e.task_id])
-    with atomic_open(out / MEMORY_LOG) as handle:
-        for entry in lines:
-            if entry.log.get("reason") != "no memory":  # without a memory there is nothing to log
-                handle.write(json.dumps(entry.log, ensure_ascii=False) + "\n")

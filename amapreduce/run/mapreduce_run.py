@@ -1,24 +1,37 @@
 """`amapreduce mapreduce run`: a decision straight through the engine (no manager), kept in a run folder.
 
-For users who already know their entity list, like a DocETL/LOTUS map operation. The run
-directory and its `result.json` (on success or failure) come from `run.lifecycle`, shared with
-`amapreduce ask`. A killed or interrupted run goes on where it stopped with `resume_decision_run`
-(`amapreduce runs resume`): its journal's finished batches are not run again.
+For users who already know their entity list, like a DocETL/LOTUS map operation, or who can
+name where it is listed (`discover`), or who nest a decision per task (`child`): the decision
+runs through `mapreduce.compose.run_decision`. The run directory and its `result.json` (on
+success or failure) come from `run.lifecycle`, shared with `amapreduce ask`. A killed or
+interrupted run goes on where it stopped with `resume_decision_run` (`amapreduce runs resume`):
+its journal's finished batches are not run again.
+
+A composed decision is not itself an engine execution (its discovery map, fill and children
+are), so the journal's first execution is not the decision the user gave: it is kept in the
+run directory as `decision.json` before anything runs, and a resume reads it from there.
+
+With `--executor ray`, a plain decision whose plan is more than one chunk (`run.wide_ray`) runs as
+chunks of batches in Ray tasks, merged by the driver; a composed one, or one that fits a chunk,
+runs here as with `local`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from amapreduce._atomic import atomic_open
 from amapreduce.errors import RunCancelled, UserError
+from amapreduce.llm.factory import model_for_role
 from amapreduce.mapreduce.checkpoint import plan_from_manifest
 from amapreduce.mapreduce.result import RunEnding, completeness_record
 from amapreduce.run.lifecycle import ActiveRun, resume_run, start_run
 from amapreduce.run.progress import RunProgress
 from amapreduce.run.run_journal import RunKind
-from amapreduce.run.wiring import InnerFactory, build_parts
+from amapreduce.run.wiring import MERGE_CACHE_DIR, InnerFactory, build_parts
 from amapreduce.settings import Settings
 
 if TYPE_CHECKING:
@@ -30,10 +43,18 @@ if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.mapreduce.batching import BatchPlan
     from amapreduce.mapreduce.result import MapReduceResult
+    from amapreduce.run.eval_ray import ExecutorSpec
     from amapreduce.run.run_journal import RunJournal
     from amapreduce.run.rundir import RunDir
 
-__all__ = ["MapReduceRunOutcome", "resume_decision_run", "run_decision"]
+__all__ = ["DECISION_FILE", "MapReduceRunOutcome", "resume_decision_run", "run_decision"]
+
+DECISION_FILE = "decision.json"
+"""Where a composed decision (`discover` or `child`) is kept in its run directory, for a resume."""
+
+
+def _composed(decision: Decision) -> bool:
+    return decision.discover is not None or decision.child is not None
 
 
 @dataclass(kw_only=True)
@@ -66,6 +87,7 @@ def run_decision(
     inner: InnerFactory | None = None,
     web_tools: list[Tool] | None = None,
     show_progress: bool | None = None,
+    executor: ExecutorSpec | None = None,
 ) -> MapReduceRunOutcome:
     """Execute `decision` with sub-agents from `settings`; always leaves a complete run directory.
 
@@ -73,16 +95,38 @@ def run_decision(
     `stopped: interrupted`). `label` names the
     run directory and is recorded as the run's `query`. The decision is the user's, so its batch
     plan is capped only when `settings` set `max_batches` explicitly (`Settings.batch_cap`).
+    `executor` `ray[:ADDRESS]`: a plain decision of more batches than one chunk runs in chunks on
+    Ray (see the module doc), a plan over the cap included; None or `local`: in this process.
 
     Raises:
-        DecisionError: the batch plan is larger than the cap; checked before a run directory is
-            made, since it is a usage mistake, not a run that failed.
+        DecisionError: the batch plan (a discovery's: its map's) is larger than the cap; checked
+            before a run directory is made, since it is a usage mistake, not a run that failed.
+        ConfigError: `ray` was asked for and the `ray` extra is missing.
     """
     from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.mapreduce.discover import discovery_plan
 
-    plan = plan_batches(decision, max_batches=settings.batch_cap("user"))
+    cap = settings.batch_cap("user")
+    if executor is not None and executor.kind == "ray" and not _composed(decision):
+        from amapreduce.run.eval_ray import require_ray
+        from amapreduce.run.wide_ray import chunk_batches
+
+        whole = plan_batches(decision, max_batches=None)
+        if len(whole.batches) > chunk_batches(settings):
+            require_ray()
+            with start_run(settings, kind=RunKind.MAPREDUCE_RUN, query=label) as run:
+                return _execute_wide(run, decision, settings, plan=whole, address=executor.address)
+    if decision.discover is not None:
+        discovery_plan(decision.discover, max_batches=cap)  # the fill and children are planned as they run
+    plan = None if decision.discover is not None else plan_batches(decision, max_batches=cap)
     with start_run(settings, kind=RunKind.MAPREDUCE_RUN, query=label) as run:
-        return _execute(run, decision, settings, plan=plan, inner=inner, web_tools=web_tools, show_progress=show_progress)
+        if _composed(decision):
+            with atomic_open(run.run_dir.path / DECISION_FILE) as handle:
+                json.dump(decision.model_dump(mode="json"), handle, ensure_ascii=False)
+        return _execute(
+            run, decision, settings, plan=None if _composed(decision) else plan, inner=inner, web_tools=web_tools,
+            show_progress=show_progress,
+        )
 
 
 def resume_decision_run(
@@ -100,11 +144,24 @@ def resume_decision_run(
     run again (their rows are replayed), then the patch rounds and the final table follow, written
     to the same directory. `settings` are the run's own (see `run.resume.resume`).
 
+    A composed decision (`decision.json`, see the module doc) runs again from the top: each of
+    its executions the journal holds is replayed, the rest run.
+
     Raises:
-        UserError: the run stopped before its decision was journaled.
+        UserError: the run stopped before its decision was journaled, or its `decision.json` is
+            unreadable.
     """
     from amapreduce.decision.model import Decision
 
+    kept = path / DECISION_FILE
+    if kept.is_file():
+        try:
+            decision = Decision.parse(json.loads(kept.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:  # DecisionError is a UserError; JSON errors are ValueErrors
+            raise UserError(f"the run's {str(kept)!r} cannot be read ({exc}); start the run again.") from None
+        with resume_run(path, saved, settings) as run:
+            return _execute(run, decision, settings, plan=None, inner=inner, web_tools=web_tools,
+                            show_progress=show_progress)
     executions = saved.executions
     if not executions:
         raise UserError(f"the run in {str(path)!r} stopped before its decision was recorded; start it again.")
@@ -121,12 +178,14 @@ def _execute(
     decision: Decision,
     settings: Settings,
     *,
-    plan: BatchPlan,
+    plan: BatchPlan | None,
     inner: InnerFactory | None,
     web_tools: list[Tool] | None,
     show_progress: bool | None,
 ) -> MapReduceRunOutcome:
-    """Run `decision` on its batch `plan` in `run` and record how it ended."""
+    """Run `decision` (on its batch `plan`; None: planned as it runs) in `run` and record how it ended."""
+    from amapreduce.mapreduce.compose import run_decision as run_composed
+
     with RunProgress(run.meter, enabled=show_progress) as progress, contextlib.ExitStack() as held:
         parts = build_parts(
             settings,
@@ -137,17 +196,40 @@ def _execute(
             inner=inner,
             web_tools=web_tools,
             roles=("subagent", "extraction"),
+            merge_cache=run.run_dir.path / MERGE_CACHE_DIR,
         )
         held.callback(parts.close)  # MCP sessions and server processes end with the run
         try:
-            result = parts.engine.run(decision, plan=plan, checkpoint=run.checkpoint)
+            window = parts.context_window() if decision.discover is not None else None
+            result = run_composed(parts.engine, decision, plan=plan, checkpoint=run.checkpoint, merger=parts.merger,
+                                  context_window=window)
         except RunCancelled as exc:
             result = exc.partial
+    return _finish(run, decision, result, {
+        "web": parts.web_usage(), **({"discovery": result.discovery.to_json()} if result.discovery is not None else {}),
+    })
+
+
+def _finish(run: ActiveRun, decision: Decision, result: MapReduceResult, extra: dict[str, Any]) -> MapReduceRunOutcome:
+    """Record how the run ended (`result.json`, the table files) and hand back its outcome."""
     record = run.finish(
         result.table,
         completeness_record(result.summary.completeness, [result.summary]),
         ending=result.ending,
         executions=[result.summary.timings],
-        extra={"decision": decision.model_dump(mode="json"), "web": parts.web_usage()},
+        extra={"decision": decision.model_dump(mode="json"), **extra},
     )
     return MapReduceRunOutcome(result=result, run_dir=run.run_dir, record=record, meter=run.meter)
+
+
+def _execute_wide(run: ActiveRun, decision: Decision, settings: Settings, *, plan: BatchPlan,
+                  address: str | None) -> MapReduceRunOutcome:
+    """Run `decision`'s `plan` in chunks on Ray (`run.wide_ray.run_wide`) and record how it ended."""
+    from amapreduce.run.wide_ray import run_wide
+
+    roles = {role: model for role in ("subagent", "extraction") if (model := model_for_role(settings, role))}
+    wide = run_wide(decision, plan, settings, meter=run.meter, trace=run.run_dir.trace, address=address,
+                    role_models=roles)
+    return _finish(run, decision, wide.result, {
+        "web": wide.web, "executor": {"kind": "ray", "chunks": wide.chunks, "finished": wide.finished},
+    })

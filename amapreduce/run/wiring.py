@@ -13,8 +13,9 @@ finalizer does it too if the parts are dropped unclosed, and at the latest when 
 
 from __future__ import annotations
 
+import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from amapreduce.llm.retry import ProviderRetryHandler
 from amapreduce.settings import Settings
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import TracebackType
 
     from smolagents import Model, Tool
@@ -32,15 +34,29 @@ if TYPE_CHECKING:
     from amapreduce.agents.mcp import McpToolbox
     from amapreduce.llm.models import ManagedModel
     from amapreduce.mapreduce.engine import MapReduceEngine, ProgressEvent
+    from amapreduce.mapreduce.merge import Merger
     from amapreduce.trace import Trace
 
-__all__ = ["NO_MODEL_HELP", "InnerFactory", "RunParts", "build_parts", "check_run_setup", "require_model", "start_tracing"]
+__all__ = [
+    "MERGE_CACHE_DIR",
+    "NO_MODEL_HELP",
+    "InnerFactory",
+    "RunParts",
+    "build_parts",
+    "check_run_setup",
+    "context_window_for",
+    "require_model",
+    "start_tracing",
+]
 
 NO_MODEL_HELP = (
     "no model is configured. Pass --model, e.g. `--model openai/gpt-5-mini` (with OPENAI_API_KEY set), "
     "or an OpenAI-compatible server: `--model qwen2.5 --api-base http://127.0.0.1:8000/v1`; "
     "or set AMAPREDUCE_MODEL (and AMAPREDUCE_API_BASE). To try everything offline, run `amapreduce demo`."
 )
+
+MERGE_CACHE_DIR = "merge-cache"
+"""The folder of a run directory where discovery's merge replies are kept (see `build_parts`)."""
 
 InnerFactory = Callable[[str], "Model"]
 """Given a role, the provider client to wrap (the demo returns simulated models)."""
@@ -68,6 +84,10 @@ class RunParts:
     """Whether the manager gets the MCP tools too (`settings.mcp_manager`)."""
     closers: list[Callable[[], None]] = field(default_factory=list)
     """What `close` runs: stopping the MCP servers."""
+    merger: Merger | None = None
+    """Merges a discovery's fuzzy duplicates: the sub-agent model behind the merge prompt."""
+    context_window: Callable[[], int] = field(default=lambda: 0)
+    """The merge model's context window in tokens (looked up when first asked; see `context_window_for`)."""
 
     @property
     def manager_tools(self) -> list[Tool]:
@@ -96,6 +116,7 @@ def build_parts(
     inner: InnerFactory | None = None,
     web_tools: list[Tool] | None = None,
     roles: tuple[str, ...] = ("manager", "subagent", "extraction"),
+    merge_cache: Path | None = None,
 ) -> RunParts:
     """Connect models, tools, solver and engine for one run.
 
@@ -108,12 +129,16 @@ def build_parts(
         inner: replaces the provider clients (simulated models in the demo and tests).
         web_tools: replaces the web tools (e.g. a corpus-only set).
         roles: roles that need a model.
+        merge_cache: where discovery's merge replies are kept (the run directory's, so a resumed run
+            does not ask them again); None: not kept.
 
     Raises:
         ConfigError: no model for the manager or sub-agents, a model or backend not usable as
             given, or an MCP config (`settings.mcp`) that is invalid or whose server did not start.
     """
+    from amapreduce.evaluation.judges import JudgeCache  # replies on disk by (model, prompt): merges too
     from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
+    from amapreduce.mapreduce.merge import ModelMerger
     from amapreduce.mapreduce.solver import SmolagentsSolver
 
     meter = meter or new_meter(settings)
@@ -153,14 +178,50 @@ def build_parts(
             toolbox.close()
         raise
     usage = (lambda: service.usage().model_dump()) if service is not None else (lambda: {})
+    merge_model = models["subagent"]
     parts = RunParts(
         meter=meter, models=models, web_tools=list(web_tools), engine=engine, web_usage=usage,
         mcp_tools=mcp_tools, mcp_for_manager=settings.mcp_manager and "manager" in roles,
+        merger=ModelMerger(merge_model, cache=JudgeCache(merge_cache) if merge_cache is not None else None),
+        context_window=functools.partial(context_window_for, settings, merge_model.model_id),
     )
     if toolbox is not None:
         parts.closers.append(toolbox.close)
         weakref.finalize(parts, toolbox.close)  # parts dropped unclosed, or the process exiting
     return parts
+
+
+def context_window_for(settings: Settings, model_id: str | None) -> int:
+    """The context window (tokens) discovery budgets its merge calls by: `settings.context_window`,
+    else the model's own from LiteLLM's bundled model info (offline), else 128,000."""
+    from amapreduce.mapreduce.discover import DEFAULT_CONTEXT_WINDOW
+
+    if settings.context_window is not None:
+        return settings.context_window
+    return (_litellm_context_window(model_id) if model_id else None) or DEFAULT_CONTEXT_WINDOW
+
+
+@functools.cache
+def _litellm_context_window(model_id: str) -> int | None:
+    """`max_input_tokens` of LiteLLM's bundled model info for `model_id` (with or without its
+    provider prefix); None without the `litellm` extra or for a model it does not know."""
+    from amapreduce.llm.meter import litellm_offline
+
+    litellm_offline()  # the bundled map: importing litellm must not fetch one
+    try:
+        import litellm
+    except ImportError:
+        return None
+    table = getattr(litellm, "model_cost", None)
+    if not isinstance(table, Mapping):
+        return None
+    for key in (model_id, model_id.split("/", 1)[-1]):
+        info = table.get(key)
+        if isinstance(info, Mapping):
+            size = info.get("max_input_tokens") or info.get("max_tokens")
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size
+    return None
 
 
 def _start_mcp(settings: Settings, *, reserved: set[str], trace: Trace) -> McpToolbox | None:

@@ -44,6 +44,11 @@ class SandboxWorld(BaseModel):
     families_file: Path
     """`{"<instance_id>": "<family>"}` for every task, in task order (kept out of `tasks_file`,
     which stays strictly in the WideSearch format)."""
+    discovery_tasks_file: Path = WORLD_DIR / "discovery_tasks.jsonl"
+    """The discovery-heavy tasks (`sbx_disc_*`, WideSearch format; `amapreduce.sandbox.discovery`),
+    kept out of `tasks_file` so the sandbox benchmark does not run them by default."""
+    discovery_gold_dir: Path = WORLD_DIR / "discovery_gold"
+    """Gold tables of the discovery tasks, `<instance_id>.csv`."""
 
 
 def _pages_digest(pages: Path) -> str:
@@ -76,7 +81,8 @@ def sandbox_world(cache_dir: Path | None = None) -> SandboxWorld:
     return SandboxWorld(
         pages_dir=pages, index_dir=index_dir, tasks_file=WORLD_DIR / "tasks.jsonl",
         gold_dir=WORLD_DIR / "gold", lookups_file=WORLD_DIR / "lookups.jsonl",
-        families_file=WORLD_DIR / "families.json",
+        families_file=WORLD_DIR / "families.json", discovery_tasks_file=WORLD_DIR / "discovery_tasks.jsonl",
+        discovery_gold_dir=WORLD_DIR / "discovery_gold",
     )
 
 

@@ -21,7 +21,7 @@ from amapreduce.sandbox.atlas import (
     page_url,
 )
 
-__all__ = ["FAMILIES", "build_tasks", "evaluation"]
+__all__ = ["FAMILIES", "build_tasks", "evaluation", "wide_query"]
 
 FAMILIES = ("domains", "sizes", "profile", "codes", "euro", "ranked", "cities")
 """Question families, in the round-robin order of the task ids after `sbx_en_005`: the two families
@@ -53,7 +53,8 @@ def _norm(col: str) -> str:
     return col.strip().lower().replace(" ", "")
 
 
-def _query(ask: str, columns: list[str], note: str = "") -> str:
+def wide_query(ask: str, columns: list[str], note: str = "") -> str:
+    """A WideSearch-style query: the ask, the table's columns, the format instructions."""
     return (
         f"{ask}\n\nPlease organize the results in one Markdown table with the following columns:\n"
         f"{', '.join(columns)}\n{note}Use only Arabic numerals for numbers, without thousands separators.\n"
@@ -91,7 +92,7 @@ def build_tasks(countries: list[Country], cities: dict[str, list[City]]) -> list
     cols = ["Country", "Capital", "Population", "Area (km2)", "Currency Code"]
     tasks.append({
         "id": "sbx_en_001",
-        "query": _query("List every country and territory of South America in the Sandbox Atlas, with its capital, "
+        "query": wide_query("List every country and territory of South America in the Sandbox Atlas, with its capital, "
                         "population, area in square kilometres and ISO currency code.", cols),
         "columns": cols, "keys": ["Country"], "numeric": {"Population", "Area (km2)"},
         "rows": [[c["name"], c["capital"], c["population"], int(c["areakm2"]), c["currencycode"]] for c in sa],
@@ -106,7 +107,7 @@ def build_tasks(countries: list[Country], cities: dict[str, list[City]]) -> list
             looks.append(lookup(c))
     tasks.append({
         "id": "sbx_en_002",
-        "query": _query("For each continent (Africa, Asia, Europe, North America, Oceania, South America), find the "
+        "query": wide_query("For each continent (Africa, Asia, Europe, North America, Oceania, South America), find the "
                         "three most populous countries or territories in the Sandbox Atlas, ranked 1 to 3 within "
                         "the continent, with their population.", cols),
         "columns": cols, "keys": ["Continent", "Country"], "numeric": {"Rank", "Population"},
@@ -116,7 +117,7 @@ def build_tasks(countries: list[Country], cities: dict[str, list[City]]) -> list
     cols = ["Country", "ISO3 Code", "Capital", "Calling Code"]  # not ISO2: pandas reads Namibia's "NA" as NaN
     tasks.append({
         "id": "sbx_en_003",
-        "query": _query("List every country and territory of Africa in the Sandbox Atlas with its three-letter ISO "
+        "query": wide_query("List every country and territory of Africa in the Sandbox Atlas with its three-letter ISO "
                         "code, its capital and its international calling code.", cols,
                         "Write calling codes as in the atlas, e.g. +33.\n"),
         "columns": cols, "keys": ["Country"], "numeric": set(),
@@ -133,7 +134,7 @@ def build_tasks(countries: list[Country], cities: dict[str, list[City]]) -> list
     names = ", ".join(by_iso[cc]["name"] for cc in CITY_COUNTRIES)
     tasks.append({
         "id": "sbx_en_004",
-        "query": _query(f"For each of these countries: {names}, find the five most populous cities listed in the "
+        "query": wide_query(f"For each of these countries: {names}, find the five most populous cities listed in the "
                         "Sandbox Atlas, with each city's population and IANA time zone.", cols),
         "columns": cols, "keys": ["Country", "City"], "numeric": {"Population"}, "rows": rows, "lookups": looks,
     })
@@ -141,7 +142,7 @@ def build_tasks(countries: list[Country], cities: dict[str, list[City]]) -> list
     cols = ["Country", "Capital", "Area (km2)", "Population"]  # not the TLD: Kosovo has none
     tasks.append({
         "id": "sbx_en_005",
-        "query": _query("Which countries and territories in Europe use the euro as their currency according to the "
+        "query": wide_query("Which countries and territories in Europe use the euro as their currency according to the "
                         "Sandbox Atlas? Give each one's capital, area in square kilometres and population.", cols),
         "columns": cols, "keys": ["Country"], "numeric": {"Area (km2)", "Population"},
         "rows": [[c["name"], c["capital"], int(c["areakm2"]), c["population"]] for c in euro],
@@ -203,7 +204,7 @@ def _country_task(family: str, members: list[Country], ask: str, attributes: lis
     """A one-row-per-country task: `Country` plus `attributes`, all read from the country pages."""
     cols = ["Country", *attributes]
     return {
-        "family": family, "query": _query(ask, cols, _notes(attributes)), "columns": cols, "keys": ["Country"],
+        "family": family, "query": wide_query(ask, cols, _notes(attributes)), "columns": cols, "keys": ["Country"],
         "numeric": {c for c in attributes if c in _NUMERIC_COLUMNS},
         "rows": [[c["name"], *(_cell(_ATTRIBUTES[a][1](c)) for a in attributes)] for c in members],
         "lookups": [{"query": f"{c['name']} population capital", "url": page_url(country_rel(c))} for c in members],
@@ -272,7 +273,7 @@ def _ranked_task(by_cont: dict[str, list[Country]], k: int, codes: tuple[str, ..
     names = ", ".join(CONTINENTS[code] for code in codes)
     ask = (f"For each continent ({names}), find the {_NUMBER_WORDS[k]} most populous countries or territories in the "
            f"Sandbox Atlas, ranked 1 to {k} within the continent, with their population.")
-    return {"family": "ranked", "query": _query(ask, cols), "columns": cols, "keys": ["Continent", "Country"],
+    return {"family": "ranked", "query": wide_query(ask, cols), "columns": cols, "keys": ["Continent", "Country"],
             "numeric": {"Rank", "Population"}, "rows": rows, "lookups": looks}
 
 
@@ -288,5 +289,5 @@ def _cities_task(by_iso: dict[str, Country], cities: dict[str, list[City]], k: i
     names = ", ".join(by_iso[cc]["name"] for cc in ccs)
     ask = (f"For each of these countries: {names}, find the {_NUMBER_WORDS[k]} most populous cities listed in the "
            "Sandbox Atlas, with each city's population and IANA time zone.")
-    return {"family": "cities", "query": _query(ask, cols), "columns": cols, "keys": ["Country", "City"],
+    return {"family": "cities", "query": wide_query(ask, cols), "columns": cols, "keys": ["Country", "City"],
             "numeric": {"Population"}, "rows": rows, "lookups": looks}

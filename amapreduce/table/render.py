@@ -68,7 +68,8 @@ def to_csv(table: Table, *, evidence: bool = False) -> str:
 
 def to_jsonl(table: Table, *, with_status: bool = False) -> str:
     """One JSON object per row; with `with_status`, also `_missing`, `_conflicts`, `_sources`, and
-    each answered cell's `_quotes` and `_evidence` (column → quote, column → evidence)."""
+    each answered cell's `_quotes` and `_evidence` (column → quote, column → evidence), and the
+    row's `_origin` when it has one (a nested decision's row: `Row.origin`)."""
     out = []
     for row in table.rows:
         obj: dict[str, object] = dict(row.values())
@@ -78,5 +79,7 @@ def to_jsonl(table: Table, *, with_status: bool = False) -> str:
             obj["_sources"] = sorted({cell.source for cell in row.cells.values() if cell.source})
             obj["_quotes"] = {c: cell.quote for c, cell in row.cells.items() if cell.quote}
             obj["_evidence"] = {c: str(cell.evidence) for c, cell in row.cells.items() if cell.value}
+            if row.origin is not None:
+                obj["_origin"] = row.origin
         out.append(json.dumps(obj, ensure_ascii=False))
     return "\n".join(out) + ("\n" if out else "")

@@ -64,6 +64,10 @@ class Row:
     """Task-matrix row that produced this row (rows sort by it: matrix order)."""
     strict_evidence: bool = False
     """`unverified` cells count as missing (`--verify strict`)."""
+    origin: str | None = None
+    """Provenance of a row a nested decision found: the path of child runs that produced it, e.g.
+    `top10[2019]` or `top10[2019]/fill[Paris]` (child, then the parent task's cells); None for a
+    row of the decision's own sub-agents."""
 
     def values(self) -> dict[str, str]:
         """Column → value."""
@@ -125,6 +129,7 @@ class Table:
         sources: Mapping[str, str | None] | None = None,
         quotes: Mapping[str, str | None] | None = None,
         evidence: Mapping[str, Evidence] | None = None,
+        origin: str | None = None,
     ) -> Row | None:
         """Add a row or merge it into the row with the same key.
 
@@ -135,6 +140,7 @@ class Table:
             sources: per-column source overriding `source` (e.g. `task_matrix` for forced cells).
             quotes: per-column quote the sub-agent gave for the value.
             evidence: per-column result of checking that quote (default `no_evidence`).
+            origin: the provenance of a new row (`Row.origin`); a merged row keeps its own.
 
         Returns:
             The row, or None when a key cell is empty (such a row cannot be placed).
@@ -144,7 +150,8 @@ class Table:
             return None
         row = self._by_key.get(key)
         if row is None:
-            row = Row(cells={c: Cell() for c in self.columns}, task_index=task_index, strict_evidence=self.strict_evidence)
+            row = Row(cells={c: Cell() for c in self.columns}, task_index=task_index, strict_evidence=self.strict_evidence,
+                      origin=origin)
             self._by_key[key] = row
             self.rows.append(row)
         for column in self.columns:
@@ -176,7 +183,7 @@ class Table:
             cell.status = CellStatus.CONFLICT
 
     def merge_row(self, row: Row) -> Row | None:
-        """Merge a row of another table, keeping its statuses and conflicts.
+        """Merge a row of another table, keeping its statuses, conflicts and origin.
 
         Columns this table lacks are ignored, so a delta follow-up with fewer columns merges too.
         """
@@ -186,6 +193,7 @@ class Table:
             sources={c: cell.source for c, cell in row.cells.items()},
             quotes={c: cell.quote for c, cell in row.cells.items()},
             evidence={c: cell.evidence for c, cell in row.cells.items()},
+            origin=row.origin,
         )
         if merged is not None:
             for column, cell in row.cells.items():
@@ -209,7 +217,8 @@ class Table:
         return [row.values() for row in self.rows]
 
     def to_json(self) -> dict[str, Any]:
-        """Values, statuses, sources, quotes, evidence and conflicts, for result files and traces."""
+        """Values, statuses, sources, quotes, evidence and conflicts, for result files and traces;
+        a row's `origin` when it has one (rows of nested decisions)."""
         return {
             "columns": list(self.columns),
             "key_columns": list(self.key_columns),
@@ -217,7 +226,7 @@ class Table:
                 {
                     "task_index": row.task_index,
                     "cells": {c: cell.to_json() for c, cell in row.cells.items()},
-                }
+                } | ({"origin": row.origin} if row.origin is not None else {})
                 for row in self.rows
             ],
         }

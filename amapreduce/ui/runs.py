@@ -227,8 +227,9 @@ def _as_table(recorded: dict[str, Any]) -> Table:
     table = Table(columns, [str(k) for k in recorded.get("key_columns") or [] if k in columns])
     for raw in recorded.get("rows") or []:
         cells = raw.get("cells") or {}
+        origin = raw.get("origin")
         table.rows.append(Row(cells={c: _recorded_cell(cells.get(c)) for c in columns},
-                              task_index=int(raw.get("task_index") or 0)))
+                              task_index=int(raw.get("task_index") or 0), origin=str(origin) if origin else None))
     return table
 
 

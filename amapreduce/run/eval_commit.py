@@ -1,0 +1,80 @@
+"""The driver's side of an evaluation's memory protocol: the canonical trial of an instance committed.
+
+`run.evaluate` calls `commit_trials` once per instance, in task order, in the evaluation's own
+process, whatever ran the trials (threads here or Ray workers): the journaled trials are turned
+back into the memory protocol's outcomes, the canonical one is committed (`run.commit`), and
+`memory_log.jsonl` is rewritten from the journal's commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from amapreduce._atomic import atomic_open
+from amapreduce.run.commit import commit_instance, pool_counts
+from amapreduce.run.eval_journal import MEMORY_LOG, EvalConfig, InstanceCommitted, TrialDone
+
+if TYPE_CHECKING:
+    from amapreduce.memory import ExperientialMemory
+    from amapreduce.memory.protocol import InstanceSession, TrialOutcome
+
+__all__ = ["commit_trials", "record_id_for", "trial_outcome", "write_memory_log"]
+
+
+def record_id_for(config: EvalConfig, iid: str) -> str:
+    """The instance's record id: the same on every resume of this evaluation, unique across evaluations."""
+    return "r-" + hashlib.sha256(f"{config.eval_id}|{iid}".encode()).hexdigest()[:12]
+
+
+def trial_outcome(done: TrialDone, query: str, iid: str) -> TrialOutcome:
+    from amapreduce.decision.model import Decision
+    from amapreduce.mapreduce.prior import Prior
+    from amapreduce.memory.protocol import TrialOutcome
+    from amapreduce.memory.records import DecisionSummary, TraceSummary
+
+    prior: Prior | None = None
+    if done.prior is not None:
+        prior = Prior(text=done.prior.text, hint_ids=tuple(done.prior.hint_ids),
+                      record_ids=tuple(done.prior.record_ids), details={"query": query, "task_id": iid})
+    decision = Decision.parse(done.decision) if done.decision is not None else DecisionSummary()
+    failure = done.failure or (None if done.decision is not None else "no decision was executed")
+    return TrialOutcome(trial=done.trial, prior=prior, decision=decision,
+                        metrics={**done.metrics, "utility": done.utility},
+                        trace=TraceSummary.model_validate(done.trace),
+                        failure=failure, utility=done.utility)
+
+
+def commit_trials(config: EvalConfig, iid: str, order: int, done: list[TrialDone], session: InstanceSession | None,
+            memory: ExperientialMemory | None, query: str) -> InstanceCommitted:
+    """Commit the instance's canonical trial (when learning) and describe it for `memory_log.jsonl`."""
+    from amapreduce.memory.protocol import canonical_trial
+
+    outcomes = [trial_outcome(d, query, iid) for d in done]
+    chosen = canonical_trial(outcomes)
+    log: dict[str, Any] = {"task_id": iid, "order": order, "chosen_trial": chosen.trial if chosen else None,
+                           "utility": chosen.utility if chosen else None, "label": None, "record_id": None,
+                           "prior_hints": [], "pruned": [], "distillation": None, "committed": False}
+    if memory is None or session is None:
+        log["reason"] = "no memory"
+        return InstanceCommitted(task_id=iid, log=log)
+    if not config.learn:
+        session.snapshot.close()
+        log["reason"] = "--no-learn"
+        log.update(pool_counts(memory))
+        return InstanceCommitted(task_id=iid, log=log)
+    log.update(commit_instance(memory, session, outcomes, record_id=record_id_for(config, iid)))
+    return InstanceCommitted(task_id=iid, log=log)
+
+
+def write_memory_log(out: Path, config: EvalConfig, committed: Mapping[str, InstanceCommitted]) -> None:
+    """`memory_log.jsonl`, rewritten whole from the journal's commits (so a resume never duplicates a line)."""
+    order = {iid: n for n, iid in enumerate(config.task_ids)}
+    lines = sorted(committed.values(), key=lambda e: order[e.task_id])
+    with atomic_open(out / MEMORY_LOG) as handle:
+        for entry in lines:
+            if entry.log.get("reason") != "no memory":  # without a memory there is nothing to log
+                handle.write(json.dumps(entry.log, ensure_ascii=False) + "\n")

@@ -1,0 +1,223 @@
+"""One trial of `eval run` as plain data: what a trial needs in (`TrialJob`), what it gives back (`TrialRun`).
+
+Why a module of its own: the same trial runs in two places. Locally, in a thread of the
+evaluation's process (`run.evaluate`); with `--executor ray`, in a Ray worker process, possibly on
+another machine (`run.eval_ray`). So everything that crosses is plain data (settings, strings,
+numbers, bytes), never an engine, a lock, an open store or a model: the worker builds its parts
+from the settings, as a local trial does.
+
+What stays with the driver: the answer file, the score, the journal line, the budget and every
+memory commit (`run.evaluate`). What a remote trial needs of the memory is its instance's frozen
+snapshot, shipped as a SQLite database image (`snapshot_image`, read back by `open_snapshot_image`),
+so a trial on Ray reads exactly what a local trial of the same instance reads. A remote trial's run
+folder is written in a scratch folder of the worker and shipped back whole (`TrialRun.files`); the
+driver writes it under the evaluation folder (`write_run_files`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from amapreduce._atomic import atomic_open
+from amapreduce.errors import ProviderRejected, RunError, find_cause
+from amapreduce.run.eval_journal import PriorRecord
+
+if TYPE_CHECKING:
+    from amapreduce.llm.meter import Price
+    from amapreduce.llm.usage import Usage
+    from amapreduce.memory import ExperientialMemory
+    from amapreduce.run.evaluate import SimulatedModels
+    from amapreduce.run.wiring import InnerFactory
+    from amapreduce.settings import Settings
+
+__all__ = [
+    "RemoteTrials",
+    "TrialJob",
+    "TrialRun",
+    "execute_trial",
+    "memory_model_for",
+    "open_snapshot_image",
+    "run_detached",
+    "snapshot_image",
+    "write_run_files",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialJob:
+    """One (instance, trial) to run: plain, picklable data."""
+
+    task_id: str
+    trial: int
+    query: str
+    settings: Settings
+    """The trial's settings (its `max_cost_usd` is the evaluation budget left when it started)."""
+    memory_config: Mapping[str, Any] = field(default_factory=dict)
+    """`MemoryConfig` fields of the evaluation's memory (how the snapshot retrieves and projects)."""
+    models: Callable[[], SimulatedModels] | None = None
+    """Builds the simulated models of an offline evaluation in the process that runs the trial (a
+    module-level function, so it crosses to a worker by name); None: the settings' real models."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRun:
+    """What one trial's `ask` run gave: everything the driver needs to score, journal and commit it."""
+
+    status: str
+    answer: str | None
+    """The answer markdown (None: the run raised)."""
+    failure: str | None = None
+    refused: str | None = None
+    """Why the provider refused the run for good (the evaluation stops; the trial is not journaled)."""
+    usage: Usage | None = None
+    prior: PriorRecord | None = None
+    decision: dict[str, Any] | None = None
+    subagents: int = 0
+    completeness: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+    """The `ask` run's wall time (the delay term of the utility)."""
+    run_dir: str | None = None
+    """The run folder, on the machine that ran the trial."""
+    files: dict[str, bytes] | None = None
+    """A remote trial's run folder, shipped back whole (path relative to the folder → content)."""
+
+
+class RemoteTrials(Protocol):
+    """Runs trials away from the driver (`run.eval_ray.RayTrials`)."""
+
+    def submit(self, jobs: Sequence[TrialJob], image: bytes | None) -> list[Any]:
+        """Start `jobs` (the trials of one instance, sharing its snapshot `image`); one handle each."""
+
+    def result(self, handle: Any) -> TrialRun:
+        """Wait for one trial's run.
+
+        Raises:
+            RunError: the trial could not run there (its worker died, it was cancelled).
+        """
+
+    def cancel(self, handles: Sequence[Any]) -> None:
+        """Give up on trials whose results will not be read."""
+
+
+def execute_trial(job: TrialJob, *, runs_dir: Path, simulated: SimulatedModels | None,
+                  prior_provider: ExperientialMemory | None) -> TrialRun:
+    """Run the trial's whole `ask` pipeline into a new folder under `runs_dir`; never raises for a
+    failed run (it comes back with status `failed`), only for what stops this process."""
+    from amapreduce.llm.factory import new_meter
+    from amapreduce.run.ask import run_ask
+    from amapreduce.run.run_journal import RunKind
+
+    settings = job.settings.model_copy(update={"runs_dir": runs_dir})
+    inner: InnerFactory | None = simulated.inner_for(job.task_id, job.trial) if simulated is not None else None
+    prices: Mapping[str, Price] | None = simulated.prices_by_prefix if simulated is not None else None
+    meter = new_meter(settings, prices_by_prefix=prices) if prices is not None else None
+    started = time.perf_counter()
+    try:
+        outcome = run_ask(job.query, settings, inner=inner, meter=meter, prior_provider=prior_provider,
+                          task_id=job.task_id, show_progress=False, kind=RunKind.EVAL)
+    except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (status failed) and never committed
+        refused = find_cause(exc, ProviderRejected)
+        return TrialRun(status="failed", answer=None, failure=f"{type(exc).__name__}: {exc}",
+                        refused=None if refused is None else str(refused),
+                        wall_s=time.perf_counter() - started)
+    wall = time.perf_counter() - started
+    tool = outcome.tool
+    prior = tool.prior
+    return TrialRun(
+        status=outcome.status, answer=outcome.markdown, usage=outcome.meter.total(),
+        refused=(outcome.ending.reason or "the provider refused the run") if outcome.ending.rejected else None,
+        prior=None if prior is None else PriorRecord(text=prior.text, hint_ids=list(prior.hint_ids),
+                                                     record_ids=list(prior.record_ids)),
+        decision=tool.decisions[0].model_dump(mode="json") if tool.decisions else None,
+        subagents=int(outcome.record.get("completeness", {}).get("attempts") or 0),
+        completeness=dict(outcome.record.get("completeness", {})), wall_s=wall, run_dir=str(outcome.run_dir.path),
+    )
+
+
+def memory_model_for(settings: Settings) -> Any | None:
+    """The memory's projection/distillation model of real-model settings (None: no memory role)."""
+    from amapreduce.llm.factory import build_role_model, model_for_role, new_meter
+
+    memory_id = model_for_role(settings, "memory")
+    return build_role_model(settings, "memory", memory_id, meter=new_meter(settings)) if memory_id else None
+
+
+def snapshot_image(snapshot: ExperientialMemory) -> bytes:
+    """The frozen snapshot's database as bytes, exactly as the snapshot sees it.
+
+    SQLite's backup reads through the snapshot's own connection, inside its open read
+    transaction, so commits made to the live memory since the snapshot was taken are not in it.
+    The image is marked as a rollback-journal database: an in-memory database cannot open a WAL one.
+    """
+    target = sqlite3.connect(":memory:")
+    try:
+        with snapshot.store.read() as conn:
+            conn.backup(target)
+        image = bytearray(target.serialize())
+    finally:
+        target.close()
+    image[18:20] = b"\x01\x01"  # file format write/read versions: 1 = rollback journal, 2 = WAL
+    return bytes(image)
+
+
+def open_snapshot_image(image: bytes, folder: Path, *, config: Mapping[str, Any],
+                        model: Any | None) -> ExperientialMemory:
+    """A read-only memory over a `snapshot_image`, held in memory (`folder`: its vector index's
+    scratch place; nothing is written there). Close it when the trial is done."""
+    from amapreduce.memory import ExperientialMemory, MemoryConfig
+    from amapreduce.memory.store import MemoryStore
+
+    conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    conn.deserialize(image)
+    conn.row_factory = sqlite3.Row  # as the store's own connections (`memory.schema.connect`)
+    conn.execute("PRAGMA query_only = ON")
+    store = MemoryStore(folder, readonly=True, connection=conn)
+    return ExperientialMemory(store, config=MemoryConfig(**config), model=model)
+
+
+def run_detached(job: TrialJob, image: bytes | None) -> TrialRun:
+    """Run a trial away from the driver (a Ray worker): build its models and its snapshot from
+    plain data, run it in a scratch folder, and ship the run folder back in the result."""
+    simulated = job.models() if job.models is not None else None
+    with tempfile.TemporaryDirectory(prefix="amapreduce-trial-") as scratch:
+        snapshot = None
+        if image is not None:
+            model = simulated.memory_model if simulated is not None else memory_model_for(job.settings)
+            snapshot = open_snapshot_image(image, Path(scratch) / "memory", config=job.memory_config, model=model)
+        try:
+            run = execute_trial(job, runs_dir=Path(scratch) / "runs", simulated=simulated, prior_provider=snapshot)
+        finally:
+            if snapshot is not None:
+                snapshot.close()
+        if run.run_dir is None:
+            return run
+        folder = Path(run.run_dir)
+        files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+        return replace(run, run_dir=folder.name, files=files)
+
+
+def write_run_files(run: TrialRun, runs_dir: Path) -> TrialRun:
+    """Write a remote trial's shipped run folder under `runs_dir` (same folder name); the result
+    names the written folder. A local trial's result is returned as it is.
+
+    Raises:
+        RunError: the shipped folder name or a file path would leave `runs_dir`.
+    """
+    if run.files is None or run.run_dir is None:
+        return run
+    folder = runs_dir / run.run_dir
+    if Path(run.run_dir).name != run.run_dir or run.run_dir in ("", ".", ".."):
+        raise RunError(f"a remote trial sent back a run folder named {run.run_dir!r}; refusing to write it.")
+    for name, content in run.files.items():
+        path = (folder / name).resolve()
+        if not path.is_relative_to(folder.resolve()):
+            raise RunError(f"a remote trial sent back a file outside its run folder ({name!r}); refusing to write it.")
+        with atomic_open(path, "wb") as handle:
+            handle.write(content)
+    return replace(run, run_dir=str(folder), files=None)

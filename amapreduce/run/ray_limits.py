@@ -1,0 +1,320 @@
+"""One budget for the cluster: providers' rate limits, breakers and the spend of a Ray run, in one actor.
+
+Why. A provider's quota (requests and tokens per minute, `Retry-After`) and its outage are facts
+about the provider, not about a process: with `--executor ray`, N worker processes each holding
+their own limiter would get N times the quota, and each would find an outage on its own. A cost
+budget (`--max-cost`, `--max-tokens`) is one sum over the whole run. So the driver starts one
+named actor (`ClusterLimiter.start`) that holds, per provider, the same `ratelimit.WindowLimiter`
+and `breaker.CircuitBreaker` a local run uses, and the run's spend; every worker's model calls go
+through it.
+
+How a worker finds it: by plain data. A job carries `ClusterLimits` (the actor's name and
+namespace); the worker enters `cluster_limits(limits)`, which looks the actor up and installs it
+as the process's `llm.models.ProviderGates`, so every model built inside takes its tickets from
+the cluster's window and asks the cluster's breaker, and builds its meter with `cluster_meter`,
+which adds each call's spend to the cluster's sum and checks the budget against that sum. Nothing
+outside `run.ray_*` modules knows Ray.
+
+The actor is threaded (`max_concurrency`): a caller waiting for its turn in the window, or for
+the breaker's probe, holds one of the actor's threads, as a thread of a local run would wait in
+its process. An open breaker's error is built in the caller (`breaker.provider_unavailable`)
+from the outage the actor reports, so no exception crosses the process boundary. Its clock is the
+actor's: grant times (`ClusterLimiter.grants`) are comparable across machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from amapreduce.breaker import BreakerPolicy, CircuitBreaker, Outage, provider_unavailable
+from amapreduce.errors import BudgetExceeded, ConfigError
+from amapreduce.llm.meter import Budget, Price, UsageMeter
+from amapreduce.llm.models import BreakerGate, use_provider_gates
+from amapreduce.ratelimit import WindowGate, WindowLimiter, WindowPolicy
+from amapreduce.run.eval_ray import require_ray
+
+if TYPE_CHECKING:
+    from amapreduce.llm.usage import Usage
+    from amapreduce.settings import Settings
+
+__all__ = ["NAMESPACE", "ClusterGates", "ClusterLimiter", "ClusterLimits", "ClusterMeter", "cluster_limits",
+           "cluster_meter"]
+
+NAMESPACE = "amapreduce"
+"""The Ray namespace of the limiter actors (a named actor is found by name within one namespace)."""
+MAX_CONCURRENCY = 1000
+"""Callers the actor serves at once: every model call of the cluster in flight, waiting ones included."""
+
+
+def _ray() -> Any:
+    require_ray()  # the one check that names the `ray` extra
+    return importlib.import_module("ray")
+
+
+@dataclass(frozen=True)
+class ClusterLimits:
+    """How a worker reaches the cluster's limiter: plain data that crosses to any node."""
+
+    name: str
+    namespace: str = NAMESPACE
+
+
+class _Refused(Exception):
+    """Raised inside the actor by an open breaker; carries the outage back as plain data."""
+
+    def __init__(self, outage: Outage) -> None:
+        super().__init__(outage.key)
+        self.outage = outage
+
+
+def _refuse(outage: Outage) -> Exception:
+    return _Refused(outage)
+
+
+class LimiterActor:
+    """The actor's class (made remote by `ClusterLimiter.start`): per-provider windows and breakers
+    of this package, the run's spend, and the log of grants."""
+
+    def __init__(self, budget: Budget, spent_usd: float, spent_tokens: int) -> None:
+        self._budget = budget
+        self._lock = threading.Lock()
+        self._windows: dict[str, WindowLimiter] = {}
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._tickets: dict[int, list[float]] = {}
+        self._next_ticket = 0
+        self._grants: list[tuple[str, float]] = []
+        self._spent = [spent_usd, float(spent_tokens)]
+
+    def _window(self, key: str, policy: WindowPolicy) -> WindowLimiter:
+        with self._lock:
+            window = self._windows.setdefault(key, WindowLimiter(policy))
+        if window.policy != policy:
+            raise ConfigError(f"rate limit of {key!r} is already {window.policy}, got {policy}: give every worker "
+                              "of the cluster the same AMAPREDUCE_MODEL_RPM and AMAPREDUCE_MODEL_TPM.", key=key)
+        return window
+
+    def acquire(self, key: str, policy: WindowPolicy, tokens: int) -> tuple[int, float]:
+        """Wait for a turn in `key`'s window; (ticket number, grant time on the actor's clock)."""
+        window = self._window(key, policy)
+        ticket = window.acquire(tokens)
+        with self._lock:
+            number, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            self._tickets[number] = ticket
+            self._grants.append((key, ticket[0]))
+            horizon = ticket[0] - policy.window_s
+            if len(self._tickets) > 4 * MAX_CONCURRENCY:  # failed calls never settle: forget the expired
+                self._tickets = {n: t for n, t in self._tickets.items() if t[0] > horizon}
+        return number, ticket[0]
+
+    def settle(self, key: str, policy: WindowPolicy, number: int, tokens: int) -> None:
+        """The call of ticket `number` used `tokens` tokens."""
+        with self._lock:
+            ticket = self._tickets.pop(number, None)
+        if ticket is not None:
+            self._window(key, policy).settle(ticket, tokens)
+
+    def defer(self, key: str, policy: WindowPolicy, seconds: float) -> None:
+        """The provider asked for `seconds` of quiet (`Retry-After`): every worker waits."""
+        self._window(key, policy).defer(seconds)
+
+    def _breaker(self, key: str, policy: BreakerPolicy) -> CircuitBreaker:
+        with self._lock:
+            breaker = self._breakers.setdefault(key, CircuitBreaker(key, policy, unavailable=_refuse))
+        if breaker.policy != policy:
+            raise ConfigError(f"circuit breaker of {key!r} is already {breaker.policy}, got {policy}: give every "
+                              "worker of the cluster the same AMAPREDUCE_BREAKER_* settings.", key=key)
+        return breaker
+
+    def admit(self, key: str, policy: BreakerPolicy) -> tuple[bool, Outage | None]:
+        """(probe, None) once a request may go out; (False, the outage) when the provider is down."""
+        try:
+            return self._breaker(key, policy).admit(), None
+        except _Refused as refused:
+            return False, refused.outage
+
+    def record(self, key: str, policy: BreakerPolicy, probe: bool, outage: str | None) -> None:
+        """A request's outcome (see `CircuitBreaker.record`)."""
+        self._breaker(key, policy).record(probe, outage)
+
+    def release(self, key: str, policy: BreakerPolicy, probe: bool) -> None:
+        """A request ended without an outcome (see `CircuitBreaker.release`)."""
+        self._breaker(key, policy).release(probe)
+
+    def spend(self, cost_usd: float, tokens: int) -> tuple[float, int]:
+        """Add one call's spend; return the run's (dollars, tokens) so far."""
+        with self._lock:
+            self._spent[0] += cost_usd
+            self._spent[1] += tokens
+            return self._spent[0], int(self._spent[1])
+
+    def spent(self) -> tuple[float, int]:
+        """The run's (dollars, tokens) so far, every worker's and what the driver had spent before."""
+        with self._lock:
+            return self._spent[0], int(self._spent[1])
+
+    def budget(self) -> Budget:
+        """The run's budget."""
+        return self._budget
+
+    def grants(self) -> list[tuple[str, float]]:
+        """Every (provider, grant time) the windows gave, in grant order."""
+        with self._lock:
+            return list(self._grants)
+
+
+class _RemoteWindow:
+    """A provider's window in the actor, as a `WindowGate`; a ticket's third item is its number there."""
+
+    def __init__(self, actor: Any, key: str, policy: WindowPolicy) -> None:
+        self._actor, self._key, self.policy = actor, key, policy
+
+    def acquire(self, tokens: int = 0) -> list[float]:
+        number, granted = _ray().get(self._actor.acquire.remote(self._key, self.policy, max(0, tokens)))
+        return [granted, float(max(0, tokens)), float(number)]
+
+    def settle(self, ticket: list[float], tokens: int) -> None:
+        ticket[1] = float(max(0, tokens))
+        _ray().get(self._actor.settle.remote(self._key, self.policy, int(ticket[2]), max(0, tokens)))
+
+    def defer(self, seconds: float) -> None:
+        _ray().get(self._actor.defer.remote(self._key, self.policy, seconds))
+
+
+class _RemoteBreaker:
+    """A provider's breaker in the actor, as a `BreakerGate`; its error is raised here."""
+
+    def __init__(self, actor: Any, key: str, policy: BreakerPolicy) -> None:
+        self._actor, self.key, self.policy = actor, key, policy
+
+    def admit(self) -> bool:
+        probe, outage = _ray().get(self._actor.admit.remote(self.key, self.policy))
+        if outage is not None:
+            raise provider_unavailable(outage)
+        return bool(probe)
+
+    def record(self, probe: bool, outage: str | None) -> None:
+        _ray().get(self._actor.record.remote(self.key, self.policy, probe, outage))
+
+    def release(self, probe: bool) -> None:
+        _ray().get(self._actor.release.remote(self.key, self.policy, probe))
+
+
+class ClusterGates:
+    """The cluster's limiters and breakers as this process's `llm.models.ProviderGates`."""
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+
+    def limiter(self, key: str, policy: WindowPolicy) -> WindowGate:
+        return _RemoteWindow(self._actor, key, policy)
+
+    def breaker(self, key: str, policy: BreakerPolicy) -> BreakerGate:
+        return _RemoteBreaker(self._actor, key, policy)
+
+
+class ClusterMeter(UsageMeter):
+    """A worker's usage meter whose budget is the cluster's: each call's spend is added to the
+    run's sum in the actor, and `check` compares that sum with the run's budget.
+
+    The worker's own usage (`by_role`, `to_json`) stays its own: the driver adds it to the run's
+    meter when the worker's result comes back.
+    """
+
+    def __init__(self, actor: Any, budget: Budget, **kwargs: Any) -> None:
+        super().__init__(budget=budget, **kwargs)
+        self._actor = actor
+
+    def check(self) -> None:
+        cost, tokens = _ray().get(self._actor.spent.remote())
+        b = self.budget
+        if b.max_cost_usd is not None and cost >= b.max_cost_usd:
+            raise BudgetExceeded(
+                f"the cost budget of ${b.max_cost_usd:g} is spent across the cluster (${cost:.4f}); the run stops "
+                "with the rows found so far. Raise --max-cost to go further.", kind="cost")
+        if b.max_tokens is not None and tokens >= b.max_tokens:
+            raise BudgetExceeded(
+                f"the token budget of {b.max_tokens} is spent across the cluster ({tokens} tokens); the run stops "
+                "with the rows found so far. Raise --max-tokens to go further.", kind="tokens")
+
+    def record(self, role: str, model_id: str, usage: Usage) -> Usage:
+        priced = super().record(role, model_id, usage)
+        _ray().get(self._actor.spend.remote(priced.cost_usd, priced.total_tokens))
+        return priced
+
+
+def _actor(limits: ClusterLimits) -> Any:
+    try:
+        return _ray().get_actor(limits.name, namespace=limits.namespace)
+    except ValueError as exc:
+        raise ConfigError(f"the cluster's limiter {limits.name!r} is gone ({exc}); its driver has ended.") from None
+
+
+@contextlib.contextmanager
+def cluster_limits(limits: ClusterLimits | None) -> Iterator[None]:
+    """Inside: every model built in this process uses the cluster's limiters and breakers (None:
+    this process's own, as a local run). The gates in force before are put back on the way out."""
+    if limits is None:
+        yield
+        return
+    previous = use_provider_gates(ClusterGates(_actor(limits)))
+    try:
+        yield
+    finally:
+        use_provider_gates(previous)
+
+
+def cluster_meter(limits: ClusterLimits | None, settings: Settings,
+                  *, prices_by_prefix: Mapping[str, Price] | None = None) -> UsageMeter:
+    """A worker's meter: charged to the cluster's budget (`ClusterMeter`), or with `limits` None
+    the settings' own budget (`llm.factory.new_meter`)."""
+    from amapreduce.llm.factory import new_meter
+
+    local = new_meter(settings, prices_by_prefix=prices_by_prefix)
+    if limits is None:
+        return local
+    actor = _actor(limits)
+    return ClusterMeter(actor, _ray().get(actor.budget.remote()), prices=local.prices)
+
+
+class ClusterLimiter:
+    """The driver's handle on the cluster's limiter actor: start it, hand out `limits`, stop it.
+
+    Args:
+        actor: the actor (see `start`).
+        limits: how workers find it.
+    """
+
+    def __init__(self, actor: Any, limits: ClusterLimits) -> None:
+        self._actor = actor
+        self.limits = limits
+
+    @classmethod
+    def start(cls, *, budget: Budget | None = None, spent: Usage | None = None) -> ClusterLimiter:
+        """Start a limiter actor for one run (Ray must be initialised), charged with `spent` (what the
+        driver had already spent, e.g. before a resume) against `budget`."""
+        ray = _ray()
+        limits = ClusterLimits(name=f"limits-{uuid.uuid4().hex}")
+        remote = ray.remote(num_cpus=0, max_concurrency=MAX_CONCURRENCY, max_restarts=0)(LimiterActor)
+        actor = remote.options(name=limits.name, namespace=limits.namespace).remote(
+            budget or Budget(), spent.cost_usd if spent else 0.0, spent.total_tokens if spent else 0)
+        ray.get(actor.spent.remote())  # started and reachable before any worker looks it up
+        return cls(actor, limits)
+
+    def spent(self) -> tuple[float, int]:
+        """The run's (dollars, tokens) so far, across the cluster."""
+        cost, tokens = _ray().get(self._actor.spent.remote())
+        return float(cost), int(tokens)
+
+    def grants(self) -> list[tuple[str, float]]:
+        """Every (provider, grant time) given so far, on the actor's clock."""
+        return list(_ray().get(self._actor.grants.remote()))
+
+    def stop(self) -> None:
+        """End the actor (its limits end with the run)."""
+        _ray().kill(self._actor, no_restart=True)

@@ -1,0 +1,262 @@
+"""Very wide runs on Ray: a decision's batches in chunks, each chunk one Ray task running today's engine.
+
+Why chunks of the batch plan. One engine run keeps its per-run state (tables, attempts, the
+journal) in one process and fans out over threads; a 10,000-row extraction is more than one
+machine's threads should carry. With `--executor ray`, a plain decision (no `discover`, no
+`child`) whose plan has more batches than one chunk holds is cut into chunks of whole batches
+(`chunk_plan`): a chunk is its rows as a sub-decision (`Decision.with_matrix`) and its batches,
+unchanged but for their row numbers, so every sub-agent is asked what a local run asks it. Each
+chunk is one Ray task (`run_chunk`: one CPU, never retried, since a chunk spends money) running the
+threaded engine on plain data: the settings, the sub-decision as JSON, its plan. A chunk holds
+`chunk_batches(settings)` batches: the batch cap when one is set (`--max-batches`; a plan over the
+cap, refused locally, is split instead), else `CHUNK_BATCHES_PER_WORKER` per sub-agent thread, so
+each task keeps its threads busy while the cluster shares out the chunks.
+
+The merge. The driver merges the chunks' rows into one table in matrix order (rows by their task,
+mapped back to the full matrix; `Table.merge_row`, the rule of a local run's reduce) and adds their
+usage to the run's meter (so `result.json` counts every remote call) and their trace events to the
+run's trace (each tagged with its `chunk`). Every worker's model calls go through the cluster's
+limiter and budget (`run.ray_limits`). A chunk that stopped (the budget, a provider down) or a
+Ctrl-C in the driver cancels the chunks not finished (`ray.cancel`) and keeps the rows of those
+that were. A wide run is not journaled batch by batch: a killed one is run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from amapreduce.errors import RunCancelled
+from amapreduce.llm.usage import Usage
+from amapreduce.mapreduce.batching import BatchPlan
+from amapreduce.mapreduce.result import (
+    INTERRUPTED,
+    Completeness,
+    MapReduceResult,
+    RunEnding,
+    RunStatus,
+    RunSummary,
+)
+from amapreduce.run.eval_ray import RayTrials, require_ray
+from amapreduce.run.ray_limits import ClusterLimiter, ClusterLimits, cluster_limits, cluster_meter
+from amapreduce.table.table import Row, Table
+from amapreduce.trace import Trace
+
+if TYPE_CHECKING:
+    from amapreduce.decision.model import Decision
+    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.settings import Settings
+
+__all__ = ["CHUNK_BATCHES_PER_WORKER", "ChunkJob", "ChunkRun", "WideRun", "chunk_batches", "chunk_plan",
+           "run_chunk", "run_wide"]
+
+CHUNK_BATCHES_PER_WORKER = 4
+"""Batches per chunk for each sub-agent thread of a chunk, when no batch cap is set."""
+
+
+def chunk_batches(settings: Settings) -> int:
+    """How many batches one chunk holds (see the module doc)."""
+    return settings.batch_cap("user") or CHUNK_BATCHES_PER_WORKER * settings.workers
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkJob:
+    """One chunk of a wide run: plain, picklable data."""
+
+    index: int
+    rows: tuple[int, ...]
+    """The full matrix's rows, in the sub-decision's order."""
+    decision: dict[str, Any]
+    """The sub-decision (`Decision.model_dump(mode="json")`)."""
+    plan: BatchPlan
+    """The chunk's batches, their row numbers those of the sub-decision."""
+    settings: Settings
+    limits: ClusterLimits | None = None
+    """The cluster's limiter (None: the worker's own limits, as a local run)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkRun:
+    """What a chunk gave back: its result (row numbers of the sub-decision), usage, trace and web usage."""
+
+    index: int
+    result: MapReduceResult
+    usage: dict[str, Usage]
+    events: list[tuple[str, dict[str, Any]]]
+    web: dict[str, Any]
+
+
+def chunk_plan(decision: Decision, plan: BatchPlan, size: int) -> list[tuple[tuple[int, ...], BatchPlan]]:
+    """Cut `plan` into chunks of `size` whole batches: (the chunk's rows in matrix order, its plan
+    with row numbers into those rows)."""
+    chunks = []
+    for start in range(0, len(plan.batches), max(1, size)):
+        batches = plan.batches[start:start + size]
+        rows = tuple(sorted({i for b in batches for i in b.indices}))
+        local = {row: k for k, row in enumerate(rows)}
+        sub = tuple(dataclasses.replace(b, indices=tuple(local[i] for i in b.indices)) for b in batches)
+        chunks.append((rows, BatchPlan(strategy=plan.strategy, num_rows=len(rows), batches=sub)))
+    return chunks
+
+
+class _Collected(Trace):
+    """A worker's trace: events kept in memory and shipped back to the driver's run trace."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def write(self, event: str, **data: Any) -> None:
+        self.events.append((event, data))
+
+
+def run_chunk(job: ChunkJob) -> ChunkRun:
+    """Run one chunk (in a Ray worker): build the parts from the settings, run the engine on the
+    sub-decision's plan, and return plain data. A stopped engine returns its partial result."""
+    from amapreduce.decision.model import Decision
+    from amapreduce.run.wiring import build_parts
+
+    decision = Decision.parse(job.decision)
+    trace = _Collected()
+    with cluster_limits(job.limits):
+        meter = cluster_meter(job.limits, job.settings)
+        with build_parts(job.settings, trace=trace, meter=meter, roles=("subagent", "extraction")) as parts:
+            try:
+                result = parts.engine.run(decision, plan=job.plan)
+            except RunCancelled as exc:
+                result = exc.partial
+            web = parts.web_usage()
+    return ChunkRun(index=job.index, result=result, usage=meter.by_role(), events=trace.events, web=web)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WideRun:
+    """A wide run's merged result and what the driver records of it."""
+
+    result: MapReduceResult
+    web: dict[str, Any]
+    chunks: int
+    """Chunks the plan was cut into."""
+    finished: int
+    """Chunks whose rows are in the table."""
+
+
+def _added(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two web-usage records added up (numbers summed, nested records recursively)."""
+    out = dict(a)
+    for key, value in b.items():
+        mine = out.get(key)
+        if isinstance(value, dict) and isinstance(mine, dict):
+            out[key] = _added(mine, value)
+        elif isinstance(value, int | float) and isinstance(mine, int | float) and not isinstance(value, bool):
+            out[key] = mine + value
+        elif key not in out:
+            out[key] = value
+    return out
+
+
+def run_wide(
+    decision: Decision,
+    plan: BatchPlan,
+    settings: Settings,
+    *,
+    meter: UsageMeter,
+    trace: Trace,
+    address: str | None = None,
+    role_models: dict[str, str] | None = None,
+) -> WideRun:
+    """Run `decision`'s `plan` in chunks on Ray (joined at `address`, as `RayTrials`) and merge them.
+
+    Args:
+        decision, plan: a plain decision and its full batch plan.
+        settings: the run's settings; every worker builds its parts from them.
+        meter: the run's meter: each chunk's usage is added to it, under the model of its role
+            (`role_models`), and the cluster's budget starts from what it holds.
+        trace: the run's trace: each chunk's events are written there with their `chunk`.
+
+    Raises:
+        ConfigError: the `ray` extra is missing or Ray cannot be reached.
+    """
+    require_ray()
+    ray = importlib.import_module("ray")
+    started = time.perf_counter()
+    jobs_data = chunk_plan(decision, plan, chunk_batches(settings))
+    done: dict[int, ChunkRun] = {}
+    stop: RunEnding | None = None
+    with RayTrials(address):
+        limiter = ClusterLimiter.start(budget=meter.budget, spent=meter.total())
+        task = ray.remote(num_cpus=1, max_retries=0)(run_chunk)
+        pending: dict[Any, int] = {}
+        try:
+            for k, (rows, sub_plan) in enumerate(jobs_data):
+                sub = decision.with_matrix([decision.task_matrix[i] for i in rows]).model_dump(mode="json")
+                job = ChunkJob(index=k, rows=rows, decision=sub, plan=sub_plan, settings=settings, limits=limiter.limits)
+                pending[task.remote(job)] = k
+            while pending and stop is None:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    k = pending.pop(ref)
+                    try:
+                        chunk = ray.get(ref)
+                    except ray.exceptions.RayError as exc:
+                        first = (str(exc).strip().splitlines() or [""])[0]
+                        stop = RunEnding(RunStatus.FAILED, f"chunk {k} failed in Ray ({type(exc).__name__}: {first})")
+                        continue
+                    done[k] = chunk
+                    _absorb(chunk, meter, trace, role_models or {})
+                    if chunk.result.ending.status.ended_early and stop is None:
+                        stop = dataclasses.replace(chunk.result.ending,
+                                                   reason=f"chunk {k}: {chunk.result.ending.reason or 'stopped'}")
+        except KeyboardInterrupt:
+            stop = INTERRUPTED
+        finally:
+            for ref in pending:
+                ray.cancel(ref)
+            limiter.stop()
+    result = _merged(decision, plan, settings, [(jobs_data[k][0], done[k]) for k in sorted(done)], stop,
+                     wall_s=time.perf_counter() - started)
+    web: dict[str, Any] = {}
+    for k in sorted(done):
+        web = _added(web, done[k].web)
+    return WideRun(result=result, web=web, chunks=len(jobs_data), finished=len(done))
+
+
+def _absorb(chunk: ChunkRun, meter: UsageMeter, trace: Trace, role_models: dict[str, str]) -> None:
+    """A finished chunk's usage into the run's meter, its trace events into the run's trace."""
+    for role, usage in chunk.usage.items():
+        meter.record(role, role_models.get(role, "unknown"), dataclasses.replace(usage, cost_usd=0.0))
+    if trace.enabled:
+        for event, data in chunk.events:
+            trace.write(event, **{**data, "chunk": chunk.index})
+
+
+def _merged(
+    decision: Decision,
+    plan: BatchPlan,
+    settings: Settings,
+    chunks: Sequence[tuple[tuple[int, ...], ChunkRun]],
+    stop: RunEnding | None,
+    *,
+    wall_s: float,
+) -> MapReduceResult:
+    """The chunks' rows in one table, in matrix order, by the conflict rule of a local reduce."""
+    from amapreduce.mapreduce.engine import EngineConfig
+
+    cfg = EngineConfig.from_settings(settings, decisions_by="user")
+    table = Table(decision.columns, decision.resolved_key_columns, missing_markers=cfg.missing_markers,
+                  strict_evidence=cfg.verify == "strict")
+    rows = [Row(cells=row.cells, task_index=mapped[row.task_index], strict_evidence=row.strict_evidence,
+                origin=row.origin)
+            for mapped, chunk in chunks for row in chunk.result.table.rows]
+    for row in sorted(rows, key=lambda r: r.task_index):  # stable: a task's rows keep their order
+        table.merge_row(row)
+    table.sort_by_task()
+    completeness = Completeness.of(table, [decision])  # tasks of chunks that never finished are short
+    summary = RunSummary.combined(table, completeness, [c.result.summary for _, c in chunks])
+    summary = dataclasses.replace(summary, timings={**summary.timings, "wall_s": round(wall_s, 6)})
+    attempts = tuple(a for _, c in chunks for a in c.result.attempts)
+    return MapReduceResult(table=table, summary=summary, plan=plan, attempts=attempts,
+                           ending=stop or RunEnding(completeness.status))

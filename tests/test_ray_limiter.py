@@ -1,0 +1,217 @@
+"""One budget for the cluster: the provider limiter, breaker and spend of a Ray run are one actor's.
+
+The cross-process test runs in a child process that starts a local Ray itself (`ray.init(num_cpus=2)`)
+with two worker processes (the test process keeps its sockets to loopback, as in test_eval_ray). It
+asserts on the grant times the actor recorded, never on how fast anything ran: no window of the
+policy may hold more grants than its limit, however slow the machine. The models are simulated
+(deterministic code, not an LLM) and are called in-process by the workers: no HTTP is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from amapreduce.breaker import BreakerPolicy
+from amapreduce.llm.meter import UsageMeter
+from amapreduce.llm.models import ModelSpec, build_model, use_provider_gates
+from amapreduce.ratelimit import WindowLimiter, WindowPolicy
+from amapreduce.testing.scripted import FunctionModel
+
+RPM, WINDOW_S, CALLS = 3, 1.0, 6
+"""Each of two workers makes CALLS calls under RPM per WINDOW_S (a short window keeps the test short)."""
+
+RAY_DRIVER = r"""
+import json, os, sys
+import ray
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+from smolagents.models import ChatMessage, MessageRole
+from amapreduce.breaker import BreakerPolicy
+from amapreduce.errors import BudgetExceeded, ProviderUnavailable
+from amapreduce.llm.meter import Budget, UsageMeter
+from amapreduce.llm.models import ManagedModel, ModelSpec, build_model
+from amapreduce.ratelimit import WindowPolicy
+from amapreduce.run.ray_limits import ClusterGates, ClusterLimiter, cluster_limits, cluster_meter
+from amapreduce.settings import load_settings
+from amapreduce.testing.scripted import FunctionModel
+
+RPM, WINDOW_S, CALLS = (int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]))
+POLICY = WindowPolicy(rpm=RPM, window_s=WINDOW_S)
+DOWN = BreakerPolicy(failures=2, cooldown_s=600.0, max_wait_s=0.0)
+ASK = [ChatMessage(role=MessageRole.USER, content="How many moons has Mars? " * 10)]
+
+def simulated():
+    return FunctionModel(lambda messages, info: "two", model_id="simulated/answer")
+
+@ray.remote(num_cpus=0, max_concurrency=2)
+class Barrier:
+    # both workers start calling together, whatever it takes Ray to start the second one
+    def __init__(self):
+        import threading
+        self.barrier = threading.Barrier(2)
+    def arrive(self):
+        self.barrier.wait(timeout=120)
+
+def together(barrier):
+    ray.get(barrier.arrive.remote())
+
+@ray.remote(num_cpus=1, max_retries=0)
+def caller(limits, barrier):
+    together(barrier)
+    # a model whose limiter is the cluster's window (as every model built inside cluster_limits)
+    gate = ClusterGates(ray.get_actor(limits.name, namespace=limits.namespace)).limiter("provider-x", POLICY)
+    model = ManagedModel(simulated(), role="subagent", meter=UsageMeter(), limiter=gate)
+    for _ in range(CALLS):
+        model.generate(ASK)
+    return os.getpid()
+
+@ray.remote(num_cpus=1, max_retries=0)
+def spender(limits, barrier):
+    together(barrier)
+    # models built by the factory path inside cluster_limits: the cluster's window, breaker and budget
+    with cluster_limits(limits):
+        meter = cluster_meter(limits, load_settings())
+        spec = ModelSpec(model_id="simulated/answer", api_base="http://127.0.0.1:9/v1", rpm=10_000)
+        model = build_model(spec, role="subagent", meter=meter, inner=simulated(), breaker=DOWN)
+        calls = 0
+        try:
+            while calls < 1000:
+                model.generate(ASK)
+                calls += 1
+        except BudgetExceeded:
+            pass
+        return {"pid": os.getpid(), "calls": calls, "tokens": meter.total().total_tokens}
+
+@ray.remote(num_cpus=1, max_retries=0)
+def sees_an_outage(limits):
+    with cluster_limits(limits):
+        spec = ModelSpec(model_id="simulated/answer", api_base="http://127.0.0.1:9/v1")
+        model = build_model(spec, role="subagent", meter=UsageMeter(), inner=simulated(), breaker=DOWN)
+        model.breaker.record(False, "ConnectionError: refused")
+        return os.getpid()
+
+out = {}
+limiter = ClusterLimiter.start(budget=Budget(max_tokens=2_000))
+out["callers"] = ray.get([caller.remote(limiter.limits, barrier) for barrier in [Barrier.remote()] for _ in range(2)])
+grants = limiter.grants()
+out["grants"] = [t for key, t in grants if key == "provider-x"]
+out["spenders"] = ray.get([spender.remote(limiter.limits, barrier) for barrier in [Barrier.remote()] for _ in range(2)])
+out["spent"] = limiter.spent()
+out["factory_grants"] = sum(1 for key, _ in limiter.grants() if key == "127.0.0.1:9")
+out["outages"] = ray.get([sees_an_outage.remote(limiter.limits) for _ in range(2)])
+# two outage failures, one in each worker, opened the cluster's breaker: the driver is refused too
+breaker = ClusterGates(ray.get_actor(limiter.limits.name, namespace="amapreduce")).breaker("127.0.0.1:9", DOWN)
+try:
+    breaker.admit()
+    out["breaker"] = "admitted"
+except ProviderUnavailable as exc:
+    out["breaker"] = str(exc)
+# a provider's Retry-After holds every caller of the key back
+gates = ClusterGates(ray.get_actor(limiter.limits.name, namespace="amapreduce"))
+quiet = gates.limiter("provider-y", WindowPolicy(rpm=1000, window_s=60.0))
+first = quiet.acquire()
+quiet.defer(0.4)
+again = gates.limiter("provider-y", WindowPolicy(rpm=1000, window_s=60.0)).acquire()
+out["deferred"] = again[0] - first[0]
+limiter.stop()
+out["pid"] = os.getpid()
+print(json.dumps(out))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_the_cluster_limiter_holds_across_two_worker_processes() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMAPREDUCE_")}
+    env.update(AMAPREDUCE_ENV_FILE=os.devnull, RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.run([sys.executable, "-c", RAY_DRIVER, str(RPM), str(WINDOW_S), str(CALLS)], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    # two worker processes, neither of them the driver, made every call
+    assert len(set(out["callers"])) == 2 and out["pid"] not in out["callers"]
+    grants = sorted(out["grants"])
+    assert len(grants) == 2 * CALLS
+    # never more than RPM grants in any window: the (RPM+1)-th grant after any grant is a window later
+    assert all(grants[i + RPM] - grants[i] >= WINDOW_S for i in range(len(grants) - RPM))
+
+    # the factory's models (built inside `cluster_limits`) took their tickets from the cluster's window
+    spenders = out["spenders"]
+    assert len({s["pid"] for s in spenders}) == 2 and all(s["calls"] > 0 for s in spenders)
+    assert out["factory_grants"] == sum(s["calls"] for s in spenders)
+    # ... and were charged to one budget: together they stopped at it, each worker at most one call over
+    per_call = max(s["tokens"] // s["calls"] for s in spenders)
+    spent_tokens = out["spent"][1]
+    assert spent_tokens == sum(s["tokens"] for s in spenders)
+    assert 2_000 <= spent_tokens < 2_000 + 2 * per_call
+    assert sum(s["tokens"] for s in spenders) < 2 * 2_000  # one budget, not one per worker
+
+    # one breaker for the cluster: a failure in each of two workers opened it for everyone
+    assert out["breaker"].startswith("provider '127.0.0.1:9' is unavailable: 2 requests in a row failed")
+    # Retry-After: the next grant waited at least the deferral
+    assert out["deferred"] >= 0.4
+
+
+def test_a_retry_after_defers_every_caller_of_a_local_limiter() -> None:
+    now = [100.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    limiter = WindowLimiter(WindowPolicy(rpm=100), clock=lambda: now[0], sleep=sleep)
+    assert limiter.acquire()[0] == 100.0
+    limiter.defer(5.0)
+    limiter.defer(1.0)  # a shorter deferral changes nothing
+    assert limiter.acquire()[0] >= 105.0 and sum(slept) >= 5.0
+
+
+class _Gates:
+    """Records what a model factory asked of the installed gates."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str, Any]] = []
+        self.window = WindowLimiter(WindowPolicy(rpm=100))
+
+    def limiter(self, key: str, policy: WindowPolicy) -> WindowLimiter:
+        self.asked.append(("limiter", key, policy))
+        return self.window
+
+    def breaker(self, key: str, policy: BreakerPolicy) -> Any:
+        from amapreduce.breaker import CircuitBreaker
+
+        self.asked.append(("breaker", key, policy))
+        return CircuitBreaker(key, policy)
+
+
+def test_models_built_under_installed_gates_use_them_and_the_default_comes_back() -> None:
+    gates = _Gates()
+    spec = ModelSpec(model_id="simulated/x", api_base="http://127.0.0.1:9/v1", rpm=5, tpm=900)
+    policy = BreakerPolicy(failures=3, cooldown_s=1.0, max_wait_s=0.0)
+    previous = use_provider_gates(gates)
+    try:
+        model = build_model(spec, role="subagent", meter=UsageMeter(), inner=FunctionModel(lambda m, i: "ok"),
+                            breaker=policy)
+        model.generate([])
+    finally:
+        assert use_provider_gates(previous) is gates
+    assert gates.asked == [("limiter", "127.0.0.1:9", WindowPolicy(rpm=5, tpm=900)), ("breaker", "127.0.0.1:9", policy)]
+    assert model.limiter is gates.window and gates.window.window_counts()[0] == 1
+    local = build_model(spec, role="subagent", meter=UsageMeter(), inner=FunctionModel(lambda m, i: "ok"))
+    assert local.limiter is not gates.window and len(gates.asked) == 2  # this process's own limiter again
+
+
+def test_nothing_imports_ray_unless_asked() -> None:
+    code = ("import sys\n"
+            "import amapreduce.run.ray_limits, amapreduce.run.wide_ray, amapreduce.run.mapreduce_run\n"
+            "import amapreduce.cli.mapreduce\n"
+            "print('ray' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert proc.stdout.strip() == "False"
