@@ -1,4 +1,5 @@
-"""`eval run --executor ray`: the trials as Ray tasks give the evaluation a local run gives.
+"""`eval run --executor ray`: the trials as Ray tasks give the evaluation a local run gives, draw on
+one budget across the cluster, and stop (the budget, Ctrl-C) keeping what had finished.
 
 The Ray run happens in a child process that starts a local Ray itself (`ray.init(num_cpus=2)`), as a
 user's script would, and then runs the command line there: the test process keeps its sockets to
@@ -9,19 +10,22 @@ a time so each trial's engine runs in one order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from amapreduce.cli.app import main
-from amapreduce.errors import UserError
+from amapreduce.errors import RunError, UserError
 
 IDS = "sbx_en_001,sbx_en_005,sbx_en_002,sbx_en_003,sbx_en_004"
 """Two instances at a time (`--tasks-parallel 2`): the third reads the first's record, the third
@@ -67,6 +71,56 @@ journal.JournalWriter.append = append
 from amapreduce.cli.app import main
 sys.exit(main(["eval", "run", *sys.argv[2:]]))
 """
+
+
+RAY_BUDGET = r"""
+import json, sys
+import ray
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+from amapreduce.demo.model import SimulatedAtlasModel
+from amapreduce.run import ray_limits
+from amapreduce.testing.openai_server import OpenAICompatibleServer
+spent = []
+stop = ray_limits.ClusterLimiter.stop
+def stopping(self):  # what the cluster spent, read from its limiter as the evaluation ends
+    spent.append(self.spent()[0])
+    stop(self)
+ray_limits.ClusterLimiter.stop = stopping
+from amapreduce.cli.app import main
+with OpenAICompatibleServer(SimulatedAtlasModel(model_id="simulated-sandbox")) as server:
+    code = main(["eval", "run", *sys.argv[1:], "--api-base", server.base_url])
+print(json.dumps({"code": code, "spent": spent}))
+ray.shutdown()
+"""
+
+
+RAY_INTERRUPTED = r"""
+import json, os, signal, sys
+import ray
+from amapreduce import journal
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+original, sent = journal.JournalWriter.append, []
+def append(self, entry):
+    original(self, entry)
+    if getattr(entry, "type", "") == "trial_done" and not sent:  # a trial finished, its sibling is running
+        sent.append(entry.task_id)
+        os.kill(os.getpid(), signal.SIGINT)
+journal.JournalWriter.append = append
+from amapreduce.cli.app import main
+out = sys.argv[sys.argv.index("--out") + 1]
+codes = [main(["eval", "run", *sys.argv[1:]])]
+lines = len(open(os.path.join(out, "journal.jsonl")).read().splitlines())
+codes.append(main(["eval", "run", "--resume", out, "--executor", "ray", "--json"]))
+print(json.dumps({"codes": codes, "lines": lines}))
+ray.shutdown()
+"""
+
+
+def _ray_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMAPREDUCE_")}
+    env.update(AMAPREDUCE_ENV_FILE=os.devnull, RAY_USAGE_STATS_ENABLED="0")
+    return env
 
 
 @pytest.fixture(autouse=True)
@@ -127,23 +181,12 @@ def _store(folder: Path) -> tuple[list[str], list[tuple[str, int]]]:
         conn.close()
 
 
-@pytest.mark.slow
-def test_ray_and_local_give_the_same_evaluation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    local, remote = tmp_path / "local", tmp_path / "ray"
-    assert main(["eval", "run", *ARGS, "--out", str(local)]) == 0
-    capsys.readouterr()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMAPREDUCE_")}
-    env.update(AMAPREDUCE_ENV_FILE=os.devnull, RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.run([sys.executable, "-c", RAY_DRIVER, *ARGS, "--out", str(remote), "--executor", "ray"],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    first, resumed, driver = lines[0], lines[1], lines[2]
-    assert driver["codes"] == [0, 0] and first["status"] == resumed["status"] == "complete"
-
+def _assert_same(local: Path, remote: Path, ids: list[str]) -> None:
+    """The two evaluations agree: results.json's scores and per-trial facts, every answer, the memory log
+    and the memory itself."""
     # results.json: the same scores, the same facts of every trial, the same summary scores
     mine, theirs = (json.loads((f / "results.json").read_text()) for f in (local, remote))
-    assert mine["task_order"] == theirs["task_order"] == IDS.split(",")
+    assert mine["task_order"] == theirs["task_order"] == ids
     for iid, rows in mine["per_task"].items():
         assert [{k: v for k, v in r.items() if k not in PER_PROCESS} for r in rows] == \
                [{k: v for k, v in r.items() if k not in PER_PROCESS} for r in theirs["per_task"][iid]]
@@ -152,8 +195,31 @@ def test_ray_and_local_give_the_same_evaluation(tmp_path: Path, capsys: pytest.C
     assert mine["memory"] | {"store": None} == theirs["memory"] | {"store": None}
     # the same answers, word for word
     for k in (1, 2):
-        for iid in IDS.split(","):
+        for iid in ids:
             assert (local / f"trial{k}" / f"{iid}.md").read_text() == (remote / f"trial{k}" / f"{iid}.md").read_text()
+    # the same memory log (the same canonical trials, labels, credits, distillations, pool sizes) ...
+    assert _log(local) == _log(remote)
+    # ... and the same memory
+    stores = [_store(folder / "memory") for folder in (local, remote)]
+    assert stores[0] == stores[1] and stores[0][0] == ids
+
+
+@pytest.mark.slow
+def test_ray_and_local_give_the_same_evaluation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert main(["eval", "run", *ARGS, "--out", str(local)]) == 0
+    capsys.readouterr()
+    env = _ray_env()
+    proc = subprocess.run([sys.executable, "-c", RAY_DRIVER, *ARGS, "--out", str(remote), "--executor", "ray"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    first, resumed, driver = lines[0], lines[1], lines[2]
+    assert driver["codes"] == [0, 0] and first["status"] == resumed["status"] == "complete"
+
+    _assert_same(local, remote, IDS.split(","))
+    log = _log(remote)  # the evaluation used its memory: hints were distilled and shown
+    assert any(e["prior_hints"] for e in log) and any(e["distillation"] for e in log)
     # each trial read the same snapshot (the same prior) and executed the same decision
     # (its records named by their instance: a record's id is derived from the evaluation's id)
     ours, ray_trials = _trials(local), _trials(remote)
@@ -161,14 +227,6 @@ def test_ray_and_local_give_the_same_evaluation(tmp_path: Path, capsys: pytest.C
     for key, entry in ours.items():
         assert (_prior(entry, local), entry["decision"]) == (_prior(ray_trials[key], remote), ray_trials[key]["decision"])
     assert sum(1 for e in ours.values() if e["prior"] is not None) >= 6  # instances 2-4 had a prior
-    # the same memory log (the same canonical trials, labels, credits, distillations, pool sizes) ...
-    log = _log(local)
-    assert log == _log(remote)
-    assert any(e["prior_hints"] for e in log) and any(e["distillation"] for e in log)
-    # ... and the same memory
-    stores = [_store(folder / "memory") for folder in (local, remote)]
-    assert stores[0] == stores[1] and stores[0][0] == IDS.split(",")
-
     # the trials ran in Ray's worker processes, and their run folders came back into the evaluation folder
     for entry in ray_trials.values():
         run = remote / entry["run_dir"]
@@ -183,8 +241,7 @@ def test_ray_and_local_give_the_same_evaluation(tmp_path: Path, capsys: pytest.C
 def test_a_killed_ray_driver_resumes_without_rerunning_a_trial(tmp_path: Path) -> None:
     out = tmp_path / "ev"
     ids = "sbx_en_001,sbx_en_005,sbx_en_002"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMAPREDUCE_")}
-    env.update(AMAPREDUCE_ENV_FILE=os.devnull, RAY_USAGE_STATS_ENABLED="0")
+    env = _ray_env()
     args = ["--benchmark", "sandbox", "--ids", ids, "--trials", "2", "--encoder", "hashing", "--out", str(out),
             "--executor", "ray", "--json"]
     killed = subprocess.run([sys.executable, "-c", RAY_KILLED, "3", *args], env=env, cwd=tmp_path,
@@ -202,6 +259,174 @@ def test_a_killed_ray_driver_resumes_without_rerunning_a_trial(tmp_path: Path) -
     assert done[:3] == done_before and sorted(done) == sorted({(i, k) for i in ids.split(",") for k in (1, 2)})
     assert [e["task_id"] for e in entries if e["type"] == "instance_committed"] == ids.split(",")
     assert _store(out / "memory")[0] == ids.split(",")  # every instance committed once, in task order
+
+
+@pytest.mark.slow
+def test_a_budget_shared_across_ray_trials_stops_the_evaluation_at_its_limit(tmp_path: Path) -> None:
+    """Four trials start at once with $0.02 left, each worth about $0.016 (the simulated model, served and
+    priced): each used to get the whole $0.02 to spend (about $0.064 in all); on one budget across the
+    cluster the evaluation stops at the limit, overshooting by at most one call in flight per Ray worker."""
+    budget, out = 0.02, tmp_path / "ev"
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"simulated-sandbox": {"input": 1e-6, "output": 1e-6}}), encoding="utf-8")
+    env = _ray_env() | {"AMAPREDUCE_PRICES_FILE": str(prices)}
+    args = ["--benchmark", "sandbox", "--ids", "sbx_en_001,sbx_en_005", "--trials", "2", "--tasks-parallel", "2",
+            "--no-memory", "--model", "simulated-sandbox", "--max-cost", str(budget), "--workers", "1",
+            "--executor", "ray", "--out", str(out), "--json"]
+    proc = subprocess.run([sys.executable, "-c", RAY_BUDGET, *args], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    outcome, driver = lines[0], lines[1]
+    assert driver["code"] == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert outcome["status"] == "stopped" and "--max-cost $0.02 reached" in outcome["reason"]
+    assert _journal(out)[-1] == {"type": "eval_ended", "status": "stopped", "reason": outcome["reason"]}
+    trials = _trials(out)
+    assert len(trials) < 4 or any(t["status"].startswith("stopped") for t in trials.values())  # cut short
+    calls = [json.loads(line)["usage"]["cost_usd"] for t in trials.values()
+             for line in (out / t["run_dir"] / "trace.jsonl").read_text().splitlines() if '"model_call"' in line]
+    (spent,) = driver["spent"]  # every call of every trial, cancelled ones included, as the cluster counted it
+    assert budget <= spent <= budget + 2 * max(calls)  # two Ray workers (num_cpus=2), one call each at most
+    assert sum(t["cost_usd"] for t in trials.values()) <= spent + 1e-6  # the journal rounds each trial's cost
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_ray_trials_and_resume_finishes_the_evaluation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGINT once the first trial is journaled (its sibling is still running): exit 130, the finished trial
+    kept, nothing committed or started after it; `--resume` gives the evaluation an uninterrupted run gives."""
+    ids = "sbx_en_001,sbx_en_005,sbx_en_002"
+    args = ["--benchmark", "sandbox", "--ids", ids, "--trials", "2", "--encoder", "hashing", "--workers", "1",
+            "--json"]
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert main(["eval", "run", *args, "--out", str(local)]) == 0
+    capsys.readouterr()
+    proc = subprocess.run([sys.executable, "-c", RAY_INTERRUPTED, *args, "--out", str(remote), "--executor", "ray"],
+                          env=_ray_env(), cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    driver = json.loads(proc.stdout.splitlines()[-1])
+    assert driver["codes"] == [130, 0]
+    entries = _journal(remote)
+    before = entries[:driver["lines"] - 1]  # what the interrupted run journaled
+    assert before[0]["type"] == "eval_started"
+    assert {(e["type"], e["task_id"]) for e in before[1:]} == {("trial_done", "sbx_en_001")}  # 1 or 2 trials
+    assert all(e["status"] == "complete" for e in before[1:])  # a cancelled trial is never journaled
+    _assert_same(local, remote, ids.split(","))
+    done = [(e["task_id"], e["trial"]) for e in entries if e["type"] == "trial_done"]
+    assert sorted(done) == sorted({(i, k) for i in ids.split(",") for k in (1, 2)})  # each trial once
+
+
+class _InProcessTrials:
+    """`RemoteTrials` in this process (the Ray task's own function, `run_detached`, run when its result is
+    asked for): trial 1 of `stopper` sends Ctrl-C once `first`'s two trials have come back, then waits to
+    be cancelled, as a running Ray task would."""
+
+    instances: list[_InProcessTrials] = []
+
+    def __init__(self, address: str | None = None, *, first: str = "sbx_en_001", stopper: str = "sbx_en_005") -> None:
+        self.first, self.stopper = first, stopper
+        self.cancelled: list[tuple[str, int]] = []
+        self.interrupt = not _InProcessTrials.instances  # the first evaluation is interrupted, its resume not
+        self.first_back = threading.Event()
+        self.returned = 0
+        _InProcessTrials.instances.append(self)
+
+    def __enter__(self) -> _InProcessTrials:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def shared_budget(self, max_cost_usd: float | None, spent_usd: float) -> Iterator[None]:
+        yield
+
+    def spent(self) -> float | None:
+        return None
+
+    def submit(self, jobs: Sequence[Any], image: bytes | None) -> list[Any]:
+        return [(job, image, threading.Event()) for job in jobs]
+
+    def result(self, handle: Any) -> Any:
+        from amapreduce.run.eval_trial import run_detached
+
+        job, image, cancelled = handle
+        if self.interrupt and job.task_id == self.stopper and job.trial == 1:
+            assert self.first_back.wait(60), "the first instance's trials never came back"
+            os.kill(os.getpid(), signal.SIGINT)
+            assert cancelled.wait(60), "the running trial was never cancelled"
+        if cancelled.is_set():
+            raise RunError("a trial failed in Ray (TaskCancelledError)")
+        run = run_detached(job, image)
+        if job.task_id == self.first:
+            self.returned += 1
+            if self.returned == 2:
+                self.first_back.set()
+        return run
+
+    def cancel(self, handles: Sequence[Any]) -> None:
+        for job, _, cancelled in handles:
+            self.cancelled.append((job.task_id, job.trial))
+            cancelled.set()
+
+
+def test_ctrl_c_cancels_the_remote_trials_still_running_and_keeps_the_finished_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The cancel path without Ray or a clock: the second instance's trial 1 is running (waiting to be
+    cancelled) when Ctrl-C comes, once both trials of the first instance have come back."""
+    from amapreduce.run.eval_ray import ExecutorSpec
+
+    monkeypatch.setattr("amapreduce.cli.eval_run.executor_spec", lambda flag: ExecutorSpec(flag))  # no Ray here
+    monkeypatch.setattr("amapreduce.run.eval_ray.RayTrials", _InProcessTrials)
+    monkeypatch.setattr(_InProcessTrials, "instances", [])
+    ids = ["sbx_en_001", "sbx_en_005"]
+    args = ["eval", "run", "--benchmark", "sandbox", "--ids", ",".join(ids), "--trials", "2", "--encoder", "hashing",
+            "--workers", "1", "--tasks-parallel", "2", "--json"]
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert main([*args, "--out", str(local), "--executor", "local"]) == 0
+    assert main([*args, "--out", str(remote), "--executor", "ray"]) == 130
+    (interrupted,) = _InProcessTrials.instances
+    assert {("sbx_en_005", 1), ("sbx_en_005", 2)} <= set(interrupted.cancelled)  # both were still running
+    entries = _journal(remote)
+    assert [(e["task_id"], e["trial"]) for e in entries if e["type"] == "trial_done"] == [(ids[0], 1), (ids[0], 2)]
+    assert not any(e["type"] in ("instance_committed", "eval_ended") for e in entries)
+    assert not (remote / "trial1" / f"{ids[1]}.md").exists()
+    assert main(["eval", "run", "--resume", str(remote), "--executor", "ray", "--json"]) == 0
+    resumed = _InProcessTrials.instances[-1]
+    assert not resumed.cancelled
+    _assert_same(local, remote, ids)
+    done = [(e["task_id"], e["trial"]) for e in _journal(remote) if e["type"] == "trial_done"]
+    assert done[:2] == [(ids[0], 1), (ids[0], 2)] and sorted(done[2:]) == [(ids[1], 1), (ids[1], 2)]
+
+
+def test_ctrl_c_in_a_local_evaluation_starts_no_further_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local path stops the same way: the running trial is recorded, the next one never starts (it
+    used to run every remaining trial of the started instances before exiting), and `--resume` finishes."""
+    from amapreduce import journal
+    from amapreduce.run import evaluate
+
+    original, halt, halted = journal.JournalWriter.append, evaluate._TrialRunner.halt, threading.Event()
+
+    def append(self: Any, entry: Any) -> None:
+        original(self, entry)
+        if getattr(entry, "type", "") == "trial_done" and entry.trial == 1 and entry.task_id == "sbx_en_001":
+            os.kill(os.getpid(), signal.SIGINT)
+            assert halted.wait(60), "Ctrl-C never reached the evaluation"  # the signal is handled in the main thread
+
+    def halting(self: Any, stop: Any) -> None:
+        halt(self, stop)
+        halted.set()
+
+    monkeypatch.setattr(journal.JournalWriter, "append", append)
+    monkeypatch.setattr(evaluate._TrialRunner, "halt", halting)
+    out = tmp_path / "ev"
+    args = ["eval", "run", "--benchmark", "sandbox", "--ids", "sbx_en_001,sbx_en_005", "--trials", "2",
+            "--encoder", "hashing", "--workers", "1", "--out", str(out), "--json"]
+    assert main(args) == 130
+    assert [(e["type"], e.get("trial")) for e in _journal(out)] == [("eval_started", None), ("trial_done", 1)]
+    monkeypatch.setattr(journal.JournalWriter, "append", original)
+    assert main(["eval", "run", "--resume", str(out), "--json"]) == 0
+    assert sorted(_trials(out)) == [(i, k) for i in ("sbx_en_001", "sbx_en_005") for k in (1, 2)]
 
 
 def test_executor_flag_and_variable_are_checked_before_anything_is_made(

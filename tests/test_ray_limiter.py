@@ -215,3 +215,41 @@ def test_nothing_imports_ray_unless_asked() -> None:
             "print('ray' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert proc.stdout.strip() == "False"
+
+
+def test_a_worker_meter_holds_its_own_budget_and_the_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ClusterMeter` checks the worker's own budget (an evaluation trial's `--max-tokens`, as a local
+    trial's meter does) and then the cluster's spend against the run's budget; both in the one
+    wording of a spent budget. A stand-in for Ray's `get` and the actor: no cluster needed."""
+    from amapreduce.errors import BudgetExceeded
+    from amapreduce.llm.meter import Budget
+    from amapreduce.llm.usage import Usage
+    from amapreduce.run import ray_limits
+
+    class Actor:
+        spent_so_far = (0.0, 0)
+
+        class _Remote:
+            def __init__(self, fn: Any) -> None:
+                self.remote = fn
+
+        def __init__(self) -> None:
+            self.spent = self._Remote(lambda: self.spent_so_far)
+            self.spend = self._Remote(lambda cost, tokens: None)
+
+    class FakeRay:
+        @staticmethod
+        def get(value: Any) -> Any:
+            return value
+
+    monkeypatch.setattr(ray_limits, "_ray", lambda: FakeRay)
+    actor = Actor()
+    meter = ray_limits.ClusterMeter(actor, Budget(max_cost_usd=1.0), local_budget=Budget(max_tokens=100))
+    meter.check()
+    meter.record("subagent", "m", Usage(requests=1, input_tokens=60, output_tokens=40))
+    with pytest.raises(BudgetExceeded, match="token budget of 100 is spent \\(100 tokens\\)"):
+        meter.check()
+    other = ray_limits.ClusterMeter(actor, Budget(max_cost_usd=1.0), local_budget=Budget(max_tokens=100))
+    actor.spent_so_far = (1.5, 10)
+    with pytest.raises(BudgetExceeded, match="cost budget of \\$1 is spent across the cluster"):
+        other.check()

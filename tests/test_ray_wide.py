@@ -10,11 +10,14 @@ their own tasks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ import sys
 import ray
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 from amapreduce.cli.app import main
-code = main(["mapreduce", "run", *sys.argv[1:]])
+code = main(sys.argv[1:])
 ray.shutdown()
 sys.exit(code)
 """
@@ -47,15 +50,21 @@ def _decision(tmp_path: Path) -> Path:
 
 
 def _sub_agent(messages: list[Any], info: Any) -> Any:
-    from amapreduce.llm.messages import message_text
     from amapreduce.testing.scripted import final_answer
 
-    asked = re.findall(r"code of (item\d{3}) \(region (\w+)\)\?",
-                       "\n".join(message_text(m) for m in messages).rsplit("Sub-questions:", 1)[-1])
+    asked = _asked(messages)
     # item005 has no code anywhere (a missing cell, asked again in a patch round); the rest are found
     return final_answer(json.dumps([{"task": k + 1, "item": item, "region": region,
                                      "code": "n/a" if item == "item005" else item.upper()}
                                     for k, (item, region) in enumerate(asked)]))
+
+
+def _asked(messages: list[Any]) -> list[tuple[str, str]]:
+    """The (item, region) pairs a sub-agent's prompt asks for."""
+    from amapreduce.llm.messages import message_text
+
+    return re.findall(r"code of (item\d{3}) \(region (\w+)\)\?",
+                      "\n".join(message_text(m) for m in messages).rsplit("Sub-questions:", 1)[-1])
 
 
 def _result(runs: Path) -> tuple[dict[str, Any], Path]:
@@ -80,7 +89,7 @@ def test_a_wide_run_on_ray_gives_the_local_table(
         env.update(AMAPREDUCE_ENV_FILE=os.devnull, RAY_USAGE_STATS_ENABLED="0",
                    AMAPREDUCE_RUNS_DIR=str(tmp_path / "ray"))
         # --max-batches 2: locally a refusal (4 batches); on Ray, 2 chunks of 2 batches
-        proc = subprocess.run([sys.executable, "-c", RAY_DRIVER, *args, "--max-batches", "2", "--executor", "ray"],
+        proc = subprocess.run([sys.executable, "-c", RAY_DRIVER, "mapreduce", "run", *args, "--max-batches", "2", "--executor", "ray"],
                               env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 3, proc.stderr[-3000:]
     ray_out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -118,7 +127,7 @@ def test_a_budget_spent_across_the_cluster_stops_every_chunk_and_keeps_the_rows_
     env.update(AMAPREDUCE_ENV_FILE=os.devnull, RAY_USAGE_STATS_ENABLED="0", AMAPREDUCE_RUNS_DIR=str(tmp_path / "ray"),
                AMAPREDUCE_MAX_TOKENS="1")
     with OpenAICompatibleServer(FunctionModel(_sub_agent, model_id="sim-model")) as server, allow_model_requests():
-        proc = subprocess.run([sys.executable, "-c", RAY_DRIVER, str(_decision(tmp_path)), "--model", "sim-model",
+        proc = subprocess.run([sys.executable, "-c", RAY_DRIVER, "mapreduce", "run", str(_decision(tmp_path)), "--model", "sim-model",
                                "--api-base", server.base_url, "--workers", "1", "--json", "--max-batches", "1",
                                "--executor", "ray"],
                               env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
@@ -130,6 +139,104 @@ def test_a_budget_spent_across_the_cluster_stops_every_chunk_and_keeps_the_rows_
     found = [r for r in record["table"]["rows"] if r["cells"]["code"]["status"] == "found"]
     assert requests <= len(found) <= 2 * requests  # the answers of the calls that went out are kept
     assert record["executor"]["chunks"] == 4 and record["executor"]["finished"] <= 4
+
+
+class _Held:
+    """The simulated sub-agent (`_sub_agent`), counting what each stage asks; while `hold` is
+    set, a question for a row of `held` waits until the test lets it go (its chunk never returns)."""
+
+    def __init__(self, held: set[str]) -> None:
+        self.held, self.stage = held, "local"
+        self.asked: dict[str, list[list[str]]] = {"local": [], "killed": [], "resume": []}
+        self.hold, self.release = False, threading.Event()
+
+    def __call__(self, messages: list[Any], info: Any) -> Any:
+        items = [item for item, _ in _asked(messages)]
+        stage = self.stage
+        self.asked[stage].append(items)
+        if self.hold and stage == "killed" and self.held & set(items):
+            self.release.wait(120)
+        return _sub_agent(messages, info)
+
+
+@pytest.mark.slow
+def test_a_killed_wide_run_resumes_without_asking_its_finished_chunk_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL the driver once chunk 0 is journaled (chunk 1's questions are held), then
+    `runs resume` on Ray: the table is a local run's, and chunk 0's rows are never asked again."""
+    from amapreduce.decision.model import load_decision
+    from amapreduce.llm.guard import allow_model_requests
+    from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.run.wide_ray import chunk_plan
+    from amapreduce.testing.openai_server import OpenAICompatibleServer
+    from amapreduce.testing.scripted import FunctionModel
+
+    decision = _decision(tmp_path)
+    (first, _), (second, _) = chunk_plan(load_decision(str(decision)),
+                                         plan_batches(load_decision(str(decision)), max_batches=None), 2)
+    model = _Held({f"item{i:03d}" for i in second})
+    monkeypatch.setenv("AMAPREDUCE_RUNS_DIR", str(tmp_path / "local"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMAPREDUCE_")}
+    env.update(AMAPREDUCE_ENV_FILE=os.devnull, RAY_USAGE_STATS_ENABLED="0", AMAPREDUCE_RUNS_DIR=str(tmp_path / "ray"))
+    with OpenAICompatibleServer(FunctionModel(model, model_id="sim-model")) as server, allow_model_requests():
+        args = [str(decision), "--model", "sim-model", "--api-base", server.base_url, "--workers", "1", "--json"]
+        assert main(["mapreduce", "run", *args]) == 3
+        capsys.readouterr()
+        model.stage, model.hold = "killed", True
+        err = tmp_path / "driver.err"
+        with err.open("w") as stderr:
+            driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, "mapreduce", "run", *args, "--max-batches",
+                                       "2", "--executor", "ray"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                      stderr=stderr, start_new_session=True)
+        try:
+            journal = _wait_for_chunk(tmp_path / "ray", driver, err)
+        finally:
+            _kill_session(driver.pid)  # the driver, and the local Ray it started (its workers too)
+            driver.wait()
+            model.release.set()
+        lines = journal.read_text(encoding="utf-8").splitlines()
+        assert sum('"chunk_done"' in line for line in lines) == 1 and '"run_end"' not in lines[-1]
+        model.stage = "resume"
+        proc = subprocess.run([sys.executable, "-c", RAY_DRIVER, "runs", "resume", str(journal.parent), "--json"],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    mine, local_dir = _result(tmp_path / "local")
+    theirs, ray_dir = _result(tmp_path / "ray")
+    assert theirs["table"] == mine["table"]
+    assert (local_dir / "table.csv").read_text() == (ray_dir / "table.csv").read_text()
+    assert theirs["completeness"] == mine["completeness"] and theirs["status"] == "incomplete"
+    assert theirs["executor"] == {"kind": "ray", "chunks": 2, "finished": 2}
+    # the finished chunk's usage came from the journal: the run spent what a local run spends
+    assert theirs["usage"]["by_role"] == mine["usage"]["by_role"]
+    # the resume asked only chunk 1's rows, as many times as the local run asked them
+    kept = {f"item{i:03d}" for i in first}
+    assert model.asked["resume"] and not kept & {item for items in model.asked["resume"] for item in items}
+    assert len(model.asked["resume"]) == sum(1 for items in model.asked["local"] if not kept & set(items))
+    assert server.request_count == sum(len(v) for v in model.asked.values())
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` (the driver's: Ray's workers have process groups of
+    their own, so killing the driver's group would leave a worker asking on)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getsid(int(entry.name)) == sid:
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _wait_for_chunk(runs: Path, driver: subprocess.Popen[bytes], err: Path) -> Path:
+    """The journal of the run in `runs` once it records a finished chunk (the driver must still run)."""
+    for _ in range(3000):  # each turn waits for the driver for 0.05 s at most: 150 s in all
+        journals = list(runs.glob("*/journal.jsonl"))
+        if journals and '"chunk_done"' in journals[0].read_text(encoding="utf-8"):
+            return journals[0]
+        try:
+            driver.wait(0.05)
+        except subprocess.TimeoutExpired:
+            continue
+        raise AssertionError(f"the driver ended before a chunk was journaled: {err.read_text()[-3000:]}")
+    raise AssertionError("no chunk was journaled")
 
 
 def test_executor_flag_and_variable_are_checked_before_a_run_is_made(
@@ -185,7 +292,9 @@ class _FakeRay:
         RayError = RuntimeError
 
     def __init__(self, finish: Any) -> None:
-        self.finish, self.waits, self.cancelled, self.submitted = finish, 0, [], []
+        self.finish, self.waits = finish, 0
+        self.cancelled: list[_Ref] = []
+        self.submitted: list[_Ref] = []
 
     def is_initialized(self) -> bool:
         return True

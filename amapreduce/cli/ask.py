@@ -49,9 +49,14 @@ def ask(
         "as $0: price them in the JSON file named by AMAPREDUCE_PRICES_FILE, or use --max-tokens.")),
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="Stop after this many tokens."),
     otel: opt.OtelOpt = False,
+    executor: opt.ExecutorOpt = None,
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
-    """Answer a wide-search question with a table (manager + parallel search sub-agents)."""
+    """Answer a wide-search question with a table (manager + parallel search sub-agents).
+
+    With --executor ray, the manager runs here and a decision of more batches than one chunk
+    (4 per --workers) runs its chunks as Ray tasks, all under one cluster-wide rate limit and budget.
+    """
     from amapreduce.run.ask import run_ask
     from amapreduce.run.wiring import check_run_setup, require_model
     from amapreduce.settings import load_settings
@@ -63,9 +68,10 @@ def ask(
         otel=otel or None, mcp=mcp, mcp_manager=mcp_manager or None, verify=verify,
     )
     require_model(settings)
+    spec = opt.executor_spec(executor)
     store = _memory_store(memory, no_memory, settings.memory_store)
     check_run_setup(settings, ("manager", "subagent", "extraction", *(("memory",) if store is not None else ())))
-    outcome = run_ask(query, settings, memory_store=store, show_progress=None if not as_json else False)
+    outcome = run_ask(query, settings, memory_store=store, show_progress=None if not as_json else False, executor=spec)
     report_ask(outcome, as_json=as_json, out=out, csv_out=csv_out, evidence=evidence)
 
 
@@ -198,7 +204,9 @@ def runs_resume(
 
     Batches the run's journal marks done are not run again; the rest, the patch rounds and the
     final table follow, with the run's own settings. For `ask`, the decisions the manager had
-    executed are reused: the manager is not asked again. A run that already finished is left as
+    executed are reused: the manager is not asked again. A `mapreduce run` on Ray (--executor
+    ray) resumes on Ray, on the cluster it ran on: the chunks it had finished are replayed from
+    the journal, not run again. A run that already finished is left as
     it is (exit 0, a message on stderr, nothing on stdout); a folder without a journal exits 2;
     otherwise the exit code says how the resumed run ended, as for the command that started it.
     """

@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from amapreduce.cli.exit_codes import EVAL_EXIT_CODES_HELP
-from amapreduce.cli.options import OtelOpt
+from amapreduce.cli.options import ExecutorOpt, OtelOpt, executor_spec
 from amapreduce.errors import UserError
 
 if TYPE_CHECKING:
     from amapreduce.evaluation.loaders import TaskSpec
     from amapreduce.run.eval_journal import EvalConfig
-    from amapreduce.run.eval_ray import ExecutorSpec
     from amapreduce.run.evaluate import SimulatedModels
     from amapreduce.settings import Settings
 
@@ -103,10 +102,7 @@ def run(
         "--max-cost", min=0.0, help="Stop starting trials once the evaluation has spent this many USD.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the evaluation in DIR / --out.")] = False,
     otel: OtelOpt = False,
-    executor: Annotated[str | None, typer.Option(
-        "--executor", help="Where trials run: local (threads here), ray (a Ray instance on this machine) or "
-        "ray:ADDRESS (a running cluster). Default: AMAPREDUCE_EXECUTOR, else local. Ray needs: "
-        "pip install 'amapreduce[ray]'.")] = None,
+    executor: ExecutorOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")] = False,
 ) -> None:
     """Run a benchmark end to end (manager, mapreduce, sub-agents), score it, and let the memory learn.
@@ -128,7 +124,7 @@ def run(
     if resume_dir is not None and not resume:
         raise UserError(f"unexpected argument {str(resume_dir)!r}; to continue an evaluation use --resume.")
     base = load_settings(model=model, api_base=api_base, workers=workers, otel=otel or None)
-    spec = _executor(executor)
+    spec = executor_spec(executor)
     if benchmark is None:
         if not resume:
             raise UserError("--benchmark is required: widesearch, deepwidesearch or sandbox.")
@@ -213,20 +209,6 @@ def _config(benchmark: str, folder: Path, settings: Settings, *, tasks: Path | N
                       else defaults.delay_weight),
         max_cost_usd=max_cost or None,
     )
-
-
-def _executor(flag: str | None) -> ExecutorSpec:
-    """The `--executor` flag, else `AMAPREDUCE_EXECUTOR` (the `.env` file included), else local;
-    Ray must be importable when asked for (checked before the evaluation folder exists)."""
-    import os
-
-    from amapreduce.run.eval_ray import EXECUTOR_VARIABLE, parse_executor, require_ray
-
-    value = flag if flag is not None else os.environ.get(EXECUTOR_VARIABLE) or "local"
-    spec = parse_executor(value, source="--executor" if flag is not None else EXECUTOR_VARIABLE)
-    if spec.kind == "ray":
-        require_ray()
-    return spec
 
 
 def _check_setup(config: EvalConfig, settings: Settings, *, simulated: bool) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "Price",
     "PriceTable",
     "UsageMeter",
+    "check_budget",
     "format_cost",
     "format_recorded_cost",
     "litellm_offline",
@@ -196,6 +197,23 @@ def format_recorded_cost(cost_usd: object, unpriced_models: object) -> str:
     return format_cost(float(cost_usd))
 
 
+def check_budget(budget: Budget, cost_usd: float, tokens: int, *, where: str = "") -> None:
+    """Raise `BudgetExceeded` when `cost_usd` or `tokens` have reached `budget`: the one wording of a
+    spent budget, for this process's meter and for a Ray cluster's (`where`: " across the cluster")."""
+    if budget.max_cost_usd is not None and cost_usd >= budget.max_cost_usd:
+        raise BudgetExceeded(
+            f"the cost budget of ${budget.max_cost_usd:g} is spent{where} (${cost_usd:.4f}); the run stops with "
+            "the rows found so far. Raise --max-cost to go further.",
+            kind="cost",
+        )
+    if budget.max_tokens is not None and tokens >= budget.max_tokens:
+        raise BudgetExceeded(
+            f"the token budget of {budget.max_tokens} is spent{where} ({tokens} tokens); the run stops with "
+            "the rows found so far. Raise --max-tokens to go further.",
+            kind="tokens",
+        )
+
+
 class UsageMeter:
     """Thread-safe usage and cost accounting for one run, with an optional budget."""
 
@@ -211,19 +229,7 @@ class UsageMeter:
     def check(self) -> None:
         """Raise `BudgetExceeded` when the budget is already spent (called before each call)."""
         total = self.total()
-        b = self.budget
-        if b.max_cost_usd is not None and total.cost_usd >= b.max_cost_usd:
-            raise BudgetExceeded(
-                f"the cost budget of ${b.max_cost_usd:g} is spent (${total.cost_usd:.4f}); the run stops with "
-                "the rows found so far. Raise --max-cost to go further.",
-                kind="cost",
-            )
-        if b.max_tokens is not None and total.total_tokens >= b.max_tokens:
-            raise BudgetExceeded(
-                f"the token budget of {b.max_tokens} is spent ({total.total_tokens} tokens); the run stops with "
-                "the rows found so far. Raise --max-tokens to go further.",
-                kind="tokens",
-            )
+        check_budget(self.budget, total.cost_usd, total.total_tokens)
 
     def record(self, role: str, model_id: str, usage: Usage) -> Usage:
         """Add one call's usage (its cost filled in from the price table); return it priced.

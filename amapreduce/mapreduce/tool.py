@@ -143,6 +143,7 @@ class MapReduceTool(Tool):
         merger: Merger | None = None,
         context_window: int | Callable[[], int] = DEFAULT_CONTEXT_WINDOW,
         on_execute: Callable[[Decision, BatchPlan | None], None] | None = None,
+        wide: Callable[[Decision, BatchPlan], MapReduceResult | None] | None = None,
     ) -> None:
         super().__init__()
         if max_calls < 1:
@@ -163,6 +164,10 @@ class MapReduceTool(Tool):
         self.on_execute = on_execute
         """Told of each decision before it runs (with its plan; None for a composed one): `ask` keeps
         the decisions the manager executed, which a composed one's journal entries do not show."""
+        self.wide = wide
+        """Runs a plain decision's plan elsewhere when it is too wide for one engine run (`ask
+        --executor ray` gives one: its chunks on Ray), returning the merged result, or None to run
+        it here. Injected, since this layer knows no executor; its executions are not journaled."""
         self._context_window = context_window
         """The merge model's context window, or how to find it (looked up once, when a discovery runs)."""
         self._lock = threading.Lock()
@@ -339,6 +344,12 @@ class MapReduceTool(Tool):
         composed = decision.discover is not None or decision.child is not None
         if self.on_execute is not None:
             self.on_execute(decision, None if composed else plan)
+        elsewhere = self.wide(decision, plan) if self.wide is not None and plan is not None and not composed else None
+        if elsewhere is not None:
+            rows = self._accumulate(decision, elsewhere)
+            if elsewhere.ending.status.ended_early:
+                raise RunCancelled(f"{elsewhere.ending.reason}; `partial` holds the rows found so far", partial=elsewhere)
+            return elsewhere, rows
         try:
             result = run_decision(
                 self.engine, decision, plan=None if composed else plan, checkpoint=self.checkpoint,

@@ -9,7 +9,8 @@ Resuming (`runs resume`) runs the manager's decisions again without the manager.
 decision is one engine execution, which the journal records; a composed one (`discover`,
 `child`) is several, none of which is the manager's decision. So once the manager executes a
 composed decision, the run keeps the decisions it executed, in order, in `executed.json`
-(`EXECUTED_FILE`), and a resume runs those.
+(`EXECUTED_FILE`), and a resume runs those. An `ask --executor ray` keeps them from the first
+one: a decision run in chunks on Ray is not journaled, so a resume runs it again, here.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ if TYPE_CHECKING:
     from amapreduce.mapreduce.batching import BatchPlan
     from amapreduce.mapreduce.prior import PriorProvider
     from amapreduce.mapreduce.tool import MapReduceTool
+    from amapreduce.run.eval_ray import ExecutorSpec
     from amapreduce.run.run_journal import RunJournal
     from amapreduce.run.rundir import RunDir
+    from amapreduce.run.wide_ray import WideSession
 
 __all__ = ["EXECUTED_FILE", "AskOutcome", "check_memory_store", "resume_ask_run", "run_ask"]
 
@@ -59,14 +62,15 @@ EXECUTED_FILE = "executed.json"
 
 
 class _Executed:
-    """Keeps the decisions the `mapreduce` tool executes, in order; from the first composed one on,
-    writes them all to the run directory (atomically) before each runs."""
+    """Keeps the decisions the `mapreduce` tool executes, in order; from the first composed one on
+    (`always`: from the first; an `ask` on Ray, whose wide executions are not journaled), writes
+    them all to the run directory (atomically) before each runs."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, always: bool = False) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._entries: list[dict[str, Any]] = []
-        self._composed = False
+        self._composed = always
 
     def __call__(self, decision: Decision, plan: BatchPlan | None) -> None:
         from amapreduce.mapreduce.checkpoint import plan_manifest
@@ -159,6 +163,7 @@ def run_ask(
     task_id: str | None = None,
     show_progress: bool | None = None,
     kind: RunKind = RunKind.ASK,
+    executor: ExecutorSpec | None = None,
 ) -> AskOutcome:
     """Answer `query` with the manager, the mapreduce tool and search sub-agents.
 
@@ -176,19 +181,51 @@ def run_ask(
         show_progress: False: no progress; True: force the live display; None (default): the live
             display on a terminal, else plain timestamped lines on stderr (`run.progress`).
         kind: what the run is listed as (`demo` and `eval` for the demo's and an evaluation's runs).
+        executor: `ray[:ADDRESS]`: the manager runs here, and an execution whose plan is more than
+            one chunk runs its chunks on Ray (`run.wide_ray.WideSession`); the manager, the
+            sub-agents here and every chunk share one cluster limiter and budget. None or `local`:
+            everything runs here.
 
     Raises:
         UserError: `memory_store` holds no store (checked before a run directory is made).
         Exception: any other setup or run failure, re-raised after `result.json` is written with
             status `failed` and the error message.
     """
+    if prior_provider is None and memory_store is not None:
+        check_memory_store(memory_store)
+    with contextlib.ExitStack() as cluster:
+        session: WideSession | None = None
+        if executor is not None and executor.kind == "ray":  # before the run directory: Ray unreachable is a usage error
+            from amapreduce.llm.factory import new_meter
+            from amapreduce.run.wide_ray import wide_session
+
+            session = cluster.enter_context(wide_session(meter or new_meter(settings), address=executor.address))
+            meter = session.meter
+        return _ask(query, settings, session=session, inner=inner, web_tools=web_tools, meter=meter,
+                    prior_provider=prior_provider, memory_store=memory_store, task_id=task_id,
+                    show_progress=show_progress, kind=kind)
+
+
+def _ask(
+    query: str,
+    settings: Settings,
+    *,
+    session: WideSession | None,
+    inner: InnerFactory | None,
+    web_tools: list[Tool] | None,
+    meter: UsageMeter | None,
+    prior_provider: PriorProvider | None,
+    memory_store: Path | None,
+    task_id: str | None,
+    show_progress: bool | None,
+    kind: RunKind,
+) -> AskOutcome:
+    """`run_ask` in its run directory (on `session`'s Ray when given)."""
     from smolagents.utils import AgentError
 
     from amapreduce.agents.manager import build_manager
     from amapreduce.mapreduce.tool import MapReduceTool
 
-    if prior_provider is None and memory_store is not None:
-        check_memory_store(memory_store)
     answer: Any = None
     stopped: RunEnding | None = None
     interrupted: BaseException | None = None
@@ -214,7 +251,8 @@ def run_ask(
                 checkpoint=run.checkpoint,
                 merger=parts.merger,
                 context_window=parts.context_window,
-                on_execute=_Executed(run.run_dir.path / EXECUTED_FILE),
+                on_execute=_Executed(run.run_dir.path / EXECUTED_FILE, always=session is not None),
+                wide=session.executor(settings, run.run_dir.trace) if session is not None else None,
             )
             manager = build_manager(
                 parts.models["manager"], [*parts.manager_tools, tool],

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from amapreduce.evaluation.runner import EvalOptions
 
 __all__ = [
+    "progress_line",
     "BENCHMARKS",
     "ENTRIES",
     "JOURNAL",
@@ -233,3 +234,13 @@ def results_document(config: EvalConfig, out: Path, tasks: Mapping[str, TaskSpec
         "memory": memory,
         "utility": UtilityWeights(cost=config.cost_weight, delay=config.delay_weight).to_json(),
     }
+
+
+def progress_line(config: EvalConfig, trials: list[TrialDone], committed: int, running: int) -> str:
+    """The evaluation's one line of progress: instances committed, trials finished and running, cost, mean Item F1."""
+    f1 = [float(t.metrics.get("f1_by_item") or 0.0) for t in trials]
+    mean = f"{sum(f1) / len(f1):.3f}" if f1 else "-"
+    cost = sum(t.cost_usd for t in trials)
+    return (f"tasks {committed}/{len(config.task_ids)} done, trials {len(trials)}/"
+            f"{len(config.task_ids) * config.trials} finished, {running} running, cost ${cost:.4f}, "
+            f"mean Item F1 {mean}")

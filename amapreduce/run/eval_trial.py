@@ -6,8 +6,9 @@ another machine (`run.eval_ray`). So everything that crosses is plain data (sett
 numbers, bytes), never an engine, a lock, an open store or a model: the worker builds its parts
 from the settings, as a local trial does.
 
-What stays with the driver: the answer file, the score, the journal line, the budget and every
-memory commit (`run.evaluate`). What a remote trial needs of the memory is its instance's frozen
+What stays with the driver: the answer file, the score, the journal line and every memory commit
+(`run.evaluate`). The budget is the evaluation's: a remote trial reaches the cluster's limiter by
+plain data (`TrialJob.limits`) and meters its calls against the one `--max-cost` of all trials. What a remote trial needs of the memory is its instance's frozen
 snapshot, shipped as a SQLite database image (`snapshot_image`, read back by `open_snapshot_image`),
 so a trial on Ray reads exactly what a local trial of the same instance reads. A remote trial's run
 folder is written in a scratch folder of the worker and shipped back whole (`TrialRun.files`); the
@@ -16,10 +17,11 @@ driver writes it under the evaluation folder (`write_run_files`).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,10 +31,11 @@ from amapreduce.errors import ProviderRejected, RunError, find_cause
 from amapreduce.run.eval_journal import PriorRecord
 
 if TYPE_CHECKING:
-    from amapreduce.llm.meter import Price
+    from amapreduce.llm.meter import Price, UsageMeter
     from amapreduce.llm.usage import Usage
     from amapreduce.memory import ExperientialMemory
     from amapreduce.run.evaluate import SimulatedModels
+    from amapreduce.run.ray_limits import ClusterLimits
     from amapreduce.run.wiring import InnerFactory
     from amapreduce.settings import Settings
 
@@ -63,6 +66,9 @@ class TrialJob:
     models: Callable[[], SimulatedModels] | None = None
     """Builds the simulated models of an offline evaluation in the process that runs the trial (a
     module-level function, so it crosses to a worker by name); None: the settings' real models."""
+    limits: ClusterLimits | None = None
+    """The evaluation's cluster limiter (`run.ray_limits`): the providers' windows and breakers and
+    the `--max-cost` every remote trial draws on (None: the trial's own, as a local run)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +97,13 @@ class TrialRun:
 class RemoteTrials(Protocol):
     """Runs trials away from the driver (`run.eval_ray.RayTrials`)."""
 
+    def shared_budget(self, max_cost_usd: float | None, spent_usd: float) -> contextlib.AbstractContextManager[None]:
+        """Inside: every trial submitted draws on one budget of `max_cost_usd`, `spent_usd` of it
+        spent already, and on one quota per provider, whatever machine runs it."""
+
+    def spent(self) -> float | None:
+        """Dollars spent so far across the trials, running ones included (None: not known)."""
+
     def submit(self, jobs: Sequence[TrialJob], image: bytes | None) -> list[Any]:
         """Start `jobs` (the trials of one instance, sharing its snapshot `image`); one handle each."""
 
@@ -102,13 +115,18 @@ class RemoteTrials(Protocol):
         """
 
     def cancel(self, handles: Sequence[Any]) -> None:
-        """Give up on trials whose results will not be read."""
+        """Stop trials whose results will not be read (a finished one keeps its result); a running
+        one ends as a local trial ends on Ctrl-C, and `result` then raises `RunError` for it."""
 
 
 def execute_trial(job: TrialJob, *, runs_dir: Path, simulated: SimulatedModels | None,
-                  prior_provider: ExperientialMemory | None) -> TrialRun:
+                  prior_provider: ExperientialMemory | None, meter: UsageMeter | None = None) -> TrialRun:
     """Run the trial's whole `ask` pipeline into a new folder under `runs_dir`; never raises for a
-    failed run (it comes back with status `failed`), only for what stops this process."""
+    failed run (it comes back with status `failed`), only for what stops this process
+    (`KeyboardInterrupt`: Ctrl-C here, or a cancelled remote trial).
+
+    `meter`: the run's meter (a remote trial's is charged to the cluster's budget); None: one from
+    the settings, priced as the simulated models are when they run the trial."""
     from amapreduce.llm.factory import new_meter
     from amapreduce.run.ask import run_ask
     from amapreduce.run.run_journal import RunKind
@@ -116,7 +134,8 @@ def execute_trial(job: TrialJob, *, runs_dir: Path, simulated: SimulatedModels |
     settings = job.settings.model_copy(update={"runs_dir": runs_dir})
     inner: InnerFactory | None = simulated.inner_for(job.task_id, job.trial) if simulated is not None else None
     prices: Mapping[str, Price] | None = simulated.prices_by_prefix if simulated is not None else None
-    meter = new_meter(settings, prices_by_prefix=prices) if prices is not None else None
+    if meter is None and prices is not None:
+        meter = new_meter(settings, prices_by_prefix=prices)
     started = time.perf_counter()
     try:
         outcome = run_ask(job.query, settings, inner=inner, meter=meter, prior_provider=prior_provider,
@@ -183,15 +202,36 @@ def open_snapshot_image(image: bytes, folder: Path, *, config: Mapping[str, Any]
 
 def run_detached(job: TrialJob, image: bytes | None) -> TrialRun:
     """Run a trial away from the driver (a Ray worker): build its models and its snapshot from
-    plain data, run it in a scratch folder, and ship the run folder back in the result."""
+    plain data, run it in a scratch folder, and ship the run folder back in the result. With
+    `job.limits`, its model calls draw on the cluster's windows, breakers and budget."""
     simulated = job.models() if job.models is not None else None
+    with _cluster(job, simulated.prices_by_prefix if simulated is not None else None) as meter:
+        return _detached(job, image, simulated, meter)
+
+
+@contextlib.contextmanager
+def _cluster(job: TrialJob, prices: Mapping[str, Price] | None) -> Iterator[UsageMeter | None]:
+    """Inside: the cluster's limits in force, and the trial's meter charged to its budget (None:
+    no limits; the trial meters itself as a local one)."""
+    if job.limits is None:
+        yield None
+        return
+    from amapreduce.run.ray_limits import cluster_limits, cluster_meter  # Ray's side: only where it runs
+
+    with cluster_limits(job.limits):
+        yield cluster_meter(job.limits, job.settings, prices_by_prefix=prices)
+
+
+def _detached(job: TrialJob, image: bytes | None, simulated: SimulatedModels | None,
+              meter: UsageMeter | None) -> TrialRun:
     with tempfile.TemporaryDirectory(prefix="amapreduce-trial-") as scratch:
         snapshot = None
         if image is not None:
             model = simulated.memory_model if simulated is not None else memory_model_for(job.settings)
             snapshot = open_snapshot_image(image, Path(scratch) / "memory", config=job.memory_config, model=model)
         try:
-            run = execute_trial(job, runs_dir=Path(scratch) / "runs", simulated=simulated, prior_provider=snapshot)
+            run = execute_trial(job, runs_dir=Path(scratch) / "runs", simulated=simulated, prior_provider=snapshot,
+                                meter=meter)
         finally:
             if snapshot is not None:
                 snapshot.close()

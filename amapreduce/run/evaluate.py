@@ -27,6 +27,12 @@ never committed twice even when the crash fell between the commit and its journa
 unfinished trial is rerun from scratch. With K > 1 the trials rerun after a crash read the memory
 as it is at resume time (the snapshot of their killed siblings cannot be rebuilt).
 
+**Stops.** On Ray the trials draw on one budget across the cluster (`RemoteTrials.shared_budget`).
+Once it is spent (exit 4), on a refusal, or on Ctrl-C (exit 130) no trial starts and the remote
+ones still running are cancelled; finished trials are journaled (one the budget cut short too, as
+here), and `--resume` reruns the cancelled ones (what they spent is not journaled). Locally the
+same stop starts no further trial and waits for the running ones (a thread cannot be cancelled).
+
 **Refusal.** A trial whose run the provider refused for good (`ProviderRejected`: a wrong key, no
 access, no such model, an invalid request; `RunEnding.rejected`) stops the whole evaluation
 `failed` at once, since every later trial would be refused the same way: the refused trial is not
@@ -38,20 +44,21 @@ trial folders, so rescoring them reproduces it exactly.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce._atomic import atomic_open
-from amapreduce.errors import UserError
+from amapreduce.errors import RunError, UserError
 from amapreduce.journal import JournalWriter, read_journal
-from amapreduce.run.commit import pool_counts
-from amapreduce.run.eval_commit import commit_trials, write_memory_log
+from amapreduce.run.eval_commit import commit_trials, memory_size, open_memory, trial_done, write_memory_log
 from amapreduce.run.eval_journal import (
     ENTRIES,
     JOURNAL,
@@ -61,6 +68,7 @@ from amapreduce.run.eval_journal import (
     EvalStarted,
     InstanceCommitted,
     TrialDone,
+    progress_line,
     results_document,
 )
 from amapreduce.run.eval_trial import TrialJob, TrialRun, execute_trial, snapshot_image, write_run_files
@@ -206,7 +214,7 @@ def run_benchmark(
     for k in range(1, config.trials + 1):
         (out / f"trial{k}").mkdir(exist_ok=True)
     fresh = not journal_path.exists()
-    memory, before = _open_memory(config, simulated, memory_model)
+    memory, before = open_memory(config, simulated.memory_model if simulated is not None else memory_model)
     after = before
     budget = _Budget(config.max_cost_usd, sum(t.cost_usd for t in state.trials.values()))
     stopped: _Stop | None = None
@@ -216,10 +224,13 @@ def run_benchmark(
         before = state.memory_before or before
         runner = _TrialRunner(config=config, out=out, tasks=tasks, settings=settings, options=options,
                               simulated=simulated, journal=journal, state=state, budget=budget, remote=remote)
+        shared = (remote.shared_budget(config.max_cost_usd, budget.spent) if remote is not None
+                  else contextlib.nullcontext())
         try:
-            stopped = _drive(config, runner, memory, journal, state, out, max(1, tasks_parallel), progress)
+            with shared:
+                stopped = _drive(config, runner, memory, journal, state, out, max(1, tasks_parallel), progress)
             if memory is not None:
-                after = _size(memory)
+                after = memory_size(memory)
         finally:
             if memory is not None:
                 memory.close()
@@ -234,88 +245,87 @@ def run_benchmark(
     return EvalRunOutcome(out=out, status=status, reason=reason, results=results)
 
 
-def _open_memory(config: EvalConfig, simulated: SimulatedModels | None,
-                 memory_model: Any | None) -> tuple[ExperientialMemory | None, dict[str, int]]:
-    if config.memory_store is None:
-        return None, {"records": 0, "hints": 0}
-    from amapreduce.memory import ExperientialMemory, MemoryConfig
-
-    model = simulated.memory_model if simulated is not None else memory_model
-    memory = ExperientialMemory(Path(config.memory_store), config=MemoryConfig(**config.memory_config),
-                                model=model, encoder=config.encoder)
-    return memory, _size(memory)
-
-
-def _size(memory: ExperientialMemory) -> dict[str, int]:
-    """Records and hints, as `results.json`'s memory block counts them before and after."""
-    counts = pool_counts(memory)
-    return {"records": counts["records"], "hints": counts["hints"]}
-
-
 def _drive(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory | None, journal: JournalWriter,
            state: _State, out: Path, parallel: int, progress: Callable[[str], None] | None) -> _Stop | None:
     """Start instances in task order (at most `parallel` uncommitted at once) and commit them in order;
-    the first stop (budget or refusal) ends it once the started instances finish their trials."""
+    the first stop (budget or refusal) halts the runner and ends it once the started instances have
+    settled (`_TrialRunner.halt`). Ctrl-C (or any error) halts it the same way, then propagates."""
+    futures: dict[str, Future[list[TrialDone]]] = {}
+    sessions: dict[str, InstanceSession | None] = {}
+    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="eval-task") as pool:
+        try:
+            stopped = _commit_in_order(config, runner, memory, journal, state, out, parallel, progress, pool,
+                                       futures, sessions)
+        except BaseException:  # Ctrl-C, or an error: no trial starts, remote ones are cancelled
+            runner.halt(_Stop("interrupted"))
+            wait_all(futures.values())  # the running trials are recorded (remote ones once cancelled)
+            _close_sessions(sessions)
+            raise
+        try:
+            for future in futures.values():  # a stop leaves started instances: let their trials settle
+                try:
+                    future.result()
+                except _Stop as stop:
+                    if stopped is None or (stop.failed and not stopped.failed):  # a refusal outranks a budget stop
+                        stopped = stop
+        finally:
+            _close_sessions(sessions)
+    return stopped or runner.halted  # a budget spent by the last trials, though each came back
+
+
+def _close_sessions(sessions: dict[str, InstanceSession | None]) -> None:
+    """Release the snapshots of instances that will not be committed in this run."""
+    for session in sessions.values():
+        if session is not None:
+            session.snapshot.close()
+    sessions.clear()
+
+
+def _commit_in_order(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory | None,
+                     journal: JournalWriter, state: _State, out: Path, parallel: int,
+                     progress: Callable[[str], None] | None, pool: ThreadPoolExecutor,
+                     futures: dict[str, Future[list[TrialDone]]],
+                     sessions: dict[str, InstanceSession | None]) -> _Stop | None:
+    """`_drive`'s loop: start instances, commit each in task order; the first `_Stop` halts the runner."""
     from amapreduce.memory.protocol import InstanceSession
 
     order = config.task_ids
-    futures: dict[str, Future[list[TrialDone]]] = {}
-    sessions: dict[str, InstanceSession | None] = {}
     started = committed = 0
     stopped: _Stop | None = None
-    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="eval-task") as pool:
-        while committed < len(order):
-            while stopped is None and started < len(order) and started < committed + parallel:
-                iid = order[started]
-                started += 1
-                if iid in state.committed:
-                    continue
-                session = InstanceSession(memory, task_id=iid, query=runner.tasks[iid].query) if memory else None
-                sessions[iid] = session
-                # in a copy of this thread's context: an open trace span (`telemetry`) reaches the trials
-                futures[iid] = pool.submit(contextvars.copy_context().run, runner.instance, iid,
-                                           session.snapshot if session else None)
-            iid = order[committed]
-            if iid not in state.committed:
-                if iid not in futures:
-                    break  # stopped before this instance started
-                try:
-                    done = futures.pop(iid).result()
-                except _Stop as stop:
-                    stopped = stop
-                    session = sessions.pop(iid, None)
-                    if session is not None:
-                        session.snapshot.close()
-                    break
-                entry = commit_trials(config, iid, committed, done, sessions.pop(iid), memory, runner.tasks[iid].query)
-                journal.append(entry)
-                state.committed[iid] = entry
-                write_memory_log(out, config, state.committed)
-            committed += 1
-            if progress is not None:
-                progress(_progress_line(config, state))
-        for iid, future in futures.items():  # a stop leaves started instances: finish their trials
+    while committed < len(order):
+        while stopped is None and started < len(order) and started < committed + parallel:
+            iid = order[started]
+            started += 1
+            if iid in state.committed:
+                continue
+            session = InstanceSession(memory, task_id=iid, query=runner.tasks[iid].query) if memory else None
+            sessions[iid] = session
+            # in a copy of this thread's context: an open trace span (`telemetry`) reaches the trials
+            futures[iid] = pool.submit(contextvars.copy_context().run, runner.instance, iid,
+                                       session.snapshot if session else None)
+        iid = order[committed]
+        if iid not in state.committed:
+            if iid not in futures:
+                break  # stopped before this instance started
             try:
-                future.result()
+                done = futures.pop(iid).result()
             except _Stop as stop:
-                if stopped is None or (stop.failed and not stopped.failed):  # a refusal outranks a budget stop
-                    stopped = stop
-            session = sessions.pop(iid, None)
-            if session is not None:
-                session.snapshot.close()
+                stopped = stop
+                runner.halt(stop)
+                session = sessions.pop(iid, None)
+                if session is not None:
+                    session.snapshot.close()
+                break
+            entry = commit_trials(config, iid, committed, done, sessions.pop(iid), memory, runner.tasks[iid].query)
+            journal.append(entry)
+            state.committed[iid] = entry
+            write_memory_log(out, config, state.committed)
+        committed += 1
+        if progress is not None:
+            with state.lock:
+                line = progress_line(config, list(state.trials.values()), len(state.committed), state.running)
+            progress(line)
     return stopped
-
-
-def _progress_line(config: EvalConfig, state: _State) -> str:
-    with state.lock:
-        trials = list(state.trials.values())
-        running = state.running
-    f1 = [float(t.metrics.get("f1_by_item") or 0.0) for t in trials]
-    mean = f"{sum(f1) / len(f1):.3f}" if f1 else "-"
-    cost = sum(t.cost_usd for t in trials)
-    return (f"tasks {len(state.committed)}/{len(config.task_ids)} done, trials {len(trials)}/"
-            f"{len(config.task_ids) * config.trials} finished, {running} running, cost ${cost:.4f}, "
-            f"mean Item F1 {mean}")
 
 
 @dataclass(kw_only=True)
@@ -332,6 +342,29 @@ class _TrialRunner:
     state: _State
     budget: _Budget
     remote: RemoteTrials | None = None
+    halted: _Stop | None = None
+    """Why the evaluation stops (`halt`): no trial starts from then on."""
+    outstanding: dict[int, list[Any]] = field(default_factory=dict)
+    """The remote trials of each instance thread, not yet collected (what `halt` cancels)."""
+
+    def halt(self, stop: _Stop) -> None:
+        """Stop the evaluation: no trial starts from now on, and the remote trials still running are
+        cancelled (a finished one keeps its result and is recorded). A refusal outranks a budget stop."""
+        with self.state.lock:
+            if self.halted is None or (stop.failed and not self.halted.failed):
+                self.halted = stop
+            handles = [h for group in self.outstanding.values() for h in group]
+        if self.remote is not None and handles:
+            self.remote.cancel(handles)
+
+    def _stop(self) -> _Stop:
+        """A fresh `_Stop` saying why the evaluation halted (each instance thread raises its own)."""
+        with self.state.lock:
+            halted = self.halted
+        if halted is None:
+            raise RunError("a remote trial ended without a result, and nothing had stopped the evaluation; "
+                           "continue with --resume")
+        return _Stop(str(halted), failed=halted.failed)
 
     def instance(self, iid: str, snapshot: ExperientialMemory | None) -> list[TrialDone]:
         if self.remote is not None:
@@ -351,23 +384,51 @@ class _TrialRunner:
         """The instance's unfinished trials at once, one remote task each, over one image of its
         snapshot; recorded here in trial order, as a local run records them.
 
-        They start together, so they share one budget check (each may spend what was left then).
+        They draw on the evaluation's one budget (`RemoteTrials.shared_budget`) while they run; a
+        halt cancels those still running, and the instance, short of trials, raises its `_Stop`.
         """
         jobs = [self._job(iid, trial) for trial in range(1, self.config.trials + 1) if self._finished(iid, trial) is None]
         if jobs:
             handles = remote.submit(jobs, snapshot_image(snapshot) if snapshot is not None else None)
             self._running(len(jobs))
-            recorded = 0
+            with self.state.lock:
+                self.outstanding[id(handles)] = handles
+                halted = self.halted is not None
+            if halted:  # halted while these were submitted
+                remote.cancel(handles)
+            settled = 0
             try:
                 for job, handle in zip(jobs, handles, strict=True):
-                    run = remote.result(handle)
-                    recorded += 1  # `record` settles the running count, also when it stops the evaluation
-                    self.record(job, run)
+                    run = self._collect(remote, handle)
+                    settled += 1  # `record` settles the running count, also when it stops the evaluation
+                    if run is None:
+                        self._running(-1)
+                    else:
+                        self.record(job, run)
             except BaseException:
-                remote.cancel(handles[recorded:])
-                self._running(recorded - len(jobs))
+                remote.cancel(handles[settled:])
+                self._running(settled - len(jobs))
                 raise
-        return [done for trial in range(1, self.config.trials + 1) if (done := self._finished(iid, trial)) is not None]
+            finally:
+                with self.state.lock:
+                    self.outstanding.pop(id(handles), None)
+        done = [d for trial in range(1, self.config.trials + 1) if (d := self._finished(iid, trial)) is not None]
+        if len(done) < self.config.trials:
+            raise self._stop()
+        return done
+
+    def _collect(self, remote: RemoteTrials, handle: Any) -> TrialRun | None:
+        """A remote trial's run; None for one a halt cancelled (or interrupted: it is not finished)."""
+        try:
+            run = remote.result(handle)
+        except RunError:
+            with self.state.lock:
+                if self.halted is None:
+                    raise
+            return None
+        from amapreduce.mapreduce.result import RunEnding, RunStatus
+
+        return None if RunEnding.status_of_label(run.status) is RunStatus.INTERRUPTED else run
 
     def _finished(self, iid: str, trial: int) -> TrialDone | None:
         with self.state.lock:
@@ -381,73 +442,57 @@ class _TrialRunner:
         return self.out / "runs" / iid / f"trial{trial}"
 
     def _job(self, iid: str, trial: int) -> TrialJob:
-        """The trial as plain data, with the budget left now (a `_Stop` when none is)."""
-        left = self.budget.left()
-        if left is not None and left <= 0:
-            raise _Stop(f"--max-cost ${self.config.max_cost_usd} reached (spent ${self.budget.spent:.4f}); "
-                        "continue with --resume and a larger --max-cost")
+        """The trial as plain data, with the budget left now (a `_Stop` when none is, or when the
+        evaluation is halted)."""
+        with self.state.lock:
+            halted = self.halted is not None
+        if halted:
+            raise self._stop()
+        left = self._budget_stop()
         settings = self.settings if left is None else self.settings.model_copy(update={"max_cost_usd": left})
         return TrialJob(task_id=iid, trial=trial, query=self.tasks[iid].query, settings=settings,
                         memory_config=self.config.memory_config,
                         models=self.simulated.rebuild if self.simulated is not None else None)
 
+    def _budget_stop(self) -> float | None:
+        """The budget left (None: no `--max-cost`); a `_Stop` when it is spent. On a cluster the
+        spend is the cluster's own sum, the calls of running trials included."""
+        limit, left = self.budget.limit, self.budget.left()
+        if limit is None or left is None:
+            return None
+        cluster = self.remote.spent() if self.remote is not None else None
+        spent = limit - left if cluster is None else max(cluster, limit - left)
+        left = limit - spent
+        if left <= 0:
+            raise _Stop(f"--max-cost ${self.config.max_cost_usd} reached (spent ${spent:.4f}); "
+                        "continue with --resume and a larger --max-cost")
+        return left
+
     def record(self, job: TrialJob, run: TrialRun) -> TrialDone:
         """Write the trial's answer (and a remote trial's run folder), score it and journal it."""
-        from amapreduce.memory.labels import UtilityWeights, utility
-        from amapreduce.memory.records import TraceSummary
-
         iid, trial = job.task_id, job.trial
         if run.refused is not None:
             self._refused(run.refused)
         run = write_run_files(run, self._runs_dir(iid, trial))
-        with atomic_open(self.out / f"trial{trial}" / f"{iid}.md") as handle:
-            handle.write(run.answer if run.answer is not None else "")
-        metrics = self._score(iid, trial)
-        spent = run.usage
-        tokens = spent.total_tokens if spent is not None else 0
-        weights = UtilityWeights(cost=self.config.cost_weight, delay=self.config.delay_weight)
-        trace = TraceSummary.of(run.completeness, cost_usd=spent.cost_usd if spent is not None else None,
-                                delay_s=round(run.wall_s, 3))
-        done = TrialDone(
-            task_id=iid, trial=trial, status=run.status, failure=run.failure, metrics=metrics,
-            utility=round(utility(metrics, tokens=tokens, delay_s=run.wall_s, weights=weights), 6),
-            cost_usd=spent.cost_usd if spent is not None else 0.0,
-            prompt_tokens=spent.input_tokens if spent is not None else 0,
-            completion_tokens=spent.output_tokens if spent is not None else 0,
-            model_calls=spent.requests if spent is not None else 0,
-            subagents=run.subagents, wall_s=round(run.wall_s, 3),
-            run_dir=_relative(run.run_dir, self.out), prior=run.prior,
-            decision=run.decision, trace=trace.model_dump(),
-        )
+        done = trial_done(self.config, self.out, self.tasks, self.options, iid, trial, run)
         self.journal.append(done)
         self.budget.add(done.cost_usd)
         with self.state.lock:
             self.state.trials[(iid, trial)] = done
             self.state.running -= 1
+        if self.remote is not None:  # the cluster's budget spent: the trials still running are cancelled
+            try:
+                self._budget_stop()
+            except _Stop as stop:
+                self.halt(stop)
         return done
 
     def _refused(self, reason: str) -> None:
         """Stop the evaluation on a trial the provider refused for good (the trial is not journaled)."""
         with self.state.lock:
             self.state.running -= 1
-        raise _Stop(f"{redact_secrets(reason)}; fix it and continue with --resume", failed=True)
-
-    def _score(self, iid: str, trial: int) -> dict[str, Any]:
-        """The trial's metrics, by the very code `eval score` runs on the answer file."""
-        from amapreduce.evaluation.loaders import load_predictions_dir
-        from amapreduce.evaluation.runner import Trial, run_evaluation
-
-        folder = self.out / f"trial{trial}"
-        answers = load_predictions_dir(folder, [iid])
-        report = run_evaluation(dict(self.tasks), [iid], [Trial(str(folder), answers)],
-                                Path(self.config.gold_dir), self.options)
-        return dict(report.per_task[iid][0])
+        stop = _Stop(f"{redact_secrets(reason)}; fix it and continue with --resume", failed=True)
+        self.halt(stop)
+        raise stop
 
 
-def _relative(path: str | None, out: Path) -> str | None:
-    if path is None:
-        return None
-    try:
-        return str(Path(path).resolve().relative_to(out.resolve()))
-    except ValueError:
-        return path

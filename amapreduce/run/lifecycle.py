@@ -28,7 +28,14 @@ from amapreduce.llm.factory import model_for_role, new_meter
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint
 from amapreduce.mapreduce.result import Completeness, RunEnding, RunStatus, completeness_record
-from amapreduce.run.run_journal import RunEnded, RunJournal, RunKind, RunStarted, open_run_journal
+from amapreduce.run.run_journal import (
+    ChunkFinished,
+    RunEnded,
+    RunJournal,
+    RunKind,
+    RunStarted,
+    open_run_journal,
+)
 from amapreduce.run.rundir import RunDir
 from amapreduce.table.render import to_csv, to_markdown
 from amapreduce.trace import redact_secrets, register_secrets
@@ -180,16 +187,15 @@ def start_run(
 def resume_run(path: Path, saved: RunJournal, settings: Settings) -> Iterator[ActiveRun]:
     """Go on with the interrupted run in `path`, whose journal says `saved`: the same directory,
     the same journal (a new `RunStarted`, `resumed: true`), a checkpoint over the saved entries,
-    and a meter that starts from the sub-agent usage the journal recorded. Ends as `start_run`.
+    and a meter that starts from the usage the journal recorded (`_saved_usage`). Ends as `start_run`.
     """
     started = time.perf_counter()
     register_secrets(settings.secret_values())
     if settings.otel:
         telemetry.enable()
     meter = new_meter(settings)
-    spent = sum((e.usage for e in saved.entries if isinstance(e, BatchAttempt)), Usage())
-    if spent.requests:
-        meter.record("subagent", model_for_role(settings, "subagent") or "", spent)
+    for role, usage in _saved_usage(saved).items():
+        meter.record(role, model_for_role(settings, role) or "", usage)
     kind, query = saved.first.command, saved.first.query
     journal = open_run_journal(path)
     journal.append(RunStarted.now(command=kind, query=query, settings=settings, resumed=True))
@@ -199,6 +205,18 @@ def resume_run(path: Path, saved: RunJournal, settings: Settings) -> Iterator[Ac
     )
     with _recorded(run, resumed=True):
         yield run
+
+
+def _saved_usage(saved: RunJournal) -> dict[str, Usage]:
+    """What the journaled work spent, by role: a wide run's finished chunks as they recorded it
+    (`ChunkFinished`, every role), every other settled attempt as the sub-agents' usage."""
+    chunks = [e for e in saved.entries if isinstance(e, ChunkFinished)]
+    counted = {c.execution for c in chunks}
+    spent: dict[str, Usage] = {}
+    for role, usage in [(r, u) for c in chunks for r, u in c.usage.items()] + [
+            ("subagent", e.usage) for e in saved.entries if isinstance(e, BatchAttempt) and e.execution not in counted]:
+        spent[role] = spent.get(role, Usage()) + usage
+    return {role: usage for role, usage in spent.items() if usage.requests}
 
 
 @contextlib.contextmanager

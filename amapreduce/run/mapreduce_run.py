@@ -13,7 +13,8 @@ run directory as `decision.json` before anything runs, and a resume reads it fro
 
 With `--executor ray`, a plain decision whose plan is more than one chunk (`run.wide_ray`) runs as
 chunks of batches in Ray tasks, merged by the driver; a composed one, or one that fits a chunk,
-runs here as with `local`.
+runs here as with `local`. Its journal records each chunk as it comes back, and a resume of it
+runs on Ray again (on the cluster it ran on), its finished chunks replayed, not run.
 """
 
 from __future__ import annotations
@@ -162,6 +163,14 @@ def resume_decision_run(
         with resume_run(path, saved, settings) as run:
             return _execute(run, decision, settings, plan=None, inner=inner, web_tools=web_tools,
                             show_progress=show_progress)
+    wide = saved.wide
+    if wide is not None:  # a wide run on Ray: its chunks that came back are replayed, the rest run
+        from amapreduce.run.eval_ray import require_ray
+
+        require_ray()
+        with resume_run(path, saved, settings) as run:
+            return _execute_wide(run, Decision.parse(wide.decision), settings, plan=plan_from_manifest(wide.plan),
+                                 address=wide.address, saved=saved)
     executions = saved.executions
     if not executions:
         raise UserError(f"the run in {str(path)!r} stopped before its decision was recorded; start it again.")
@@ -223,13 +232,14 @@ def _finish(run: ActiveRun, decision: Decision, result: MapReduceResult, extra: 
 
 
 def _execute_wide(run: ActiveRun, decision: Decision, settings: Settings, *, plan: BatchPlan,
-                  address: str | None) -> MapReduceRunOutcome:
-    """Run `decision`'s `plan` in chunks on Ray (`run.wide_ray.run_wide`) and record how it ended."""
+                  address: str | None, saved: RunJournal | None = None) -> MapReduceRunOutcome:
+    """Run `decision`'s `plan` in chunks on Ray (`run.wide_ray.run_wide`), journaled in the run's
+    journal (`saved`: the journal of the run resumed), and record how it ended."""
     from amapreduce.run.wide_ray import run_wide
 
     roles = {role: model for role in ("subagent", "extraction") if (model := model_for_role(settings, role))}
     wide = run_wide(decision, plan, settings, meter=run.meter, trace=run.run_dir.trace, address=address,
-                    role_models=roles)
+                    role_models=roles, journal=run.journal, saved=saved.entries if saved is not None else ())
     return _finish(run, decision, wide.result, {
         "web": wide.web, "executor": {"kind": "ray", "chunks": wide.chunks, "finished": wide.finished},
     })

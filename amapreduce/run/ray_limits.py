@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.breaker import BreakerPolicy, CircuitBreaker, Outage, provider_unavailable
-from amapreduce.errors import BudgetExceeded, ConfigError
-from amapreduce.llm.meter import Budget, Price, UsageMeter
+from amapreduce.errors import ConfigError
+from amapreduce.llm.meter import Budget, Price, UsageMeter, check_budget
 from amapreduce.llm.models import BreakerGate, use_provider_gates
 from amapreduce.ratelimit import WindowGate, WindowLimiter, WindowPolicy
 from amapreduce.run.eval_ray import require_ray
@@ -220,27 +220,24 @@ class ClusterGates:
 
 class ClusterMeter(UsageMeter):
     """A worker's usage meter whose budget is the cluster's: each call's spend is added to the
-    run's sum in the actor, and `check` compares that sum with the run's budget.
+    run's sum in the actor, and `check` compares that sum with the run's budget, after this
+    worker's own budget (`local_budget`, the settings' `--max-cost`/`--max-tokens` of one run: an
+    evaluation's trial keeps its per-trial token budget on Ray as it has locally).
 
     The worker's own usage (`by_role`, `to_json`) stays its own: the driver adds it to the run's
     meter when the worker's result comes back.
     """
 
-    def __init__(self, actor: Any, budget: Budget, **kwargs: Any) -> None:
+    def __init__(self, actor: Any, budget: Budget, *, local_budget: Budget | None = None, **kwargs: Any) -> None:
         super().__init__(budget=budget, **kwargs)
         self._actor = actor
+        self.local_budget = local_budget or Budget()
 
     def check(self) -> None:
         cost, tokens = _ray().get(self._actor.spent.remote())
-        b = self.budget
-        if b.max_cost_usd is not None and cost >= b.max_cost_usd:
-            raise BudgetExceeded(
-                f"the cost budget of ${b.max_cost_usd:g} is spent across the cluster (${cost:.4f}); the run stops "
-                "with the rows found so far. Raise --max-cost to go further.", kind="cost")
-        if b.max_tokens is not None and tokens >= b.max_tokens:
-            raise BudgetExceeded(
-                f"the token budget of {b.max_tokens} is spent across the cluster ({tokens} tokens); the run stops "
-                "with the rows found so far. Raise --max-tokens to go further.", kind="tokens")
+        check_budget(self.budget, float(cost), int(tokens), where=" across the cluster")
+        own = self.total()  # after the cluster's: where both are the run's budget, the cluster's is reached first
+        check_budget(self.local_budget, own.cost_usd, own.total_tokens)
 
     def record(self, role: str, model_id: str, usage: Usage) -> Usage:
         priced = super().record(role, model_id, usage)
@@ -279,7 +276,7 @@ def cluster_meter(limits: ClusterLimits | None, settings: Settings,
     if limits is None:
         return local
     actor = _actor(limits)
-    return ClusterMeter(actor, _ray().get(actor.budget.remote()), prices=local.prices)
+    return ClusterMeter(actor, _ray().get(actor.budget.remote()), local_budget=local.budget, prices=local.prices)
 
 
 class ClusterLimiter:

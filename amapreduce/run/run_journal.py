@@ -8,6 +8,13 @@ which process runs it), the engine's entries (`mapreduce.checkpoint`: each execu
 and plan, each settled batch attempt with its merged rows), and a `RunEnded` entry. A resume
 appends a new `RunStarted` (`resumed: true`) and goes on in the same directory.
 
+A wide run on Ray (`run.wide_ray`) journals a `WideStarted` (the whole decision, its plan and how
+it is cut into chunks); then, as each chunk comes back to the driver, the chunk's own engine
+entries (its sub-decision as execution `chunk + 1`, its settled attempts: the same entries a local
+run writes) and, if it ran to its end, a `ChunkFinished`. A resume replays the finished chunks and
+runs the rest, a chunk with attempts but no `ChunkFinished` (stopped by the budget) going on
+from its last settled attempt.
+
 A run whose journal has no `RunEnded` after its last `RunStarted` is `running` while that
 process lives and `interrupted` once it is gone; the process is told by pid, host and its start
 time (so a reused pid is not mistaken for the run).
@@ -26,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from amapreduce.errors import UserError
 from amapreduce.journal import JournalEntry, JournalWriter, read_journal
+from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.checkpoint import ENGINE_ENTRIES, BatchAttempt, ExecutionStarted
 from amapreduce.mapreduce.result import RunEnding, RunStatus
 from amapreduce.settings import Settings
@@ -36,11 +44,13 @@ __all__ = [
     "RERUN_SETTINGS",
     "RUN_ENTRIES",
     "BatchProgress",
+    "ChunkFinished",
     "ProcessRef",
     "RunEnded",
     "RunJournal",
     "RunKind",
     "RunStarted",
+    "WideStarted",
     "open_run_journal",
     "read_run_journal",
 ]
@@ -166,7 +176,32 @@ class RunEnded(JournalEntry):
         return cls(status=ending.status, label=ending.label)
 
 
-RUN_ENTRIES: tuple[type[JournalEntry], ...] = (RunStarted, RunEnded, *ENGINE_ENTRIES)
+class WideStarted(JournalEntry):
+    """A wide run began on Ray: its whole decision and plan, cut into chunks of `chunk_batches`."""
+
+    type: Literal["wide_run"] = "wide_run"
+    decision: dict[str, Any]
+    """The validated decision as JSON (`Decision.model_dump(mode="json")`)."""
+    plan: dict[str, Any]
+    """Its whole batch plan (`checkpoint.plan_manifest`)."""
+    chunk_batches: int
+    """Batches per chunk: a resume cuts the plan the same way, whatever `--workers` it is given."""
+    address: str | None = None
+    """The Ray cluster it ran on (None: a local Ray instance)."""
+
+
+class ChunkFinished(JournalEntry):
+    """A wide run's chunk ran to its end; its rows are its execution's journaled attempts."""
+
+    type: Literal["chunk_done"] = "chunk_done"
+    chunk: int
+    execution: int
+    """The chunk's execution number in the journal (`chunk + 1`)."""
+    usage: dict[str, Usage] = {}
+    """What the chunk spent, by role."""
+
+
+RUN_ENTRIES: tuple[type[JournalEntry], ...] = (RunStarted, RunEnded, WideStarted, ChunkFinished, *ENGINE_ENTRIES)
 
 
 def open_run_journal(run_dir: Path) -> JournalWriter:
@@ -215,13 +250,20 @@ class RunJournal:
         """The engine executions the run began (their decisions and batch plans), in order."""
         return [e for e in self.entries if isinstance(e, ExecutionStarted)]
 
+    @property
+    def wide(self) -> WideStarted | None:
+        """The run's `WideStarted` when it is a wide run on Ray."""
+        return next((e for e in self.entries if isinstance(e, WideStarted)), None)
+
     def progress(self) -> BatchProgress:
-        """Batches done so far over every execution."""
+        """Batches done so far over every execution (of a wide run: out of its whole plan, since
+        its chunks' executions are journaled only as they come back)."""
         executions = self.executions
         done = {(a.execution, a.phase, a.batch_id) for a in self.entries if isinstance(a, BatchAttempt) and a.done}
+        wide = self.wide
         return BatchProgress(
             done=sum(1 for _, phase, _ in done if phase == "map"),
-            total=sum(len(e.plan["batches"]) for e in executions),
+            total=len(wide.plan["batches"]) if wide is not None else sum(len(e.plan["batches"]) for e in executions),
             patch_done=sum(1 for _, phase, _ in done if phase != "map"),
         )
 

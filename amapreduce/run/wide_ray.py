@@ -18,21 +18,44 @@ usage to the run's meter (so `result.json` counts every remote call) and their t
 run's trace (each tagged with its `chunk`). Every worker's model calls go through the cluster's
 limiter and budget (`run.ray_limits`). A chunk that stopped (the budget, a provider down) or a
 Ctrl-C in the driver cancels the chunks not finished (`ray.cancel`) and keeps the rows of those
-that were. A wide run is not journaled batch by batch: a killed one is run again.
+that were.
+
+The journal. With the run's journal (`journal`), the driver records the wide run (`WideStarted`)
+and, as each chunk comes back, the chunk's own engine entries: each worker's engine runs with a
+`Checkpoint` over an in-memory sink, and its `ExecutionStarted` (the sub-decision and its plan) and
+`BatchAttempt`s (merged rows with their cells, quotes and evidence, and usage) are the chunk's
+result, journaled by the driver as execution `chunk + 1`, then `ChunkFinished` if the chunk ran to
+its end. Resuming (`saved`: the journal's entries) cuts the plan as the run did; a finished chunk
+is replayed in the driver from its entries (the engine's own replay: no model call), a chunk with
+attempts but no end (a budget stop) is sent with them and goes on where it stopped, the rest run
+afresh. A chunk still running when the driver is killed, or cancelled (`ray.cancel` interrupts the
+worker, and Ray hands back no return value for a cancelled task), leaves nothing: its attempts
+live in the worker until the chunk returns, and it runs again.
+
+`ask --executor ray` (`wide_session`): the manager runs in the driver, and the `mapreduce` tool
+is given an executor (`WideSession.executor`) that runs a plain decision of more than one chunk
+here, on the session's one cluster limiter: the driver's models are built inside it (the manager's
+rate window and breaker are the chunks'), and the run's meter is a `DriverMeter`, so the manager's
+spend and the chunks' are one sum against one budget. Those executions are not journaled: a
+resumed `ask` runs them again, locally.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.errors import RunCancelled
+from amapreduce.llm.factory import model_for_role
+from amapreduce.llm.meter import UsageMeter
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import BatchPlan
+from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint, ExecutionStarted, plan_manifest
 from amapreduce.mapreduce.result import (
     INTERRUPTED,
     Completeness,
@@ -41,18 +64,26 @@ from amapreduce.mapreduce.result import (
     RunStatus,
     RunSummary,
 )
-from amapreduce.run.eval_ray import RayTrials, require_ray
-from amapreduce.run.ray_limits import ClusterLimiter, ClusterLimits, cluster_limits, cluster_meter
+from amapreduce.run.eval_ray import ray_session, require_ray
+from amapreduce.run.ray_limits import (
+    ClusterLimiter,
+    ClusterLimits,
+    ClusterMeter,
+    cluster_limits,
+    cluster_meter,
+)
+from amapreduce.run.run_journal import ChunkFinished, WideStarted
 from amapreduce.table.table import Row, Table
 from amapreduce.trace import Trace
 
 if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
-    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.journal import JournalEntry
+    from amapreduce.mapreduce.checkpoint import EntrySink
     from amapreduce.settings import Settings
 
-__all__ = ["CHUNK_BATCHES_PER_WORKER", "ChunkJob", "ChunkRun", "WideRun", "chunk_batches", "chunk_plan",
-           "run_chunk", "run_wide"]
+__all__ = ["CHUNK_BATCHES_PER_WORKER", "ChunkJob", "ChunkRun", "DriverMeter", "WideExecutor", "WideRun", "WideSession",
+           "chunk_batches", "chunk_plan", "run_chunk", "run_wide", "wide_session"]
 
 CHUNK_BATCHES_PER_WORKER = 4
 """Batches per chunk for each sub-agent thread of a chunk, when no batch cap is set."""
@@ -77,6 +108,8 @@ class ChunkJob:
     settings: Settings
     limits: ClusterLimits | None = None
     """The cluster's limiter (None: the worker's own limits, as a local run)."""
+    saved: tuple[JournalEntry, ...] = ()
+    """The chunk's journaled execution and attempts (a resumed run): replayed, not run again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +121,8 @@ class ChunkRun:
     usage: dict[str, Usage]
     events: list[tuple[str, dict[str, Any]]]
     web: dict[str, Any]
+    entries: list[JournalEntry] = dataclasses.field(default_factory=list)
+    """What the chunk's engine journaled in this run (its execution, unless resumed, and attempts)."""
 
 
 def chunk_plan(decision: Decision, plan: BatchPlan, size: int) -> list[tuple[tuple[int, ...], BatchPlan]]:
@@ -113,6 +148,16 @@ class _Collected(Trace):
         self.events.append((event, data))
 
 
+class _Kept:
+    """A worker's journal: the engine's entries kept in memory for the driver to journal."""
+
+    def __init__(self) -> None:
+        self.entries: list[JournalEntry] = []
+
+    def append(self, entry: JournalEntry) -> None:
+        self.entries.append(entry)
+
+
 def run_chunk(job: ChunkJob) -> ChunkRun:
     """Run one chunk (in a Ray worker): build the parts from the settings, run the engine on the
     sub-decision's plan, and return plain data. A stopped engine returns its partial result."""
@@ -120,16 +165,17 @@ def run_chunk(job: ChunkJob) -> ChunkRun:
     from amapreduce.run.wiring import build_parts
 
     decision = Decision.parse(job.decision)
-    trace = _Collected()
+    trace, kept = _Collected(), _Kept()
     with cluster_limits(job.limits):
         meter = cluster_meter(job.limits, job.settings)
         with build_parts(job.settings, trace=trace, meter=meter, roles=("subagent", "extraction")) as parts:
             try:
-                result = parts.engine.run(decision, plan=job.plan)
+                result = parts.engine.run(decision, plan=job.plan, checkpoint=Checkpoint(kept, job.saved))
             except RunCancelled as exc:
                 result = exc.partial
             web = parts.web_usage()
-    return ChunkRun(index=job.index, result=result, usage=meter.by_role(), events=trace.events, web=web)
+    return ChunkRun(index=job.index, result=result, usage=meter.by_role(), events=trace.events, web=web,
+                    entries=kept.entries)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,8 +213,12 @@ def run_wide(
     trace: Trace,
     address: str | None = None,
     role_models: dict[str, str] | None = None,
+    journal: EntrySink | None = None,
+    saved: Sequence[JournalEntry] = (),
+    limits: ClusterLimits | None = None,
+    size: int | None = None,
 ) -> WideRun:
-    """Run `decision`'s `plan` in chunks on Ray (joined at `address`, as `RayTrials`) and merge them.
+    """Run `decision`'s `plan` in chunks on Ray (joined at `address`, `ray_session`) and merge them.
 
     Args:
         decision, plan: a plain decision and its full batch plan.
@@ -176,6 +226,13 @@ def run_wide(
         meter: the run's meter: each chunk's usage is added to it, under the model of its role
             (`role_models`), and the cluster's budget starts from what it holds.
         trace: the run's trace: each chunk's events are written there with their `chunk`.
+        journal: the run's journal, where the run and each chunk that comes back are recorded
+            (see the module doc); None: not journaled.
+        saved: the journal's entries, when resuming a wide run of `decision` (its `WideStarted`
+            says how the plan was cut).
+        limits: a cluster limiter already running (`ask`'s, shared with its manager); None: one
+            is started for this run and stopped after it.
+        size: batches per chunk (default `chunk_batches(settings)`; a resume: as the run did).
 
     Raises:
         ConfigError: the `ray` extra is missing or Ray cannot be reached.
@@ -183,18 +240,34 @@ def run_wide(
     require_ray()
     ray = importlib.import_module("ray")
     started = time.perf_counter()
-    jobs_data = chunk_plan(decision, plan, chunk_batches(settings))
+    wide = next((e for e in saved if isinstance(e, WideStarted)), None)
+    size = wide.chunk_batches if wide is not None else size or chunk_batches(settings)
+    jobs_data = chunk_plan(decision, plan, size)
+    if journal is not None and wide is None:
+        journal.append(WideStarted(decision=decision.model_dump(mode="json"), plan=plan_manifest(plan),
+                                   chunk_batches=size, address=address))
+    finished = {e.chunk for e in saved if isinstance(e, ChunkFinished)}
+
+    def job(k: int, cluster: ClusterLimits | None) -> ChunkJob:
+        rows, sub_plan = jobs_data[k]
+        sub = decision.with_matrix([decision.task_matrix[i] for i in rows]).model_dump(mode="json")
+        mine = tuple(e for e in saved if isinstance(e, ExecutionStarted | BatchAttempt) and e.execution == k + 1)
+        return ChunkJob(index=k, rows=rows, decision=sub, plan=sub_plan, settings=settings, limits=cluster, saved=mine)
+
     done: dict[int, ChunkRun] = {}
+    for k in sorted(finished):  # replayed here from the journal: no model is asked
+        done[k] = run_chunk(job(k, None))
+        _absorb(done[k], meter, trace, {})
     stop: RunEnding | None = None
-    with RayTrials(address):
-        limiter = ClusterLimiter.start(budget=meter.budget, spent=meter.total())
+    with ray_session(address):
+        limiter = ClusterLimiter.start(budget=meter.budget, spent=meter.total()) if limits is None else None
+        cluster = limiter.limits if limiter is not None else limits
         task = ray.remote(num_cpus=1, max_retries=0)(run_chunk)
         pending: dict[Any, int] = {}
         try:
-            for k, (rows, sub_plan) in enumerate(jobs_data):
-                sub = decision.with_matrix([decision.task_matrix[i] for i in rows]).model_dump(mode="json")
-                job = ChunkJob(index=k, rows=rows, decision=sub, plan=sub_plan, settings=settings, limits=limiter.limits)
-                pending[task.remote(job)] = k
+            for k in range(len(jobs_data)):
+                if k not in finished:
+                    pending[task.remote(job(k, cluster))] = k
             while pending and stop is None:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
@@ -207,6 +280,8 @@ def run_wide(
                         continue
                     done[k] = chunk
                     _absorb(chunk, meter, trace, role_models or {})
+                    if journal is not None:
+                        _journal(journal, chunk)
                     if chunk.result.ending.status.ended_early and stop is None:
                         stop = dataclasses.replace(chunk.result.ending,
                                                    reason=f"chunk {k}: {chunk.result.ending.reason or 'stopped'}")
@@ -215,7 +290,8 @@ def run_wide(
         finally:
             for ref in pending:
                 ray.cancel(ref)
-            limiter.stop()
+            if limiter is not None:
+                limiter.stop()
     result = _merged(decision, plan, settings, [(jobs_data[k][0], done[k]) for k in sorted(done)], stop,
                      wall_s=time.perf_counter() - started)
     web: dict[str, Any] = {}
@@ -224,10 +300,79 @@ def run_wide(
     return WideRun(result=result, web=web, chunks=len(jobs_data), finished=len(done))
 
 
+class DriverMeter(ClusterMeter):
+    """The run's meter in the driver of an `ask` on Ray: its own calls (the manager's, and any
+    execution run here) are charged to the cluster's sum and checked against it, like a worker's;
+    what a chunk spent is added (`absorb`) without charging it again, since its worker did."""
+
+    def absorb(self, role: str, model_id: str, usage: Usage) -> None:
+        """Add a chunk's usage to the run's record only."""
+        UsageMeter.record(self, role, model_id, usage)
+
+
+WideExecutor = Callable[["Decision", BatchPlan], MapReduceResult | None]
+"""What the `mapreduce` tool is given to run a plain decision's plan elsewhere (None: run it here)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WideSession:
+    """An `ask` run's Ray: its cluster limiter (the manager's and every chunk's) and its meter."""
+
+    address: str | None
+    limits: ClusterLimits
+    meter: DriverMeter
+
+    def executor(self, settings: Settings, trace: Trace) -> WideExecutor:
+        """How the run's `mapreduce` tool runs a plan of more than one chunk (`CHUNK_BATCHES_PER_WORKER`
+        batches per sub-agent thread: a manager's plan is always within the batch cap, so the cap
+        cannot be the chunk) on Ray; a smaller plan is left to the tool (None)."""
+        size = CHUNK_BATCHES_PER_WORKER * settings.workers
+        roles = {role: model for role in ("subagent", "extraction") if (model := model_for_role(settings, role))}
+
+        def run(decision: Decision, plan: BatchPlan) -> MapReduceResult | None:
+            if len(plan.batches) <= size:
+                return None
+            return run_wide(decision, plan, settings, meter=self.meter, trace=trace, address=self.address,
+                            role_models=roles, limits=self.limits, size=size).result
+        return run
+
+
+@contextlib.contextmanager
+def wide_session(meter: UsageMeter, *, address: str | None = None) -> Iterator[WideSession]:
+    """Inside: Ray joined at `address` (`ray_session`), one cluster limiter charged with what
+    `meter` holds against its budget, installed for every model built here (`cluster_limits`),
+    and a `DriverMeter` with `meter`'s budget and prices for the run.
+
+    Raises:
+        ConfigError: the `ray` extra is missing or Ray cannot be reached.
+    """
+    with ray_session(address) as ray:
+        limiter = ClusterLimiter.start(budget=meter.budget, spent=meter.total())
+        try:
+            actor = ray.get_actor(limiter.limits.name, namespace=limiter.limits.namespace)
+            driver = DriverMeter(actor, meter.budget, prices=meter.prices)
+            with cluster_limits(limiter.limits):
+                yield WideSession(address=address, limits=limiter.limits, meter=driver)
+        finally:
+            limiter.stop()
+
+
+def _journal(journal: EntrySink, chunk: ChunkRun) -> None:
+    """A chunk that came back into the run's journal: its engine's entries as execution
+    `chunk + 1`, then, if it ran to its end, `ChunkFinished` (a stopped chunk's attempts are kept:
+    a resume goes on from them)."""
+    number = chunk.index + 1
+    for entry in chunk.entries:
+        journal.append(entry.model_copy(update={"execution": number}))
+    if not chunk.result.ending.status.ended_early:
+        journal.append(ChunkFinished(chunk=chunk.index, execution=number, usage=chunk.usage))
+
+
 def _absorb(chunk: ChunkRun, meter: UsageMeter, trace: Trace, role_models: dict[str, str]) -> None:
     """A finished chunk's usage into the run's meter, its trace events into the run's trace."""
+    add = meter.absorb if isinstance(meter, DriverMeter) else meter.record
     for role, usage in chunk.usage.items():
-        meter.record(role, role_models.get(role, "unknown"), dataclasses.replace(usage, cost_usd=0.0))
+        add(role, role_models.get(role, "unknown"), dataclasses.replace(usage, cost_usd=0.0))
     if trace.enabled:
         for event, data in chunk.events:
             trace.write(event, **{**data, "chunk": chunk.index})
