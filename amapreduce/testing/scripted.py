@@ -96,6 +96,9 @@ def final_answer(answer: Any) -> ToolCall:
 
 
 _call_ids = itertools.count(1)
+"""Tool-call ids, unique in the process. Written with a fixed width (`call_00000001`): the simulated
+usage counts characters, so the id's length must not depend on how many calls the process made
+before (an evaluation's trial counts the same tokens in a Ray worker as in the driver)."""
 
 
 def _to_message(reply: Reply) -> ChatMessage:
@@ -109,7 +112,7 @@ def _to_message(reply: Reply) -> ChatMessage:
         content=None,
         tool_calls=[
             ChatMessageToolCall(
-                id=f"call_{next(_call_ids)}",
+                id=f"call_{next(_call_ids):08d}",
                 type="function",
                 function=ChatMessageToolCallFunction(name=c.name, arguments=c.arguments),
             )
