@@ -65,16 +65,17 @@ def demo(
         raise UserError("use either --memory STORE or --no-memory, not both.")
     if scouting not in ("mapreduce", "sequential"):
         raise UserError(f"--scouting must be mapreduce or sequential, not {scouting!r}.")
+    mode: Scouting = "sequential" if scouting == "sequential" else "mapreduce"  # the checked flag, typed
     settings = load_settings(workers=workers, otel=otel or None, verify=verify)
     start_tracing(settings)
     if serve:
-        _serve(task_id, port, settings, "sequential" if scouting == "sequential" else "mapreduce")
+        _serve(task_id, port, settings, mode)
         return
     store = None if no_memory else (memory or settings.cache_dir / "demo-memory")
     typer.echo(_NOTE, err=True)
     outcome = run_demo(task_id, settings, faults=FaultPlan(rate=faults, seed=seed, wrong_values=wrong_values),
                        show_progress=None if not as_json else False, memory_store=store, sample=sample,
-                       scouting="sequential" if scouting == "sequential" else "mapreduce")
+                       scouting=mode)
     if as_json:
         typer.echo(json.dumps(outcome.to_json(), ensure_ascii=False))
     else:

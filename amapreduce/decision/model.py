@@ -172,7 +172,8 @@ class Decision(BaseModel):
 
     # -- validation steps -------------------------------------------------------------------
 
-    def _width(self) -> int:
+    @property
+    def matrix_width(self) -> int:
         """Cells per matrix row (with `discover`: the discovered key columns)."""
         if self.task_matrix:
             return len(self.task_matrix[0])
@@ -211,7 +212,7 @@ class Decision(BaseModel):
             seen[norm] = i
 
     def _check_template(self) -> None:
-        width = self._width()
+        width = self.matrix_width
         used = placeholders(self.template)
         if not self.template.strip():
             raise ValueError("template is empty; write the atomic sub-query with __0__ … placeholders")
@@ -234,7 +235,7 @@ class Decision(BaseModel):
             )
 
     def _resolve_matrix_columns(self) -> tuple[str | None, ...]:
-        width = self._width()
+        width = self.matrix_width
         names = [c.name for c in self._column_specs]
         found = self.discover.resolved_key_columns if self.discover is not None else ()
         if self.matrix_columns is None and found and set(found) <= set(names):
@@ -289,7 +290,7 @@ class Decision(BaseModel):
                     )
 
     def _attribute(self, index: int | None, name: str | None, where: str) -> int:
-        width = self._width()
+        width = self.matrix_width
         if name is not None:
             if name not in self._mapped:
                 mapped = [n for n in self._mapped if n is not None]
@@ -374,6 +375,12 @@ class Decision(BaseModel):
     def forced_values(self, i: int) -> dict[str, str]:
         """Output cells that row `i` fixes (its matrix-mapped columns)."""
         return {col: self.task_matrix[i][j] for j, col in enumerate(self._mapped) if col is not None}
+
+    @property
+    def composed(self) -> bool:
+        """True with `discover` or `child`: the decision runs as several engine runs, each planned
+        as it runs (`mapreduce.compose`), so it has no single batch plan up front."""
+        return self.discover is not None or self.child is not None
 
     @property
     def depth_limit(self) -> int:

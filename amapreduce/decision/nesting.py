@@ -92,12 +92,6 @@ def child_label(parent: str, name: str | None) -> str:
 _ROOT = "the root decision"
 
 
-def _width(d: Decision) -> int:
-    if d.task_matrix:
-        return len(d.task_matrix[0])
-    return len(d.discover.resolved_key_columns) if d.discover is not None else 0
-
-
 def _texts(d: Decision) -> Iterator[tuple[str, str]]:
     """(where, text) of every place `__parent_k__` may stand in `d`."""
     yield "template", d.template
@@ -187,7 +181,7 @@ def _check_chain(root: Decision, named: Mapping[str, Decision]) -> None:
 
 
 def _check_edge(parent: Decision, child: Decision, label: str) -> None:
-    width = _width(parent)
+    width = parent.matrix_width
     for where, text in _texts(child):
         bad = [k for k in parent_placeholders(text) if k >= width]
         if bad:

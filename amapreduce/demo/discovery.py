@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from amapreduce.demo.atlas import ListEntry, list_entries
-from amapreduce.demo.plan import PageNeed, column_specs
+from amapreduce.demo.plan import PageNeed, column_specs, query_columns
 
 __all__ = [
     "LIST_TEMPLATE",
@@ -218,7 +218,7 @@ class DiscoveryIntent:
 
 def parse_discovery(query: str) -> DiscoveryIntent | None:
     """Recognise a discovery question (None: not one)."""
-    cols_line = re.search(r"with the following columns:\s*\n(?P<cols>[^\n]+)", query)
-    if cols_line is None or not _ASK.search(query):
+    columns = query_columns(query)
+    if columns is None or not _ASK.search(query):
         return None
-    return DiscoveryIntent(columns=tuple(c.strip() for c in cols_line.group("cols").split(",") if c.strip()))
+    return DiscoveryIntent(columns=columns)

@@ -46,6 +46,7 @@ __all__ = [
     "parse_intent",
     "parse_question",
     "plan_cap",
+    "query_columns",
     "read_column",
     "resolve",
     "with_batching",
@@ -361,12 +362,20 @@ class Intent:
         return out
 
 
-def parse_intent(query: str) -> Intent | None:
-    """Recognise a sandbox question (None: the simulated model cannot plan it)."""
+def query_columns(query: str) -> tuple[str, ...] | None:
+    """The columns a WideSearch-style query asks for (its "with the following columns:" line), or
+    None when it names none."""
     cols_line = re.search(r"with the following columns:\s*\n(?P<cols>[^\n]+)", query)
     if cols_line is None:
         return None
-    columns = tuple(c.strip() for c in cols_line.group("cols").split(",") if c.strip())
+    return tuple(c.strip() for c in cols_line.group("cols").split(",") if c.strip())
+
+
+def parse_intent(query: str) -> Intent | None:
+    """Recognise a sandbox question (None: the simulated model cannot plan it)."""
+    columns = query_columns(query)
+    if columns is None:
+        return None
     if found := re.search(r"every country and territory of (?P<c>[A-Z][\w ]+?) in the Sandbox Atlas", query):
         return Intent(kind="members", columns=columns, scopes=(found.group("c"),))
     if found := re.search(r"in (?P<c>[A-Z][\w ]+?) use the euro", query):

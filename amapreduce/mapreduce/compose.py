@@ -27,14 +27,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from amapreduce.decision.discover_spec import DiscoverSpec
 from amapreduce.decision.model import Decision
 from amapreduce.errors import AmapreduceError, RunCancelled
 from amapreduce.mapreduce.batching import BatchPlan
 from amapreduce.mapreduce.checkpoint import Checkpoint
-from amapreduce.mapreduce.discover import DiscoveryResult, DiscoverySummary, discover
+from amapreduce.mapreduce.discover import DEFAULT_CONTEXT_WINDOW, DiscoveryResult, DiscoverySummary, discover
 from amapreduce.mapreduce.engine import MapReduceEngine
 from amapreduce.mapreduce.merge import Merger
 from amapreduce.mapreduce.result import (
@@ -110,10 +109,10 @@ class _Composer:
     # -- discover, then fill -----------------------------------------------------------------------
 
     def _discover(self, decision: Decision, spec: DiscoverSpec) -> MapReduceResult:
-        extra: dict[str, Any] = {} if self.context_window is None else {"context_window": self.context_window}
+        window = DEFAULT_CONTEXT_WINDOW if self.context_window is None else self.context_window
         try:
             found = discover(self.engine, spec, merger=self.merger, checkpoint=self.checkpoint,
-                             trace=self.engine.trace, **extra)
+                             trace=self.engine.trace, context_window=window)
         except RunCancelled as exc:
             stopped: MapReduceResult = exc.partial
             table = self._table(decision)
@@ -128,7 +127,8 @@ class _Composer:
             return _with_discovery(_result(table, nothing, [], None), found)
         try:
             if self.cancelled():
-                raise _stopped(CANCELLED, _result(self._table(decision), Completeness.of(self._table(decision), []), [], CANCELLED))
+                empty = self._table(decision)
+                raise _stopped(CANCELLED, _result(empty, Completeness.of(empty, []), [], CANCELLED))
             result = self.run(decision.with_matrix(found.rows))
         except RunCancelled as exc:
             raise RunCancelled(str(exc), partial=_with_discovery(exc.partial, found)) from exc

@@ -39,7 +39,13 @@ from amapreduce.decision.model import Decision
 from amapreduce.errors import RunCancelled
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
-from amapreduce.mapreduce.merge import Candidate, Merger, candidate_lines, normalize_groups
+from amapreduce.mapreduce.merge import (
+    Candidate,
+    Merger,
+    candidate_lines,
+    merge_overhead_tokens,
+    normalize_groups,
+)
 from amapreduce.mapreduce.result import INTERRUPTED, RUN_STOPPING_ERRORS, MapReduceResult, stop_ending
 from amapreduce.mapreduce.tree_reduce import Node, ReducePolicy, record_map, tree_reduce
 from amapreduce.table.table import CellStatus, Table
@@ -212,10 +218,7 @@ def _overhead(merger: Merger, keys: Sequence[str], counter: TokenCounter) -> int
     own = getattr(merger, "overhead_tokens", None)
     if callable(own):
         return int(own(keys))
-    from amapreduce.mapreduce.merge import merge_prompt
-
-    system, user = merge_prompt((), keys)
-    return counter.count(f"{system}\n{user}")
+    return merge_overhead_tokens(counter, keys)
 
 
 def _merged_table(table: Table, order: list[tuple[int, list[int]]]) -> Table:

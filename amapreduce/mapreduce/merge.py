@@ -44,6 +44,7 @@ __all__ = [
     "ModelMerger",
     "ReplyCache",
     "candidate_lines",
+    "merge_overhead_tokens",
     "merge_prompt",
     "normalize_groups",
     "parse_merge_reply",
@@ -125,6 +126,13 @@ def merge_prompt(candidates: Sequence[Candidate], key_columns: Sequence[str]) ->
     system = render_prompt(MERGE_PROMPT, "system", key_columns=list(key_columns))
     user = render_prompt(MERGE_PROMPT, "user", candidates=candidate_lines(candidates))
     return system, user
+
+
+def merge_overhead_tokens(counter: TokenCounter, key_columns: Sequence[str]) -> int:
+    """Tokens of the merge prompt with no candidate in it: what each call costs on top of its
+    candidates (discovery keeps it out of the budget the candidates may fill)."""
+    system, user = merge_prompt((), key_columns)
+    return counter.count(f"{system}\n{user}")
 
 
 def parse_merge_reply(text: str) -> list[Any] | None:
@@ -233,10 +241,8 @@ class ModelMerger:
         self.calls = 0
 
     def overhead_tokens(self, key_columns: Sequence[str]) -> int:
-        """Tokens of the merge prompt with no candidate in it: what each call costs on top of
-        its candidates (discovery keeps it out of the budget the candidates may fill)."""
-        system, user = merge_prompt((), key_columns)
-        return self.counter.count(f"{system}\n{user}")
+        """`merge_overhead_tokens` with this merger's counter."""
+        return merge_overhead_tokens(self.counter, key_columns)
 
     def merge(self, candidates: list[Candidate], node: Node) -> MergeReply:
         """One model call over `candidates`; their groups, read leniently (see the module doc)."""

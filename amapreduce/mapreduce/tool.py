@@ -341,7 +341,7 @@ class MapReduceTool(Tool):
         Raises:
             RunCancelled: the execution stopped; its rows are merged all the same.
         """
-        composed = decision.discover is not None or decision.child is not None
+        composed = decision.composed
         if self.on_execute is not None:
             self.on_execute(decision, None if composed else plan)
         elsewhere = self.wide(decision, plan) if self.wide is not None and plan is not None and not composed else None

@@ -78,7 +78,7 @@ class _Executed:
         with self._lock:
             self._entries.append({"decision": decision.model_dump(mode="json"),
                                   "plan": None if plan is None else plan_manifest(plan)})
-            self._composed = self._composed or decision.discover is not None or decision.child is not None
+            self._composed = self._composed or decision.composed
             if self._composed:
                 with atomic_open(self.path) as handle:
                     json.dump(self._entries, handle, ensure_ascii=False)

@@ -88,13 +88,13 @@ def _ray() -> Any:
                           "installed), or use --executor local.") from None
 
 
-def require_ray() -> None:
-    """Check that Ray can be imported, before an evaluation folder is made.
+def require_ray() -> Any:
+    """Check that Ray can be imported, before an evaluation folder is made; the `ray` module.
 
     Raises:
         ConfigError: the `ray` extra is not installed.
     """
-    _ray()
+    return _ray()
 
 
 def _check_reachable(address: str | None) -> None:

@@ -54,10 +54,6 @@ DECISION_FILE = "decision.json"
 """Where a composed decision (`discover` or `child`) is kept in its run directory, for a resume."""
 
 
-def _composed(decision: Decision) -> bool:
-    return decision.discover is not None or decision.child is not None
-
-
 @dataclass(kw_only=True)
 class MapReduceRunOutcome:
     """What a finished (or stopped) `mapreduce run` produced."""
@@ -108,7 +104,7 @@ def run_decision(
     from amapreduce.mapreduce.discover import discovery_plan
 
     cap = settings.batch_cap("user")
-    if executor is not None and executor.kind == "ray" and not _composed(decision):
+    if executor is not None and executor.kind == "ray" and not decision.composed:
         from amapreduce.run.eval_ray import require_ray
         from amapreduce.run.wide_ray import chunk_batches
 
@@ -121,11 +117,11 @@ def run_decision(
         discovery_plan(decision.discover, max_batches=cap)  # the fill and children are planned as they run
     plan = None if decision.discover is not None else plan_batches(decision, max_batches=cap)
     with start_run(settings, kind=RunKind.MAPREDUCE_RUN, query=label) as run:
-        if _composed(decision):
+        if decision.composed:
             with atomic_open(run.run_dir.path / DECISION_FILE) as handle:
                 json.dump(decision.model_dump(mode="json"), handle, ensure_ascii=False)
         return _execute(
-            run, decision, settings, plan=None if _composed(decision) else plan, inner=inner, web_tools=web_tools,
+            run, decision, settings, plan=None if decision.composed else plan, inner=inner, web_tools=web_tools,
             show_progress=show_progress,
         )
 

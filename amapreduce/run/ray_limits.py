@@ -25,7 +25,6 @@ actor's: grant times (`ClusterLimiter.grants`) are comparable across machines.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
@@ -53,8 +52,7 @@ MAX_CONCURRENCY = 1000
 
 
 def _ray() -> Any:
-    require_ray()  # the one check that names the `ray` extra
-    return importlib.import_module("ray")
+    return require_ray()  # the one check that names the `ray` extra
 
 
 @dataclass(frozen=True)
@@ -290,6 +288,11 @@ class ClusterLimiter:
     def __init__(self, actor: Any, limits: ClusterLimits) -> None:
         self._actor = actor
         self.limits = limits
+
+    @property
+    def actor(self) -> Any:
+        """The actor's handle (a driver's own `ClusterMeter` charges it directly, no name lookup)."""
+        return self._actor
 
     @classmethod
     def start(cls, *, budget: Budget | None = None, spent: Usage | None = None) -> ClusterLimiter:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -237,8 +236,7 @@ def run_wide(
     Raises:
         ConfigError: the `ray` extra is missing or Ray cannot be reached.
     """
-    require_ray()
-    ray = importlib.import_module("ray")
+    ray = require_ray()
     started = time.perf_counter()
     wide = next((e for e in saved if isinstance(e, WideStarted)), None)
     size = wide.chunk_batches if wide is not None else size or chunk_batches(settings)
@@ -346,11 +344,10 @@ def wide_session(meter: UsageMeter, *, address: str | None = None) -> Iterator[W
     Raises:
         ConfigError: the `ray` extra is missing or Ray cannot be reached.
     """
-    with ray_session(address) as ray:
+    with ray_session(address):
         limiter = ClusterLimiter.start(budget=meter.budget, spent=meter.total())
         try:
-            actor = ray.get_actor(limiter.limits.name, namespace=limiter.limits.namespace)
-            driver = DriverMeter(actor, meter.budget, prices=meter.prices)
+            driver = DriverMeter(limiter.actor, meter.budget, prices=meter.prices)
             with cluster_limits(limiter.limits):
                 yield WideSession(address=address, limits=limiter.limits, meter=driver)
         finally:

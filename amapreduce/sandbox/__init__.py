@@ -81,8 +81,7 @@ def sandbox_world(cache_dir: Path | None = None) -> SandboxWorld:
     return SandboxWorld(
         pages_dir=pages, index_dir=index_dir, tasks_file=WORLD_DIR / "tasks.jsonl",
         gold_dir=WORLD_DIR / "gold", lookups_file=WORLD_DIR / "lookups.jsonl",
-        families_file=WORLD_DIR / "families.json", discovery_tasks_file=WORLD_DIR / "discovery_tasks.jsonl",
-        discovery_gold_dir=WORLD_DIR / "discovery_gold",
+        families_file=WORLD_DIR / "families.json",
     )
 
 
