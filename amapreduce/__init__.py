@@ -35,7 +35,7 @@ _LAZY: dict[str, str] = {
     "EngineConfig": "amapreduce.mapreduce.engine",
     "MapReduceEngine": "amapreduce.mapreduce.engine",
     "MapReduceResult": "amapreduce.mapreduce.result",
-    "MapReduceTool": "amapreduce.mapreduce.tool",
+    "MapReduceTool": "amapreduce.agents.mapreduce_tool",
     "NoPrior": "amapreduce.mapreduce.prior",
     "Prior": "amapreduce.mapreduce.prior",
     "PriorProvider": "amapreduce.mapreduce.prior",

@@ -1,12 +1,12 @@
 """The Python API: a question (or a decision) in, a table and a pandas DataFrame out.
 
-Why a module of its own: the end-to-end entry points (`run.ask.run_ask`,
-`run.mapreduce_run.run_decision`) need a `Settings` object and return the commands' outcomes,
-which is right for the CLI and awkward in a notebook. `ask` and `run_decision` here take the
-command line's options as keywords, read the rest of the configuration as the CLI does
-(keyword > environment > defaults, `settings.load_settings`), refuse a bad model or search
-backend before a run directory is made (the CLI's own check), run the same entry points, and
-wrap their outcome in one typed `RunResult`. Nothing is printed unless `show_progress=True`,
+Why a module of its own: a run is a `session.Session`, which needs a `Settings` object and
+returns the one `RunOutcome`, which is right for the CLI and awkward in a notebook. `ask` and
+`run_decision` here take the command line's options as keywords, read the rest of the
+configuration as the CLI does (keyword > environment > defaults, `settings.load_settings`,
+`AMAPREDUCE_EXECUTOR` included), refuse a bad model or search backend before a run directory is
+made (the session's pre-flight), run the same session, and hand back `RunResult`, a thin view of
+its `RunOutcome`. Nothing is printed unless `show_progress=True`,
 and nothing calls `sys.exit`.
 
 How a run ends, for a caller:
@@ -45,8 +45,7 @@ from pydantic import SecretStr, ValidationError
 
 from amapreduce.errors import ConfigError, RunError, UserError
 from amapreduce.mapreduce.result import Completeness, RunEnding, RunStatus
-from amapreduce.run.ask import AskOutcome
-from amapreduce.run.mapreduce_run import MapReduceRunOutcome
+from amapreduce.session.outcome import RunOutcome
 from amapreduce.settings import Settings, load_settings
 from amapreduce.table.table import CellStatus, Table
 
@@ -56,6 +55,7 @@ if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.llm.usage import Usage
+    from amapreduce.session.executor import Executor
 
 __all__ = [
     "EVIDENCE_FIELDS",
@@ -132,28 +132,25 @@ def to_dataframe(table: Table, *, evidence: bool = False) -> pd.DataFrame:
 @dataclass(frozen=True)
 class RunResult:
     """What `ask` or `run_decision` produced: the reduced table, how complete it is, what it cost,
-    how the run ended and where its run directory is. A view over the command's own outcome
+    how the run ended and where its run directory is. A thin view of the run's `RunOutcome`
     (`outcome`), which stays available for anything not shown here."""
 
-    outcome: AskOutcome | MapReduceRunOutcome
+    outcome: RunOutcome
 
     @property
     def table(self) -> Table:
         """The reduced table, each cell with its status and source."""
-        o = self.outcome
-        return o.table if isinstance(o, AskOutcome) else o.result.table
+        return self.outcome.table
 
     @property
     def completeness(self) -> Completeness:
         """Rows, expected rows, missing cells and short tasks (`Completeness.complete`)."""
-        o = self.outcome
-        return o.completeness if isinstance(o, AskOutcome) else o.result.summary.completeness
+        return self.outcome.completeness
 
     @property
     def markdown(self) -> str:
         """The table as WideSearch-readable markdown (for `ask` without a table: the manager's answer)."""
-        o = self.outcome
-        return o.markdown if isinstance(o, AskOutcome) else o.result.markdown()
+        return self.outcome.markdown
 
     @property
     def ending(self) -> RunEnding:
@@ -236,12 +233,11 @@ def _settings(named: Mapping[str, Any], extra: Mapping[str, Any]) -> Settings:
     return settings
 
 
-def _check_setup(settings: Settings, roles: tuple[str, ...]) -> None:
-    """Build the run's models and search backend once, as the CLI does before a run: a model id
-    without a provider or an unknown search backend is a `ConfigError` before a run directory exists."""
-    from amapreduce.run.wiring import check_run_setup
+def _executor(settings: Settings) -> Executor | None:
+    """The executor `Settings.executor` names (`executor='ray'` or `AMAPREDUCE_EXECUTOR`), as the CLI's."""
+    from amapreduce.cluster import executor_for
 
-    check_run_setup(settings, roles)
+    return executor_for(settings.executor)
 
 
 def _memory(memory: str | os.PathLike[str] | bool | None, settings: Settings) -> Path | None:
@@ -321,7 +317,7 @@ def ask(
         RunError: the run failed; its `result` attribute holds the `RunResult`, `run_dir` its folder.
         KeyboardInterrupt: Ctrl-C; the run directory keeps the partial table.
     """
-    from amapreduce.run.ask import run_ask
+    from amapreduce.session import RunOptions, Session
 
     if not isinstance(query, str) or not query.strip():
         raise UserError(f"query must be a question (a non-empty string), got {query!r}.")
@@ -329,8 +325,11 @@ def ask(
              "max_cost": max_cost, "max_tokens": max_tokens, "runs_dir": runs_dir}
     config = _settings(named, settings)
     store = _memory(memory, config)
-    _check_setup(config, ("manager", "subagent", "extraction", *(("memory",) if store is not None else ())))
-    return _returned(RunResult(run_ask(query, config, memory_store=store, show_progress=show_progress)))
+    session = Session(config, RunOptions(query=query, memory_store=store, show_progress=show_progress,
+                                         executor=_executor(config)))
+    with session:
+        outcome = session.ask()
+    return _returned(RunResult(outcome))
 
 
 def run_decision(
@@ -364,7 +363,8 @@ def run_decision(
         ConfigError, RunError, KeyboardInterrupt: as for `ask`.
     """
     from amapreduce.decision.model import Decision, load_decision
-    from amapreduce.run.mapreduce_run import run_decision as run
+    from amapreduce.session import RunOptions, Session
+    from amapreduce.session.journal import RunKind
 
     if isinstance(decision, Decision):
         parsed, default_label = decision, "decision"
@@ -377,8 +377,10 @@ def run_decision(
     named = {"model": model, "api_base": api_base, "api_key": api_key, "search": search, "workers": workers,
              "max_cost": max_cost, "max_tokens": max_tokens, "runs_dir": runs_dir}
     config = _settings(named, settings)
-    _check_setup(config, ("subagent", "extraction"))
-    outcome = run(parsed, config, label=label or default_label, show_progress=show_progress)
+    session = Session(config, RunOptions(kind=RunKind.MAPREDUCE_RUN, query=label or default_label, decision=parsed,
+                                         show_progress=show_progress, executor=_executor(config)))
+    with session:
+        outcome = session.run()
     return _returned(RunResult(outcome))
 
 

@@ -19,7 +19,7 @@ Why a gate protocol. A model provider's limit is one quota however many processe
 `--executor ray` the workers of a cluster must share one window, not hold one each (N processes
 would get N times the quota). So model calls take their tickets from a `WindowGate`, which a
 `WindowLimiter` of this process is, and which a cluster-wide limiter (a Ray actor, in
-`run.ray_limits`) is too. The gate also takes a provider's `Retry-After` (`defer`): a 429 tells
+`cluster.limits`) is too. The gate also takes a provider's `Retry-After` (`defer`): a 429 tells
 the caller that the provider refuses this key for a while, so every caller sharing the key waits.
 """
 

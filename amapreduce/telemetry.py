@@ -2,7 +2,7 @@
 
 Why: smolagents users look at agent runs in OpenTelemetry tools (Phoenix, Langfuse, any OTLP
 collector) through openinference's smolagents instrumentation. `enable` (what `--otel` and
-`AMAPREDUCE_OTEL=1` call, through `run.lifecycle`) turns that instrumentation on (manager and
+`AMAPREDUCE_OTEL=1` call, through `session.lifecycle`) turns that instrumentation on (manager and
 sub-agent runs, their steps, tool calls and API-model calls) and adds our own spans: the run, the
 plan stage, the memory retrieval, the map phase and each delta-patch round, each batch and each
 attempt. A sub-agent runs on an engine worker thread, yet its spans land under its attempt, its

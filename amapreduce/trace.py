@@ -13,7 +13,7 @@ Secrets are removed before anything is written, two ways:
   `[REDACTED]` at any depth (`redact`);
 * by value: every configured key (model and search-backend keys, credential variables of the
   environment) is registered once (`register_secrets`: by `llm.factory` and `llm.models` when a
-  model is built, by the search backends, by `run.lifecycle` when a run starts) and masked wherever
+  model is built, by the search backends, by `session.lifecycle` when a run starts) and masked wherever
   it appears inside any text (`redact_secrets`). Why by value: a provider that refuses a key echoes
   it in its error ("Incorrect API key provided: sk-..."), and that text used to travel into the
   trace, `result.json`, the journal and the retry prompts sent back to the model. Every place that

@@ -31,6 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from amapreduce.session.ask import run_ask
+
+from amapreduce.bench.evaluate import run_benchmark
+from amapreduce.bench.journal import EvalConfig, benchmark_defaults
 from amapreduce.cli.eval import options_for
 from amapreduce.demo.benchmark import sandbox_models
 from amapreduce.demo.hints import HINT_HEADER, BatchingHint, format_hint
@@ -40,9 +44,6 @@ from amapreduce.evaluation.loaders import load_tasks
 from amapreduce.llm.factory import new_meter
 from amapreduce.mapreduce.prior import Prior, PriorRequest
 from amapreduce.memory.labels import UtilityWeights, utility
-from amapreduce.run.ask import run_ask
-from amapreduce.run.eval_journal import EvalConfig, benchmark_defaults
-from amapreduce.run.evaluate import run_benchmark
 from amapreduce.sandbox import sandbox_families, sandbox_world
 from amapreduce.settings import load_settings
 from amapreduce.testing.scripted import SIMULATED_PRICES

@@ -28,10 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from amapreduce.session.ask import run_ask
+
 from amapreduce.demo.model import SimulatedAtlasModel
 from amapreduce.demo.run import demo_settings, load_sandbox_tasks, score_answer
 from amapreduce.llm.factory import new_meter
-from amapreduce.run.ask import run_ask
 from amapreduce.settings import Settings
 from amapreduce.testing.scripted import SIMULATED_PRICES
 

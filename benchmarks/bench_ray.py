@@ -7,8 +7,8 @@ every question at once from the question's text, served on a loopback OpenAI-com
 and the endpoint, and the only cost measured is the framework's own. Each configuration runs
 `amapreduce mapreduce run DECISION --json` in a subprocess: `local` with `--workers W`, `ray` with
 `--executor ray` in a process that started a local Ray with `--cpus` CPUs (chunks of 4 × W
-batches, `run.wide_ray`). Sandbox evaluation: `amapreduce eval run --benchmark sandbox --trials T`
-offline, local and `--executor ray` (each trial one Ray task, `run.eval_ray`).
+batches, `cluster.wide`). Sandbox evaluation: `amapreduce eval run --benchmark sandbox --trials T`
+offline, local and `--executor ray` (each trial one Ray task, `cluster.trials`).
 
 Per configuration it prints the subprocess's wall time (Ray's start included), the run's own wall
 time where `result.json` has it, the overhead per batch (run wall / batches, with the simulated
@@ -21,10 +21,10 @@ reference): `tasks` (alias `ray`, shown as `ray`) is the product path above; `ac
 `ray-actors (prototype)`) is a PROTOTYPE INSIDE THIS BENCHMARK, not the product path, measured to
 choose between the two designs of issue 14 point 3: one threaded Ray actor per CPU
 (`max_concurrency` = W), each building the engine once from plain settings under the cluster's
-limiter and meter (`run.ray_limits`, as a chunk does); the driver cuts the same plan into single
+limiter and meter (`cluster.limits`, as a chunk does); the driver cuts the same plan into single
 batches (`chunk_plan(..., 1)`: a batch's rows as a sub-decision plus its plan, plain data), keeps
 W × actors batches in flight (each new one to the actor with the fewest), and merges the rows in
-matrix order with `Table.merge_row`, the rule of `run.wide_ray`. It writes no run folder, no
+matrix order with `Table.merge_row`, the rule of `cluster.wide`. It writes no run folder, no
 journal and no `result.json` (workers' trace events are shipped back with each batch and written
 to one file), and its driver does not load the CLI, so its RSS is not the product's. Its table is
 checked against the local run's.
@@ -79,10 +79,9 @@ def _count_ray_calls() -> dict[str, int]:
     """Patch Ray's entry points in this (driver) process and the limiter actor's class so every
     Ray call is counted; the counts are filled in as the run goes."""
     import ray
+    from amapreduce.run import ray_limits
     from ray.actor import ActorClass, ActorMethod
     from ray.remote_function import RemoteFunction
-
-    from amapreduce.run import ray_limits
 
     counts: dict[str, int] = {}
     lock = threading.Lock()
@@ -158,8 +157,8 @@ class BatchActor:
     settings, under the cluster's limiter and meter, and runs single batches sent to it."""
 
     def __init__(self, settings: Any, limits: Any) -> None:
-        from amapreduce.run.ray_limits import cluster_limits, cluster_meter
-        from amapreduce.run.wiring import build_parts
+        from amapreduce.cluster.limits import cluster_limits, cluster_meter
+        from amapreduce.session.parts import build_parts
         from amapreduce.trace import Trace
 
         events: list[tuple[str, dict[str, Any]]] = []
@@ -198,12 +197,12 @@ def _actor_pool(*, cpus: int, decision: str, model: str, api_base: str, workers:
     """PROTOTYPE: run `decision` as single batches on `cpus` threaded actors; write its table to `out`."""
     ray: Any = importlib.import_module("ray")
 
+    from amapreduce.cluster.limits import ClusterLimiter
+    from amapreduce.cluster.wide import chunk_plan
     from amapreduce.decision.model import load_decision
     from amapreduce.llm.factory import new_meter
     from amapreduce.mapreduce.batching import plan_batches
     from amapreduce.mapreduce.engine import EngineConfig
-    from amapreduce.run.ray_limits import ClusterLimiter
-    from amapreduce.run.wide_ray import chunk_plan
     from amapreduce.settings import load_settings
     from amapreduce.table.table import Row, Table
 

@@ -177,9 +177,9 @@ SYNTHETIC = Layers(
 
 
 def test_the_check_fails_on_an_upward_import() -> None:
-    files = {"amapreduce/table/render.py": "from amapreduce.run.wiring import build_parts\n"}
+    files = {"amapreduce/table/render.py": "from amapreduce.session.parts import build_parts\n"}
     assert violations(files, SYNTHETIC) == [
-        "amapreduce.table.render (layer 1) imports amapreduce.run.wiring (layer 6 > 1) (amapreduce/table/render.py:1)"
+        "amapreduce.table.render (layer 1) imports amapreduce.session.parts (layer 6 > 1) (amapreduce/table/render.py:1)"
     ]
 
 
@@ -189,14 +189,14 @@ def test_the_check_counts_imports_in_functions_type_checking_and_relative_ones()
         "if TYPE_CHECKING:\n"
         "    from amapreduce.run import wiring\n"
         "def late():\n"
-        "    import amapreduce.run.ask\n"
+        "    import amapreduce.session.ask\n"
         "from .. import run\n"
         "from amapreduce import Table\n"
     )
     found = violations({"amapreduce/table/keys.py": source}, SYNTHETIC)
     assert [f.split(" (amapreduce/")[0] for f in found] == [
         "amapreduce.table.keys (layer 1) imports amapreduce.run (layer 6 > 1)",
-        "amapreduce.table.keys (layer 1) imports amapreduce.run.ask (layer 6 > 1)",
+        "amapreduce.table.keys (layer 1) imports amapreduce.session.ask (layer 6 > 1)",
         "amapreduce.table.keys (layer 1) imports amapreduce.run (layer 6 > 1)",
         "amapreduce.table.keys (layer 1) imports amapreduce (layer 8 > 1)",
     ]

@@ -18,7 +18,7 @@ from amapreduce.errors import BudgetExceeded, DecisionError, ProviderRejected, R
 from amapreduce.journal import JournalEntry
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.checkpoint import Checkpoint
-from amapreduce.mapreduce.compose import run_decision
+from amapreduce.mapreduce.compose import execute_decision
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.result import RunStatus
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
@@ -66,7 +66,7 @@ def chain(depth: int, **extra: Any) -> dict[str, Any]:
 
 def test_nested_rows_merge_with_the_parent_cells_forced_and_their_origin() -> None:
     solver = WorldSolver(TRUTH)
-    result = run_decision(engine(solver), Decision.parse(two_levels()))
+    result = execute_decision(engine(solver), Decision.parse(two_levels()))
     assert result.ending.status is RunStatus.COMPLETE and result.summary.complete
     assert [(r["year"], r["rank"], r["company"]) for r in result.table.records()] == [
         (y, r, f"Co{y}{r}") for y in YEARS for r in RANKS]
@@ -84,7 +84,7 @@ def test_nested_rows_merge_with_the_parent_cells_forced_and_their_origin() -> No
 def test_nested_decisions_run_to_the_depth_limit_and_no_further() -> None:
     for depth, limit in [(3, None), (4, 4), (8, 8)]:
         extra = {} if limit is None else {"max_depth": limit}
-        result = run_decision(engine(WorldSolver(TRUTH)), Decision.parse(chain(depth, **extra)))
+        result = execute_decision(engine(WorldSolver(TRUTH)), Decision.parse(chain(depth, **extra)))
         assert result.summary.complete and len(result.table) == len(TRUTH)
         names = [*(f"pass{k}" for k in reversed(range(depth - 2))), "fill"]  # from the root down
         cells = ["2019, 2019", *["all, 2019"] * (depth - 2)]  # each step: the parent task it ran for
@@ -98,7 +98,7 @@ def test_the_summary_adds_up_the_children() -> None:
     decision = Decision.parse(two_levels())
     def solver() -> WorldSolver:
         return WorldSolver(TRUTH, drop_rate=0.3, fail_rate=0.3, seed=7)
-    combined = run_decision(engine(solver(), patch_rounds=2), decision)
+    combined = execute_decision(engine(solver(), patch_rounds=2), decision)
     alone = [engine(solver(), patch_rounds=2).run(decision.child_for(i)).summary for i in range(len(YEARS))]
     s = combined.summary
     assert s.retries == sum(c.retries for c in alone) > 0
@@ -130,7 +130,7 @@ class Stopper:
 def test_a_budget_stop_in_a_child_stops_the_run_with_its_path_and_the_rows_so_far() -> None:
     decision = Decision.parse(chain(3))
     with pytest.raises(RunCancelled) as info:
-        run_decision(engine(Stopper("2020-2", BudgetExceeded("the cost budget of $0.10 is spent"))), decision)
+        execute_decision(engine(Stopper("2020-2", BudgetExceeded("the cost budget of $0.10 is spent"))), decision)
     partial = info.value.partial
     where = "child pass0 of task 1 (2020, 2020): child fill of task 0 (all, 2020): the cost budget of $0.10 is spent"
     assert partial.ending.status is RunStatus.STOPPED and partial.ending.reason == where
@@ -142,7 +142,7 @@ def test_a_budget_stop_in_a_child_stops_the_run_with_its_path_and_the_rows_so_fa
 def test_a_refusing_provider_fails_the_run_and_keeps_rejected() -> None:
     decision = Decision.parse(two_levels())
     with pytest.raises(RunCancelled) as info:
-        run_decision(engine(Stopper("2019-3", ProviderRejected("401 wrong key", provider="x", failures=1, last_error="401"))),
+        execute_decision(engine(Stopper("2019-3", ProviderRejected("401 wrong key", provider="x", failures=1, last_error="401"))),
                      decision)
     ending = info.value.partial.ending
     assert ending.status is RunStatus.FAILED and ending.rejected
@@ -152,7 +152,7 @@ def test_a_refusing_provider_fails_the_run_and_keeps_rejected() -> None:
 def test_a_child_that_cannot_start_fails_the_run_with_its_path() -> None:
     decision = Decision.parse(two_levels())  # each child plans 2 batches: over a cap of 1
     with pytest.raises(RunCancelled) as info:
-        run_decision(engine(WorldSolver(TRUTH), max_batches=1), decision)
+        execute_decision(engine(WorldSolver(TRUTH), max_batches=1), decision)
     ending = info.value.partial.ending
     assert ending.status is RunStatus.FAILED and ending.error is not None
     assert re.match(r"child top of task 0 \(2019\): .*batch", ending.error)
@@ -169,9 +169,9 @@ def test_a_resumed_nested_run_replays_every_child_from_the_checkpoint() -> None:
 
     sink = Sink()
     decision = Decision.parse(two_levels())
-    first = run_decision(engine(WorldSolver(TRUTH)), decision, checkpoint=Checkpoint(sink))
+    first = execute_decision(engine(WorldSolver(TRUTH)), decision, checkpoint=Checkpoint(sink))
     again = WorldSolver(TRUTH)
-    resumed = run_decision(engine(again), decision, checkpoint=Checkpoint(Sink(), saved=sink.entries))
+    resumed = execute_decision(engine(again), decision, checkpoint=Checkpoint(Sink(), saved=sink.entries))
     assert again.requests == [] and resumed.table.records() == first.table.records()
     assert resumed.summary.attempts == first.summary.attempts
 
@@ -210,7 +210,7 @@ def fill(sources: list[str], **extra: Any) -> dict[str, Any]:
 
 def test_discovery_becomes_the_task_matrix_of_the_fill() -> None:
     solver = Atlas()
-    result = run_decision(engine(solver), Decision.parse(fill(["list-a", "list-b"])))
+    result = execute_decision(engine(solver), Decision.parse(fill(["list-a", "list-b"])))
     assert result.table.records() == [{"City": c, "Population": POPULATION[c]} for c in ["Paris", "Rome", "Oslo"]]
     assert result.discovery is not None and result.discovery.sources == 2 and result.discovery.entities == 3
     assert result.summary.complete and result.summary.attempts == len(solver.requests) == len(result.attempts)
@@ -221,7 +221,7 @@ def test_discovery_becomes_the_task_matrix_of_the_fill() -> None:
 def test_a_discovery_that_finds_nothing_is_an_incomplete_run() -> None:
     PAGES["list-empty"] = []
     try:
-        result = run_decision(engine(Atlas()), Decision.parse(fill(["list-empty"])))
+        result = execute_decision(engine(Atlas()), Decision.parse(fill(["list-empty"])))
     finally:
         del PAGES["list-empty"]
     assert result.ending.status is RunStatus.INCOMPLETE and len(result.table) == 0
@@ -233,7 +233,7 @@ def test_a_child_discovers_per_parent_task_and_the_discoveries_add_up() -> None:
     decision = Decision.parse({"task_matrix": [["2019"], ["2020"]], "template": "Cities of __0__",
                                "json_schema": ["year", "City", "Population"], "key_columns": ["year", "City"],
                                "child": child})
-    result = run_decision(engine(Atlas()), decision)
+    result = execute_decision(engine(Atlas()), decision)
     assert [(r["year"], r["City"], r["Population"]) for r in result.table.records()] == [
         ("2019", "Paris", "2.1M"), ("2020", "Oslo", "0.7M"), ("2020", "Lima", "10M")]
     assert [r.origin for r in result.table.rows] == ["child[2019]", "child[2020]", "child[2020]"]
@@ -244,7 +244,7 @@ def test_a_child_discovers_per_parent_task_and_the_discoveries_add_up() -> None:
 def test_a_discovered_matrix_can_run_a_child_per_entity() -> None:
     child = {"task_matrix": [["__parent_0__"]], "template": "Population of [[__0__]]", "json_schema": ["City", "Population"]}
     decision = Decision.parse({**fill(["list-a", "list-b"]), "child": child})
-    result = run_decision(engine(Atlas()), decision)
+    result = execute_decision(engine(Atlas()), decision)
     assert result.table.records() == [{"City": c, "Population": POPULATION[c]} for c in ["Paris", "Rome", "Oslo"]]
     assert [r.origin for r in result.table.rows] == ["child[Paris]", "child[Rome]", "child[Oslo]"]
     assert result.discovery is not None and result.discovery.entities == 3 and result.summary.complete
@@ -259,7 +259,7 @@ def test_a_budget_stop_in_a_merge_call_stops_the_run_like_a_map_stop() -> None:
     spec = fill(["list-a", "list-b"])
     spec["discover"]["merge"] = "model"
     with pytest.raises(RunCancelled) as info:
-        run_decision(engine(Atlas()), Decision.parse(spec), merger=Broke())
+        execute_decision(engine(Atlas()), Decision.parse(spec), merger=Broke())
     ending = info.value.partial.ending
     assert ending.status is RunStatus.STOPPED and ending.reason == "discovery: the token budget of 100 is spent"
 
@@ -280,7 +280,7 @@ def test_a_cancel_between_two_children_stops_the_run_before_the_next_child() -> 
 
     eng.trace = CancelAfterFirstChild()
     with pytest.raises(RunCancelled) as info:
-        run_decision(eng, Decision.parse(two_levels()))
+        execute_decision(eng, Decision.parse(two_levels()))
     partial = info.value.partial
     assert partial.ending.status is RunStatus.STOPPED
     assert {r["year"] for r in partial.table.records()} == {"2019"} and len(partial.table) == 3
@@ -302,9 +302,9 @@ def test_the_merge_calls_usage_is_in_the_runs_summary() -> None:
 
     spec = fill(["list-a", "list-b"])
     spec["discover"]["merge"] = "model"
-    plain = run_decision(engine(Atlas()), Decision.parse(fill(["list-a", "list-b"])))
-    merged = run_decision(engine(Atlas()), Decision.parse(spec), merger=Merging(cached=False))
-    cached = run_decision(engine(Atlas()), Decision.parse(spec), merger=Merging(cached=True))
+    plain = execute_decision(engine(Atlas()), Decision.parse(fill(["list-a", "list-b"])))
+    merged = execute_decision(engine(Atlas()), Decision.parse(spec), merger=Merging(cached=False))
+    cached = execute_decision(engine(Atlas()), Decision.parse(spec), merger=Merging(cached=True))
     assert merged.discovery is not None and merged.discovery.merge_calls >= 1
     calls = merged.discovery.merge_calls
     assert merged.summary.usage.requests == plain.summary.usage.requests + calls

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from sessions import ask as run_ask
 
 from amapreduce.cli.app import main
 from amapreduce.demo.atlas import list_entries
@@ -27,7 +28,6 @@ from amapreduce.demo.serve import serving_model
 from amapreduce.llm.guard import allow_model_requests
 from amapreduce.mapreduce.merge import Candidate, ModelMerger
 from amapreduce.mapreduce.tree_reduce import Node
-from amapreduce.run.ask import run_ask
 from amapreduce.sandbox import SandboxWorld, sandbox_world
 from amapreduce.settings import Settings, load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sessions import ask as run_ask
 
 from amapreduce.demo.faults import FaultPlan
 from amapreduce.demo.model import SimulatedAtlasModel
 from amapreduce.demo.run import load_sandbox_tasks, score_answer
 from amapreduce.llm.guard import allow_model_requests
-from amapreduce.run.ask import run_ask
 from amapreduce.settings import Settings, load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from amapreduce.session.ask import AskOutcome, run_ask
 
 from amapreduce.decision.model import Decision
 from amapreduce.demo.faults import FaultPlan
@@ -52,7 +53,6 @@ from amapreduce.memory.records import DecisionSummary, TraceSummary
 from amapreduce.memory.retrieval import Neighbour, Retrieval, ScoredHint, render_prior
 from amapreduce.memory.store import insert_hint
 from amapreduce.prompts import render_prompt
-from amapreduce.run.ask import AskOutcome, run_ask
 from amapreduce.settings import Settings
 from amapreduce.testing.scripted import SIMULATED_PRICES
 

@@ -331,8 +331,9 @@ def test_tool_plans_then_runs_a_discovery_and_its_fill() -> None:
 
 
 def test_tool_refuses_a_discovery_with_a_matrix() -> None:
-    from amapreduce.errors import ToolCallRefused
     from amapreduce.mapreduce.tool import MapReduceTool
+
+    from amapreduce.errors import ToolCallRefused
 
     tool = MapReduceTool(MapReduceEngine(AtlasSolver(PAGES)), plan_stage=False)
     with pytest.raises(ToolCallRefused, match="discover"):
@@ -368,9 +369,10 @@ class SimulatedAtlas:
 
 
 def test_mapreduce_run_discovers_fills_records_and_resumes(tmp_path: Any) -> None:
+    from amapreduce.session.decision_run import DECISION_FILE, resume_decision_run, run_decision
+
     from amapreduce.decision.model import Decision
-    from amapreduce.run.mapreduce_run import DECISION_FILE, resume_decision_run, run_decision
-    from amapreduce.run.run_journal import read_run_journal
+    from amapreduce.session.journal import read_run_journal
     from amapreduce.settings import load_settings
 
     sim = SimulatedAtlas()
@@ -401,9 +403,10 @@ def test_mapreduce_run_discovers_fills_records_and_resumes(tmp_path: Any) -> Non
 
 def test_ask_keeps_the_executed_decisions_once_one_is_composed(tmp_path: Any) -> None:
     """A resumed `ask` reruns the manager's decisions; a composed one is not in the journal as such."""
+    from amapreduce.session.ask import EXECUTED_FILE, _Executed, _saved_decisions
+
     from amapreduce.decision.model import Decision
     from amapreduce.mapreduce.batching import plan_batches
-    from amapreduce.run.ask import EXECUTED_FILE, _Executed, _saved_decisions
 
     plain = Decision.parse({"task_matrix": [["Oslo", "Norway"]], "template": "Mayor of <<__0__|__1__>>",
                             "json_schema": ["City", "Country", "Mayor"]})
@@ -421,8 +424,9 @@ def test_ask_keeps_the_executed_decisions_once_one_is_composed(tmp_path: Any) ->
 def test_context_window_setting_then_model_info_then_default(monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    from amapreduce.errors import ConfigError
     from amapreduce.run import wiring
+
+    from amapreduce.errors import ConfigError
     from amapreduce.settings import load_settings
 
     fake = types.ModuleType("litellm")
@@ -442,7 +446,7 @@ def test_context_window_setting_then_model_info_then_default(monkeypatch: pytest
 
 
 def test_run_parts_carry_a_model_merger(tmp_path: Any) -> None:
-    from amapreduce.run.wiring import build_parts
+    from amapreduce.session.parts import build_parts
     from amapreduce.settings import load_settings
     from amapreduce.trace import NullTrace
 

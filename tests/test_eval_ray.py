@@ -347,7 +347,7 @@ class _InProcessTrials:
         return [(job, image, threading.Event()) for job in jobs]
 
     def result(self, handle: Any) -> Any:
-        from amapreduce.run.eval_trial import run_detached
+        from amapreduce.bench.trial import run_detached
 
         job, image, cancelled = handle
         if self.interrupt and job.task_id == self.stopper and job.trial == 1:
@@ -373,10 +373,10 @@ def test_ctrl_c_cancels_the_remote_trials_still_running_and_keeps_the_finished_o
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The cancel path without Ray or a clock: the second instance's trial 1 is running (waiting to be
     cancelled) when Ctrl-C comes, once both trials of the first instance have come back."""
-    from amapreduce.run.eval_ray import ExecutorSpec
+    from amapreduce.cluster.trials import ExecutorSpec
 
     monkeypatch.setattr("amapreduce.cli.eval_run.executor_spec", lambda flag: ExecutorSpec(flag))  # no Ray here
-    monkeypatch.setattr("amapreduce.run.eval_ray.RayTrials", _InProcessTrials)
+    monkeypatch.setattr("amapreduce.cluster.trials.RayTrials", _InProcessTrials)
     monkeypatch.setattr(_InProcessTrials, "instances", [])
     ids = ["sbx_en_001", "sbx_en_005"]
     args = ["eval", "run", "--benchmark", "sandbox", "--ids", ",".join(ids), "--trials", "2", "--encoder", "hashing",
@@ -403,8 +403,9 @@ def test_ctrl_c_cancels_the_remote_trials_still_running_and_keeps_the_finished_o
 def test_ctrl_c_in_a_local_evaluation_starts_no_further_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The local path stops the same way: the running trial is recorded, the next one never starts (it
     used to run every remaining trial of the started instances before exiting), and `--resume` finishes."""
-    from amapreduce import journal
     from amapreduce.run import evaluate
+
+    from amapreduce import journal
 
     original, halt, halted = journal.JournalWriter.append, evaluate._TrialRunner.halt, threading.Event()
 
@@ -454,8 +455,8 @@ def test_executor_flag_and_variable_are_checked_before_anything_is_made(
 
 def test_nothing_imports_ray_unless_asked(tmp_path: Path) -> None:
     code = ("import sys\n"
-            "import amapreduce.cli.app, amapreduce.cli.eval_run, amapreduce.run.evaluate, amapreduce.run.eval_ray\n"
-            "from amapreduce.run.eval_ray import parse_executor\n"
+            "import amapreduce.cli.app, amapreduce.cli.eval_run, amapreduce.bench.evaluate, amapreduce.cluster.trials\n"
+            "from amapreduce.cluster.trials import parse_executor\n"
             "assert parse_executor('ray:auto').address == 'auto'\n"
             "print('ray' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
@@ -466,10 +467,10 @@ def test_a_snapshot_image_reads_what_the_snapshot_reads(tmp_path: Path) -> None:
     """What a remote trial gets of the memory: the instance's snapshot, not the live memory."""
     from test_memory_fixtures import PASS, QUERY, ranked_store
 
+    from amapreduce.bench.trial import open_snapshot_image, snapshot_image
     from amapreduce.mapreduce.prior import PriorRequest
     from amapreduce.memory import InstanceSession
     from amapreduce.memory.records import DecisionSummary
-    from amapreduce.run.eval_trial import open_snapshot_image, snapshot_image
 
     mem, enc = ranked_store(tmp_path / "live")
     enc.vectors["other instance"] = enc.at(0.99)
@@ -493,8 +494,8 @@ def test_a_snapshot_image_reads_what_the_snapshot_reads(tmp_path: Path) -> None:
 
 
 def test_a_shipped_run_folder_is_written_under_the_evaluation_only(tmp_path: Path) -> None:
+    from amapreduce.bench.trial import TrialRun, write_run_files
     from amapreduce.errors import RunError
-    from amapreduce.run.eval_trial import TrialRun, write_run_files
 
     runs = tmp_path / "runs" / "sbx_en_001" / "trial1"
     run = TrialRun(status="complete", answer="| a |", run_dir="20261124-run",

@@ -16,8 +16,8 @@ from amapreduce.demo.run import DemoOutcome, load_sandbox_tasks, run_demo, score
 from amapreduce.evaluation.score import explain_corrections
 from amapreduce.llm.meter import Price, PriceTable, UsageMeter
 from amapreduce.llm.usage import Usage
-from amapreduce.run.run_journal import RunKind
-from amapreduce.run.rundir import list_runs
+from amapreduce.session.journal import RunKind
+from amapreduce.session.rundir import list_runs
 from amapreduce.settings import Settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"

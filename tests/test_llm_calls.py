@@ -162,7 +162,7 @@ def test_unpriced_model_under_a_cost_budget_warns_once(caplog: pytest.LogCapture
 
 
 def test_run_models_trace_their_calls_and_report_retries_as_progress(tmp_path: Path) -> None:
-    from amapreduce.run.wiring import build_parts
+    from amapreduce.session.parts import build_parts
     from amapreduce.settings import load_settings
 
     request = httpx.Request("POST", "http://127.0.0.1:1/v1")

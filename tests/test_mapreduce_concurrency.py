@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from amapreduce.mapreduce.tool import MapReduceTool
 from solvers import WorldSolver, world, world_decision
 
 from amapreduce.decision.model import Decision
@@ -19,7 +20,6 @@ from amapreduce.errors import BudgetExceeded, RunCancelled, ToolCallRefused
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.result import MapReduceResult, RunStatus
 from amapreduce.mapreduce.solver import BatchRequest
-from amapreduce.mapreduce.tool import MapReduceTool
 
 TRUTH = world(8)
 FIRST, SECOND = dict(list(TRUTH.items())[:4]), dict(list(TRUTH.items())[4:])

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from amapreduce.mapreduce.tool import MapReduceTool
 from solvers import WorldSolver, world
 
 from amapreduce.errors import RunError, ToolCallRefused
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.prior import Prior, PriorRequest
-from amapreduce.mapreduce.tool import MapReduceTool
 from amapreduce.trace import TraceWriter
 
 TRUTH = world(8)

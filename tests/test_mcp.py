@@ -182,7 +182,7 @@ def test_a_server_that_does_not_start_is_named(tmp_path: Path) -> None:
 
 
 def test_manager_gets_the_tools_only_when_asked_and_close_stops_the_server(tmp_path: Path) -> None:
-    from amapreduce.run.wiring import build_parts
+    from amapreduce.session.parts import build_parts
 
     config = write_config(tmp_path, {"facts": facts_server(tmp_path), "off": {"command": "no-such", "disabled": True}})
     for manager in (False, True):

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sessions import ask as run_ask
 from typer.testing import CliRunner
 
+from amapreduce.bench.learn import HintCredit, learn_from_run, run_record_id
 from amapreduce.cli import memory as memory_cli
 from amapreduce.cli.app import main
 from amapreduce.demo.model import SimulatedAtlasModel
@@ -26,8 +28,6 @@ from amapreduce.memory import ExperientialMemory, MemoryConfig, MemoryStore
 from amapreduce.memory.labels import confidence, infrastructure_failure_reason, label, required_metrics
 from amapreduce.memory.records import DecisionSummary
 from amapreduce.memory.store import insert_hint
-from amapreduce.run.ask import run_ask
-from amapreduce.run.learn import HintCredit, learn_from_run, run_record_id
 from amapreduce.settings import Settings
 from amapreduce.testing.scripted import SIMULATED_PRICES, FunctionModel
 

@@ -35,8 +35,8 @@ from amapreduce.demo.run import run_demo
 from amapreduce.llm.messages import message_text
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.solver import SUBAGENT_NAME, SmolagentsSolver
-from amapreduce.run.lifecycle import start_run
-from amapreduce.run.run_journal import RunKind
+from amapreduce.session.journal import RunKind
+from amapreduce.session.lifecycle import start_run
 from amapreduce.settings import Settings, load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply, final_answer, tool_call

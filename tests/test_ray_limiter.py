@@ -36,7 +36,7 @@ from amapreduce.errors import BudgetExceeded, ProviderUnavailable
 from amapreduce.llm.meter import Budget, UsageMeter
 from amapreduce.llm.models import ManagedModel, ModelSpec, build_model
 from amapreduce.ratelimit import WindowPolicy
-from amapreduce.run.ray_limits import ClusterGates, ClusterLimiter, cluster_limits, cluster_meter
+from amapreduce.cluster.limits import ClusterGates, ClusterLimiter, cluster_limits, cluster_meter
 from amapreduce.settings import load_settings
 from amapreduce.testing.scripted import FunctionModel
 
@@ -210,7 +210,7 @@ def test_models_built_under_installed_gates_use_them_and_the_default_comes_back(
 
 def test_nothing_imports_ray_unless_asked() -> None:
     code = ("import sys\n"
-            "import amapreduce.run.ray_limits, amapreduce.run.wide_ray, amapreduce.run.mapreduce_run\n"
+            "import amapreduce.cluster.limits, amapreduce.cluster.wide, amapreduce.session.decision_run\n"
             "import amapreduce.cli.mapreduce\n"
             "print('ray' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
@@ -221,10 +221,11 @@ def test_a_worker_meter_holds_its_own_budget_and_the_clusters(monkeypatch: pytes
     """`ClusterMeter` checks the worker's own budget (an evaluation trial's `--max-tokens`, as a local
     trial's meter does) and then the cluster's spend against the run's budget; both in the one
     wording of a spent budget. A stand-in for Ray's `get` and the actor: no cluster needed."""
+    from amapreduce.run import ray_limits
+
     from amapreduce.errors import BudgetExceeded
     from amapreduce.llm.meter import Budget
     from amapreduce.llm.usage import Usage
-    from amapreduce.run import ray_limits
 
     class Actor:
         spent_so_far = (0.0, 0)

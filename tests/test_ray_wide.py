@@ -164,10 +164,10 @@ def test_a_killed_wide_run_resumes_without_asking_its_finished_chunk_again(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGKILL the driver once chunk 0 is journaled (chunk 1's questions are held), then
     `runs resume` on Ray: the table is a local run's, and chunk 0's rows are never asked again."""
+    from amapreduce.cluster.wide import chunk_plan
     from amapreduce.decision.model import load_decision
     from amapreduce.llm.guard import allow_model_requests
     from amapreduce.mapreduce.batching import plan_batches
-    from amapreduce.run.wide_ray import chunk_plan
     from amapreduce.testing.openai_server import OpenAICompatibleServer
     from amapreduce.testing.scripted import FunctionModel
 
@@ -257,9 +257,9 @@ def test_executor_flag_and_variable_are_checked_before_a_run_is_made(
 
 
 def test_chunks_are_whole_batches_whose_rows_map_back() -> None:
+    from amapreduce.cluster.wide import chunk_plan
     from amapreduce.decision.model import Decision
     from amapreduce.mapreduce.batching import plan_batches
-    from amapreduce.run.wide_ray import chunk_plan
 
     decision = Decision.parse({
         "task_matrix": [[f"item{i}", "north" if i % 2 == 0 else "south"] for i in range(5)],
@@ -341,12 +341,12 @@ class _FakeRay:
 
 def test_ctrl_c_cancels_the_chunks_not_finished_and_keeps_the_rows_of_those_that_were(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from amapreduce.cluster.wide import ChunkRun, run_wide
     from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.llm.usage import Usage
     from amapreduce.mapreduce.batching import plan_batches
     from amapreduce.mapreduce.result import MapReduceResult, RunEnding, RunStatus, RunSummary
-    from amapreduce.run.wide_ray import ChunkRun, run_wide
     from amapreduce.settings import load_settings
     from amapreduce.table.table import Table
     from amapreduce.trace import NullTrace

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sessions import ask as run_ask
 
 from amapreduce.cli.app import main
 from amapreduce.llm.guard import allow_model_requests
 from amapreduce.llm.messages import message_text
-from amapreduce.run.ask import run_ask
 from amapreduce.settings import load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, final_answer, tool_call

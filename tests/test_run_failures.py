@@ -10,12 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
+from amapreduce.session.ask import run_ask
+from amapreduce.session.decision_run import run_decision
 
 from amapreduce.cli.app import main
 from amapreduce.decision.model import Decision
 from amapreduce.errors import ConfigError
-from amapreduce.run.ask import run_ask
-from amapreduce.run.mapreduce_run import run_decision
 from amapreduce.settings import load_settings
 
 DECISION = Decision.parse(

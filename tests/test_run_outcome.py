@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sessions import ask as run_ask
 from solvers import WorldSolver, world, world_decision
 
 from amapreduce.cli.app import main
@@ -20,7 +21,6 @@ from amapreduce.llm.messages import message_text
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.result import Completeness, RunEnding, RunStatus
 from amapreduce.mapreduce.solver import BatchRequest
-from amapreduce.run.ask import run_ask
 from amapreduce.settings import load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, final_answer, tool_call

@@ -5,7 +5,7 @@ from __future__ import annotations
 from amapreduce.llm.meter import UsageMeter
 from amapreduce.llm.retry import ProviderRetry
 from amapreduce.mapreduce.engine import ProgressEvent
-from amapreduce.run.progress import RunProgress
+from amapreduce.session.progress import RunProgress
 
 
 def test_batch_and_provider_retries_are_counted_apart() -> None:

@@ -23,7 +23,7 @@ from amapreduce.journal import JournalWriter
 from amapreduce.llm.guard import allow_model_requests
 from amapreduce.llm.messages import message_text
 from amapreduce.mapreduce.checkpoint import BatchAttempt
-from amapreduce.run.run_journal import JOURNAL_KIND, JOURNAL_NAME, RunStarted, read_run_journal
+from amapreduce.session.journal import JOURNAL_KIND, JOURNAL_NAME, RunStarted, read_run_journal
 from amapreduce.settings import load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, final_answer, tool_call

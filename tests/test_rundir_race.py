@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from amapreduce.errors import UserError
-from amapreduce.run.rundir import RunDir
+from amapreduce.session.rundir import RunDir
 from tests.test_store_integrity import start_together
 
 NOW = 1_790_000_000.0

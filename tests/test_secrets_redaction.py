@@ -31,7 +31,7 @@ from amapreduce.llm.guard import allow_model_requests
 from amapreduce.llm.messages import message_text
 from amapreduce.llm.meter import UsageMeter
 from amapreduce.llm.models import ManagedModel
-from amapreduce.run.rundir import RunDir
+from amapreduce.session.rundir import RunDir
 from amapreduce.settings import load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply

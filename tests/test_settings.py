@@ -107,7 +107,7 @@ def test_invalid_limit_names_the_variable(variable: str, value: str) -> None:
 
 def test_a_run_caps_the_batch_plan_by_who_writes_its_decisions() -> None:
     """`ask` (a manager in the run) keeps the paper's 50; `mapreduce run` (no manager) runs the user's decision uncapped."""
-    from amapreduce.run.wiring import build_parts
+    from amapreduce.session.parts import build_parts
     from amapreduce.testing.scripted import FunctionModel, final_answer
     from amapreduce.trace import NullTrace
 

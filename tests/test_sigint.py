@@ -142,7 +142,7 @@ def test_attempts_in_flight_at_ctrl_c_send_no_further_request(tmp_path: Path, af
     from amapreduce.decision.model import load_decision
     from amapreduce.errors import RunCancelled
     from amapreduce.mapreduce.result import RunStatus
-    from amapreduce.run.wiring import build_parts
+    from amapreduce.session.parts import build_parts
     from amapreduce.settings import load_settings
     from amapreduce.trace import NullTrace
 

@@ -23,7 +23,7 @@ from amapreduce.errors import ConfigError, UserError
 from amapreduce.memory import MemoryStore
 from amapreduce.memory.inspection import show_item
 from amapreduce.memory.store import insert_hint
-from amapreduce.run.run_journal import RunKind, RunStarted, open_run_journal
+from amapreduce.session.journal import RunKind, RunStarted, open_run_journal
 from amapreduce.settings import Settings
 from amapreduce.ui import UIConfig, bind, create_app
 from amapreduce.ui.security import contained
@@ -118,7 +118,7 @@ def test_runs_page_lists_runs_with_status_rows_missing_cells_cost_and_wall_time(
 
 def test_runs_page_reads_each_run_once(world: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The wall time comes with `list_runs`' rows: the page does not read each `result.json` again."""
-    from amapreduce.run import rundir
+    from amapreduce.session import rundir
     from amapreduce.ui.runs import runs_view
 
     real, read = rundir.load_run, []

@@ -32,8 +32,8 @@ from amapreduce.llm.retry import ProviderRetry
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine, ProgressEvent
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
-from amapreduce.run.progress import RunProgress
-from amapreduce.run.rundir import list_runs
+from amapreduce.session.progress import RunProgress
+from amapreduce.session.rundir import list_runs
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import SIMULATED_PRICES, FunctionModel, ModelInfo, final_answer, tool_call
 

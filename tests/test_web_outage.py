@@ -22,6 +22,7 @@ from typing import Any
 import ddgs
 import ddgs.exceptions
 import pytest
+from sessions import ask as run_ask
 from test_web_backends import NO_JITTER, FakeDDGS
 from test_web_fetch import PRIVATE, LocalServer, send, send_json
 
@@ -29,7 +30,6 @@ from amapreduce.breaker import BreakerPolicy, BreakerState
 from amapreduce.errors import ProviderUnavailable, SearchUnavailable
 from amapreduce.llm.guard import allow_model_requests
 from amapreduce.mapreduce.result import RunEnding, RunStatus, stop_ending
-from amapreduce.run.ask import run_ask
 from amapreduce.settings import load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, tool_call

@@ -12,7 +12,7 @@ from amapreduce.cli import options as opt
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
 
 if TYPE_CHECKING:
-    from amapreduce.run.ask import AskOutcome
+    from amapreduce.session.outcome import RunOutcome
 
 __all__ = ["register", "runs_app"]
 
@@ -57,26 +57,27 @@ def ask(
     With --executor ray, the manager runs here and a decision of more batches than one chunk
     (4 per --workers) runs its chunks as Ray tasks, all under one cluster-wide rate limit and budget.
     """
-    from amapreduce.run.ask import run_ask
-    from amapreduce.run.wiring import check_run_setup, require_model
+    from amapreduce.session import RunOptions, Session
+    from amapreduce.session.parts import require_model
     from amapreduce.settings import load_settings
 
     if memory is not None and no_memory:
         raise typer.BadParameter("give either --memory STORE or --no-memory, not both")
     settings = load_settings(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_cost_usd=max_cost, max_tokens=max_tokens,
-        otel=otel or None, mcp=mcp, mcp_manager=mcp_manager or None, verify=verify,
+        otel=otel or None, mcp=mcp, mcp_manager=mcp_manager or None, verify=verify, executor=executor,
     )
     require_model(settings)
-    spec = opt.executor_spec(executor)
     store = _memory_store(memory, no_memory, settings.memory_store)
-    check_run_setup(settings, ("manager", "subagent", "extraction", *(("memory",) if store is not None else ())))
-    outcome = run_ask(query, settings, memory_store=store, show_progress=None if not as_json else False, executor=spec)
+    session = Session(settings, RunOptions(query=query, memory_store=store, executor=opt.executor_for(settings),
+                                           show_progress=None if not as_json else False))
+    with session:
+        outcome = session.ask()
     report_ask(outcome, as_json=as_json, out=out, csv_out=csv_out, evidence=evidence)
 
 
 def report_ask(
-    outcome: AskOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None, evidence: bool = False
+    outcome: RunOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None, evidence: bool = False
 ) -> None:
     """Hand a finished (or stopped) `ask` run to the user (`output.hand_over`): the `--json` object
     also holds the query and the completeness record, the summary line the effort and the cost.
@@ -106,7 +107,7 @@ def runs_list(
     With --json: {"runs_dir": the folder read (absolute), "runs": [one object per run]}.
     """
     from amapreduce.cli.output import cost_cell
-    from amapreduce.run.rundir import RUN_STATES, list_runs
+    from amapreduce.session.rundir import RUN_STATES, list_runs
     from amapreduce.settings import load_settings
 
     if status is not None and status not in RUN_STATES:
@@ -169,7 +170,7 @@ def runs_show(
     as_json: bool = typer.Option(False, "--json", help="Print the run's result.json."),
 ) -> None:
     """Show one run: status, completeness, usage and the table."""
-    from amapreduce.run.rundir import load_run
+    from amapreduce.session.rundir import load_run
     from amapreduce.settings import load_settings
 
     data = load_run(runs_dir or load_settings().runs_dir, run)
@@ -211,11 +212,9 @@ def runs_resume(
     otherwise the exit code says how the resumed run ended, as for the command that started it.
     """
     from amapreduce.cli.mapreduce import report_run
-    from amapreduce.run.ask import resume_ask_run
-    from amapreduce.run.mapreduce_run import resume_decision_run
-    from amapreduce.run.resume import resume_settings, saved_run
-    from amapreduce.run.run_journal import RunKind
-    from amapreduce.run.rundir import run_path
+    from amapreduce.session import Session
+    from amapreduce.session.resume import resume_settings, saved_run
+    from amapreduce.session.rundir import run_path
     from amapreduce.settings import load_settings
 
     path = run_path(runs_dir or load_settings().runs_dir, run)
@@ -225,11 +224,13 @@ def runs_resume(
         typer.echo(f"the run in {path} already finished ({status}); there is nothing to resume.", err=True)
         return
     settings = resume_settings(saved, workers=workers, otel=otel or None)
-    show_progress = None if not as_json else False
-    if saved.first.command is RunKind.ASK:
-        report_ask(resume_ask_run(path, saved, settings, show_progress=show_progress), as_json=as_json)
-    else:
-        report_run(resume_decision_run(path, saved, settings, show_progress=show_progress), as_json=as_json)
+    executor = None
+    if saved.wide is not None:  # a wide run resumes on the cluster it ran on
+        from amapreduce.cluster import executor_for
+
+        executor = executor_for(f"ray:{saved.wide.address}" if saved.wide.address else "ray")
+    outcome = Session.resume(path, saved, settings, show_progress=None if not as_json else False, executor=executor)
+    (report_ask if outcome.kind.is_ask else report_run)(outcome, as_json=as_json)
 
 
 def register(app: typer.Typer) -> None:

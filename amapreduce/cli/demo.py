@@ -58,7 +58,6 @@ def demo(
     from amapreduce.demo.faults import FaultPlan
     from amapreduce.demo.run import run_demo
     from amapreduce.errors import UserError
-    from amapreduce.run.wiring import start_tracing
     from amapreduce.settings import load_settings
 
     if memory is not None and no_memory:
@@ -67,7 +66,10 @@ def demo(
         raise UserError(f"--scouting must be mapreduce or sequential, not {scouting!r}.")
     mode: Scouting = "sequential" if scouting == "sequential" else "mapreduce"  # the checked flag, typed
     settings = load_settings(workers=workers, otel=otel or None, verify=verify)
-    start_tracing(settings)
+    if settings.otel:  # without the `otel` extra: a usage error, before anything is made
+        from amapreduce import telemetry
+
+        telemetry.enable()
     if serve:
         _serve(task_id, port, settings, mode)
         return
@@ -100,7 +102,7 @@ def demo(
                        f"  Why they differ: {explain_corrections(outcome.corrections)}")
         typer.echo(f"Model: simulated (not an LLM). Run directory: {outcome.ask.run_dir.path}")
         if outcome.memory is not None:
-            _echo_memory(outcome.memory, outcome.ask.tool.decisions)
+            _echo_memory(outcome.memory, outcome.ask.decisions)
     exit_for_run(outcome.ask.ending.status)
 
 

@@ -1,9 +1,9 @@
 """`amapreduce eval run` and `amapreduce eval report`: run a benchmark end to end, then plot it.
 
-The flags are parsed here; the evaluation itself is `amapreduce.run.evaluate.run_benchmark`, the
+The flags are parsed here; the evaluation itself is `amapreduce.bench.evaluate.run_benchmark`, the
 report `amapreduce.evaluation.report.write_report`. The sandbox benchmark needs no files and, with
 no `--model`, runs offline with the simulated model (deterministic code, not an LLM).
-`--executor ray[:ADDRESS]` (or `AMAPREDUCE_EXECUTOR`) runs the trials as Ray tasks (`run.eval_ray`).
+`--executor ray[:ADDRESS]` (or `AMAPREDUCE_EXECUTOR`) runs the trials as Ray tasks (`cluster.trials`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from amapreduce.cli.exit_codes import EVAL_EXIT_CODES_HELP
-from amapreduce.cli.options import ExecutorOpt, OtelOpt, executor_spec
+from amapreduce.cli.options import ExecutorOpt, OtelOpt, executor_for
 from amapreduce.errors import UserError
 
 if TYPE_CHECKING:
+    from amapreduce.bench.journal import EvalConfig
+    from amapreduce.bench.trial import SimulatedModels
     from amapreduce.evaluation.loaders import TaskSpec
-    from amapreduce.run.eval_journal import EvalConfig
-    from amapreduce.run.evaluate import SimulatedModels
     from amapreduce.settings import Settings
 
 __all__ = ["register"]
@@ -112,8 +112,8 @@ def run(
     """
     from rich.console import Console
 
-    from amapreduce.run.eval_journal import read_eval_config
-    from amapreduce.run.evaluate import run_benchmark
+    from amapreduce.bench.evaluate import run_benchmark
+    from amapreduce.bench.journal import read_eval_config
     from amapreduce.settings import load_settings
 
     if resume and resume_dir is not None and out is not None and resume_dir != out:
@@ -123,8 +123,8 @@ def run(
         raise UserError("--out DIR is required (or `eval run --resume DIR` to continue an evaluation).")
     if resume_dir is not None and not resume:
         raise UserError(f"unexpected argument {str(resume_dir)!r}; to continue an evaluation use --resume.")
-    base = load_settings(model=model, api_base=api_base, workers=workers, otel=otel or None)
-    spec = executor_spec(executor)
+    base = load_settings(model=model, api_base=api_base, workers=workers, otel=otel or None, executor=executor)
+    cluster = executor_for(base)  # Ray checked importable before anything is made
     if benchmark is None:
         if not resume:
             raise UserError("--benchmark is required: widesearch, deepwidesearch or sandbox.")
@@ -150,10 +150,10 @@ def run(
                   "scorer and pipeline are real.", markup=False)
     with contextlib.ExitStack() as stack:
         remote = None
-        if spec.kind == "ray":
-            from amapreduce.run.eval_ray import RayTrials
+        if cluster is not None:
+            from amapreduce.cluster.trials import RayTrials
 
-            remote = stack.enter_context(RayTrials(spec.address))
+            remote = stack.enter_context(RayTrials(cluster.spec.address))
         outcome = run_benchmark(config, out=folder, tasks=task_specs, settings=settings, options=options,
                                 tasks_parallel=tasks_parallel, simulated=simulated, memory_model=memory_model,
                                 resume=resume, progress=lambda line: err.print(line, markup=False), remote=remote)
@@ -171,9 +171,9 @@ def _config(benchmark: str, folder: Path, settings: Settings, *, tasks: Path | N
             ids: str | None, limit: int | None, trials: int, search: str | None, memory: Path | None,
             no_memory: bool, no_learn: bool, encoder: str | None, judge: str | None, align: str,
             reference_date: str | None, max_cost: float | None) -> EvalConfig:
+    from amapreduce.bench.journal import EvalConfig, benchmark_defaults
     from amapreduce.evaluation.loaders import load_tasks
     from amapreduce.memory.schema import DB_NAME
-    from amapreduce.run.eval_journal import EvalConfig, benchmark_defaults
 
     defaults = benchmark_defaults(benchmark)
     if memory is not None and no_memory:
@@ -181,7 +181,7 @@ def _config(benchmark: str, folder: Path, settings: Settings, *, tasks: Path | N
     if no_memory and no_learn:
         raise UserError("--no-learn reads a memory; with --no-memory there is none. Use one of them.")
     if benchmark != "sandbox" and not settings.model:
-        from amapreduce.run.wiring import NO_MODEL_HELP
+        from amapreduce.session.parts import NO_MODEL_HELP
 
         raise UserError(NO_MODEL_HELP)
     tasks_file, gold = benchmark_files(benchmark, tasks, gold_dir, settings)
@@ -222,12 +222,13 @@ def _check_setup(config: EvalConfig, settings: Settings, *, simulated: bool) -> 
     Raises:
         UserError: the search backend or a role's model cannot be built as given.
     """
-    from amapreduce.run.wiring import check_run_setup
+    from amapreduce.session import RunOptions, Session
+    from amapreduce.session.journal import RunKind
 
     if simulated and not config.search.startswith("corpus:"):
         raise UserError(f"--search {config.search!r}: the simulated model searches a local corpus only. Use "
                         "--search corpus:INDEX, leave --search out (the sandbox's own corpus), or pass --model.")
-    check_run_setup(settings, () if simulated else ("manager", "subagent", "extraction"))
+    Session(settings, RunOptions(kind=RunKind.EVAL, roles=() if simulated else None))  # its pre-flight; nothing is made
 
 
 def _tasks(config: EvalConfig) -> dict[str, TaskSpec]:
@@ -249,7 +250,7 @@ def _wiring(config: EvalConfig, base: Settings) -> tuple[Settings, SimulatedMode
         index = config.search.removeprefix("corpus:")
         # `rebuild`: a Ray worker builds the same simulated models itself (they never cross)
         return demo_settings(settings, index), dataclasses.replace(sandbox_models(), rebuild=sandbox_models), None
-    from amapreduce.run.eval_trial import memory_model_for
+    from amapreduce.bench.trial import memory_model_for
 
     return settings, None, memory_model_for(settings) if config.memory_store is not None else None
 

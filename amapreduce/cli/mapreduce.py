@@ -16,7 +16,7 @@ from amapreduce.cli import options as opt
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
 
 if TYPE_CHECKING:
-    from amapreduce.run.mapreduce_run import MapReduceRunOutcome
+    from amapreduce.session.outcome import RunOutcome
 
 __all__ = ["app", "report_run"]
 
@@ -116,25 +116,27 @@ def run(
     else 4 per worker) runs in chunks as Ray tasks, merged here in matrix order.
     """
     from amapreduce.decision.model import load_decision
-    from amapreduce.run.mapreduce_run import run_decision
-    from amapreduce.run.wiring import check_run_setup, require_model
+    from amapreduce.session import RunOptions, Session
+    from amapreduce.session.journal import RunKind
+    from amapreduce.session.parts import require_model
     from amapreduce.settings import load_settings
 
     decision = load_decision(decision_file)
     settings = load_settings(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches,
-        otel=otel or None, mcp=mcp, verify=verify,
+        otel=otel or None, mcp=mcp, verify=verify, executor=executor,
     )
-    spec = opt.executor_spec(executor)
     require_model(settings)
-    check_run_setup(settings, ("subagent", "extraction"))
-    outcome = run_decision(decision, settings, label=Path(decision_file).stem, show_progress=None if not as_json else False,
-                           executor=spec)
+    session = Session(settings, RunOptions(kind=RunKind.MAPREDUCE_RUN, query=Path(decision_file).stem, decision=decision,
+                                           executor=opt.executor_for(settings),
+                                           show_progress=None if not as_json else False))
+    with session:
+        outcome = session.run()
     report_run(outcome, as_json=as_json, out=out, csv_out=csv_out, evidence=evidence)
 
 
 def report_run(
-    outcome: MapReduceRunOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None,
+    outcome: RunOutcome, *, as_json: bool, out: Path | None = None, csv_out: Path | None = None,
     evidence: bool = False,
 ) -> None:
     """Hand a finished (or stopped) `mapreduce run` to the user (`output.hand_over`): the `--json`

@@ -417,9 +417,9 @@ def learn(
     judge). A run is committed once: learning it again changes nothing. A distillation that falls
     due runs with the memory model (--model, as `memory distill`) unless --no-distill.
     """
+    from amapreduce.bench.learn import learn_from_run
     from amapreduce.memory.schema import DB_NAME
-    from amapreduce.run.learn import learn_from_run
-    from amapreduce.run.rundir import run_path
+    from amapreduce.session.rundir import run_path
     from amapreduce.settings import load_settings
 
     settings = load_settings(memory_model=model, api_base=api_base)

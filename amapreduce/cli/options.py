@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from amapreduce.run.eval_ray import ExecutorSpec
+    from amapreduce.session.executor import Executor
+    from amapreduce.settings import Settings
 
 __all__ = [
     "ApiBaseOpt",
@@ -23,6 +24,7 @@ __all__ = [
     "EvidenceOpt",
     "EXECUTOR_HELP",
     "ExecutorOpt",
+    "executor_for",
     "McpOpt",
     "OTEL_HELP",
     "OtelOpt",
@@ -31,7 +33,6 @@ __all__ = [
     "VERIFY_HELP",
     "VerifyOpt",
     "WorkersOpt",
-    "executor_spec",
 ]
 
 OTEL_HELP = (
@@ -61,19 +62,13 @@ EXECUTOR_HELP = ("Where the work runs: local (threads here), ray (a Ray instance
 ExecutorOpt = Annotated[str | None, typer.Option("--executor", metavar="local|ray[:ADDRESS]", help=EXECUTOR_HELP)]
 
 
-def executor_spec(flag: str | None) -> ExecutorSpec:
-    """The `--executor` flag, else `AMAPREDUCE_EXECUTOR` (read after the settings loaded the `.env`
-    file), else local; Ray must be importable when asked for, checked before anything is made.
+def executor_for(settings: Settings) -> Executor | None:
+    """The run's executor from `Settings.executor` (the `--executor` flag, else `AMAPREDUCE_EXECUTOR`,
+    else local), Ray checked importable before anything is made (`cluster.executor_for`).
 
     Raises:
-        ConfigError: a value that is not local, ray or ray:ADDRESS, or ray without the `ray` extra.
+        ConfigError: ray without the `ray` extra.
     """
-    import os
+    from amapreduce.cluster import executor_for as build
 
-    from amapreduce.run.eval_ray import EXECUTOR_VARIABLE, parse_executor, require_ray
-
-    value = flag if flag is not None else os.environ.get(EXECUTOR_VARIABLE) or "local"
-    spec = parse_executor(value, source="--executor" if flag is not None else EXECUTOR_VARIABLE)
-    if spec.kind == "ray":
-        require_ray()
-    return spec
+    return build(settings.executor)

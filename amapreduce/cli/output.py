@@ -1,7 +1,7 @@
 """What the run commands (`ask`, `mapreduce run`) hand the user besides the run directory.
 
 Why here, at the command line: the `--out`/`--csv` copies and the `usage` object of `--json`
-are the commands' output contract; the run directory itself is written by `run.lifecycle`.
+are the commands' output contract; the run directory itself is written by `session.lifecycle`.
 Nothing beyond the standard library is imported at module level (the command modules import
 this one, and `amapreduce --help` must not load the meter or the table code).
 """
@@ -17,8 +17,7 @@ import typer
 
 if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
-    from amapreduce.run.ask import AskOutcome
-    from amapreduce.run.mapreduce_run import MapReduceRunOutcome
+    from amapreduce.session.outcome import RunOutcome
     from amapreduce.table.table import Table
 
 __all__ = ["cost_cell", "counted", "effort_text", "hand_over", "usage_json", "write_table_copies"]
@@ -59,7 +58,7 @@ def effort_text(completeness: Mapping[str, Any]) -> str:
 
 
 def cost_cell(row: Mapping[str, Any]) -> str:
-    """The cost of one `runs list` row (`run.rundir.list_runs`) as the table shows it: `$0.0123`,
+    """The cost of one `runs list` row (`session.rundir.list_runs`) as the table shows it: `$0.0123`,
     `unpriced (model ids)`, or empty for a run that recorded no usage (a failed start, a journal
     without a result yet); the words are `llm.meter.format_recorded_cost`'s, which the web UI shows too."""
     from amapreduce.llm.meter import format_recorded_cost
@@ -82,7 +81,7 @@ def write_table_copies(
 
 
 def hand_over(
-    outcome: AskOutcome | MapReduceRunOutcome, table: Table, markdown: str, *, as_json: bool, fields: dict[str, Any],
+    outcome: RunOutcome, table: Table, markdown: str, *, as_json: bool, fields: dict[str, Any],
     counts: str, tail: str, out: Path | None, csv_out: Path | None, evidence: bool,
 ) -> None:
     """Hand a finished (or stopped) run to the user, the one output contract of `ask`, `mapreduce run`

@@ -1,6 +1,6 @@
 """Run one sandbox task end to end with the simulated model, and score it against the gold.
 
-`run_demo` is what `amapreduce demo` runs: the real `run_ask` (manager agent, mapreduce tool,
+`run_demo` is what `amapreduce demo` runs: a real `ask` session (manager agent, mapreduce tool,
 engine, sub-agents, reducer, run directory) with the provider clients replaced by the
 simulated model and the web replaced by the bundled sandbox corpus. Nothing touches the
 network, no API key is needed, and the result is scored like `amapreduce eval score` does
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from amapreduce.evaluation.loaders import TaskSpec
     from amapreduce.memory import ExperientialMemory
     from amapreduce.memory.protocol import InstanceSession
-    from amapreduce.run.ask import AskOutcome
+    from amapreduce.session.outcome import RunOutcome
 
 __all__ = ["DEFAULT_TASK", "DemoOutcome", "demo_settings", "gold_dir_of", "load_sandbox_tasks", "run_demo", "score_answer",
            "score_answer_corrected"]
@@ -36,7 +36,7 @@ class DemoOutcome:
     """A finished demo run and its score."""
 
     task_id: str
-    ask: AskOutcome
+    ask: RunOutcome
     score: dict[str, float]
     """The WideSearch metrics of the table against the sandbox gold (exact judge), as the official
     scorer computes them."""
@@ -165,8 +165,8 @@ def run_demo(
     from amapreduce.demo.model import SimulatedAtlasModel
     from amapreduce.llm.factory import new_meter
     from amapreduce.memory.protocol import InstanceSession
-    from amapreduce.run.ask import run_ask
-    from amapreduce.run.run_journal import RunKind
+    from amapreduce.session import RunOptions, Session
+    from amapreduce.session.journal import RunKind
     from amapreduce.testing.scripted import SIMULATED_PRICES
 
     tasks, world = load_sandbox_tasks(settings)
@@ -177,22 +177,19 @@ def run_demo(
     model = SimulatedAtlasModel(faults=faults, latency_s=latency_s, sample=sample, scouting=scouting)
     run_settings = demo_settings(settings, world.index_dir)
     memory = _demo_memory(memory_store) if memory_store is not None else None
-    session = InstanceSession(memory, task_id=chosen, query=task.query) if memory is not None else None
+    instance = InstanceSession(memory, task_id=chosen, query=task.query) if memory is not None else None
     try:
-        outcome = run_ask(
-            task.query,
-            run_settings,
-            inner=lambda role: model,
+        run = Session(run_settings, RunOptions(
+            kind=RunKind.DEMO, query=task.query, task_id=chosen, inner=lambda role: model,
             meter=new_meter(run_settings, prices_by_prefix=SIMULATED_PRICES),
-            prior_provider=session.snapshot if session is not None else None,
-            task_id=chosen,
-            show_progress=show_progress,
-            kind=RunKind.DEMO,
-        )
+            prior_provider=instance.snapshot if instance is not None else None, show_progress=show_progress,
+        ))
+        with run:
+            outcome = run.ask()
         gold = gold_dir_of(world, chosen)
         score = score_answer(task, gold, outcome.markdown)
         corrected, corrections = score_answer_corrected(task, gold, outcome.markdown)
-        learned = _learn(memory, session, outcome, score) if memory is not None and session is not None else None
+        learned = _learn(memory, instance, outcome, score) if memory is not None and instance is not None else None
     finally:
         if memory is not None:
             memory.close()
@@ -204,10 +201,10 @@ def _demo_memory(store: Path) -> ExperientialMemory:
     """The demo's memory: the sandbox benchmark's settings (distilling after every run), the
     simulated memory model, and the hashing encoder for a new store (instant, no torch: the
     README's quick start installs no encoder model)."""
+    from amapreduce.bench.journal import benchmark_defaults
     from amapreduce.demo.memory_model import SimulatedMemoryModel
     from amapreduce.memory import ExperientialMemory, MemoryConfig
     from amapreduce.memory.schema import DB_NAME
-    from amapreduce.run.eval_journal import benchmark_defaults
 
     # The sandbox benchmark's settings, but distilling after every run: a demo shows one run's
     # experience reaching the next at once, not after a few dozen records.
@@ -216,30 +213,29 @@ def _demo_memory(store: Path) -> ExperientialMemory:
     return ExperientialMemory(store, config=config, model=SimulatedMemoryModel(), encoder=encoder)
 
 
-def _learn(memory: ExperientialMemory, session: InstanceSession, outcome: AskOutcome,
+def _learn(memory: ExperientialMemory, session: InstanceSession, outcome: RunOutcome,
            score: dict[str, float]) -> dict[str, Any]:
     """Commit the demo run as `eval run` commits a trial; return the prior shown and what was learned."""
+    from amapreduce.bench.commit import commit_instance
+    from amapreduce.bench.journal import benchmark_defaults
+    from amapreduce.bench.learn import run_record_id
     from amapreduce.memory.labels import UtilityWeights, utility
     from amapreduce.memory.protocol import TrialOutcome
     from amapreduce.memory.records import TraceSummary
-    from amapreduce.run.commit import commit_instance
-    from amapreduce.run.eval_journal import benchmark_defaults
-    from amapreduce.run.learn import run_record_id
 
     defaults = benchmark_defaults("sandbox")
-    tool, usage = outcome.tool, outcome.meter.total()
-    prior = tool.prior
+    usage, prior = outcome.meter.total(), outcome.prior
     shown = {"text": prior.text if prior is not None else None,
              "hint_ids": list(prior.hint_ids) if prior is not None else [],
              "record_ids": list(prior.record_ids) if prior is not None else []}
-    if not tool.decisions:
+    if not outcome.decisions:
         session.snapshot.close()
         return {"store": str(memory.store.folder), "prior": shown,
                 "learned": {"committed": False, "reason": "no decision was executed"}}
     wall = float(outcome.record["timings"]["wall_s"])
     u = utility(score, tokens=usage.total_tokens, delay_s=wall,
                 weights=UtilityWeights(cost=defaults.cost_weight, delay=defaults.delay_weight))
-    trial = TrialOutcome(trial=1, prior=prior, decision=tool.decisions[0], metrics={**score, "utility": u},
+    trial = TrialOutcome(trial=1, prior=prior, decision=outcome.decisions[0], metrics={**score, "utility": u},
                          trace=TraceSummary.of(outcome.record["completeness"], cost_usd=usage.cost_usd, delay_s=wall),
                          utility=u)
     record_id = run_record_id(outcome.run_dir.path)  # the id `memory learn` would give it: one commit per run

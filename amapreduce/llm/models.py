@@ -16,7 +16,7 @@ reject them). The provider clients' own retries (openai's `max_retries`, LiteLLM
 
 Where a provider's limiter and breaker live: this process's (`ratelimit.shared_limiter`,
 `breaker.shared_breaker`) unless a process installed other `ProviderGates` with
-`use_provider_gates` — a worker of a Ray run installs the cluster's (`run.ray_limits`), so every
+`use_provider_gates` — a worker of a Ray run installs the cluster's (`cluster.limits`), so every
 worker of the cluster takes its tickets from one window and sees one breaker. The seam is plain
 Python: nothing here knows Ray.
 """

@@ -48,10 +48,10 @@ from amapreduce.mapreduce.result import (
 from amapreduce.table.table import MATRIX_SOURCE, Cell, CellStatus, Row, Table
 from amapreduce.trace import redact_secrets
 
-__all__ = ["run_decision"]
+__all__ = ["execute_decision"]
 
 
-def run_decision(
+def execute_decision(
     engine: MapReduceEngine,
     decision: Decision,
     *,
@@ -102,9 +102,7 @@ class _Composer:
         return self.engine.run(decision, plan=plan, checkpoint=self.checkpoint)
 
     def _table(self, decision: Decision) -> Table:
-        cfg = self.engine.config
-        return Table(decision.columns, decision.resolved_key_columns, missing_markers=cfg.missing_markers,
-                     strict_evidence=cfg.verify == "strict")
+        return self.engine.config.table_for(decision)
 
     # -- discover, then fill -----------------------------------------------------------------------
 

@@ -224,8 +224,7 @@ def _overhead(merger: Merger, keys: Sequence[str], counter: TokenCounter) -> int
 def _merged_table(table: Table, order: list[tuple[int, list[int]]]) -> Table:
     """Each entity's kept row (cells, evidence, conflicts), its missing non-key cells filled from
     the rows merged into it, in first-seen order."""
-    merged = Table(table.columns, table.key_columns, missing_markers=table.missing_markers,
-                   strict_evidence=table.strict_evidence)
+    merged = table.empty_like()
     for kept, members in order:
         row = merged.merge_row(table.rows[kept])
         if row is None:

@@ -82,6 +82,13 @@ class EngineConfig(BaseModel):
     verify: VerifyMode = default_setting("verify")
     """How cells' quotes are checked (`Settings.verify`; `strict`: `unverified` counts as missing)."""
 
+    def table_for(self, decision: Decision) -> Table:
+        """The empty table `decision`'s rows reduce into: its columns and key columns, these missing
+        markers, and with `verify` `strict` an `unverified` cell counted missing. The one place a
+        table for a decision is built (the engine, composed runs, a run's session, Ray's merge)."""
+        return Table(decision.columns, decision.resolved_key_columns, missing_markers=self.missing_markers,
+                     strict_evidence=self.verify == "strict")
+
     @classmethod
     def from_settings(cls, settings: Settings, *, decisions_by: DecisionAuthor) -> EngineConfig:
         """The limits `settings` give an engine whose decisions are written by `decisions_by`
@@ -171,7 +178,7 @@ class MapReduceEngine:
         cfg = self.config
         start = self._clock()
         plan = plan if plan is not None else plan_batches(decision, max_batches=cfg.max_batches)
-        tables = {i: self._table(decision) for i in range(len(decision.task_matrix))}
+        tables = {i: cfg.table_for(decision) for i in range(len(decision.task_matrix))}
         forced_cols = set(decision.forced_values(0))
         one_row, names = decision.one_row_per_task, decision.columns
         wanted = tuple(c for c in names if c not in forced_cols)
@@ -479,12 +486,9 @@ class MapReduceEngine:
 
     # -- reduce and summary ---------------------------------------------------------------------
 
-    def _table(self, decision: Decision) -> Table:
-        return Table(decision.columns, decision.resolved_key_columns, missing_markers=self.config.missing_markers,
-                     strict_evidence=self.config.verify == "strict")
 
     def _reduce(self, decision: Decision, tables: dict[int, Table]) -> Table:
-        table = self._table(decision)
+        table = self.config.table_for(decision)
         for i in sorted(tables):
             for row in tables[i].rows:
                 table.merge_row(row)

@@ -5,8 +5,8 @@ thread pool runs 100 trivial tasks in 2.3 ms, Ray needs 3–4 s just to start). 
 one process by design: a job here is a closure over the engine's per-run state (the attempt's
 cancel event and deadline, its usage scope, the pages its quotes are checked against), which is
 what lets a deadline abandon an attempt and a Ctrl-C settle the finished ones. Work crosses
-machines one level up, as plain data: a chunk of a very wide run's batches (`run.wide_ray`,
-each chunk running this engine with its threads) or an evaluation's trial (`run.eval_ray`).
+machines one level up, as plain data: a chunk of a very wide run's batches (`cluster.wide`,
+each chunk running this engine with its threads) or an evaluation's trial (`cluster.trials`).
 
 Why not `concurrent.futures.ThreadPoolExecutor`: an attempt that passes its deadline is
 abandoned, but a Python thread cannot be killed — a sub-agent blocked inside one model call

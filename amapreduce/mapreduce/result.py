@@ -348,7 +348,7 @@ class MapReduceResult:
     reason) for the partial result a stopped run carries."""
     discovery: DiscoverySummary | None = None
     """How the task matrix was discovered, for a decision with `discover` (`result.json`'s
-    `"discovery"`); None when the matrix was given. Set by `mapreduce.compose.run_decision`."""
+    `"discovery"`); None when the matrix was given. Set by `mapreduce.compose.execute_decision`."""
 
     @property
     def cancelled(self) -> bool:

@@ -103,6 +103,11 @@ class Table:
         self.rows: list[Row] = []
         self._by_key: dict[tuple[str, ...], Row] = {}
 
+    def empty_like(self) -> Table:
+        """A table of the same shape and rules (columns, key, missing markers, strict evidence), no rows."""
+        return Table(self.columns, self.key_columns, missing_markers=self.missing_markers,
+                     strict_evidence=self.strict_evidence)
+
     def is_missing(self, value: str) -> bool:
         """Whether `value` counts as no answer: a missing marker, or no visible character at all
         (a zero-width space names no entity and answers nothing)."""

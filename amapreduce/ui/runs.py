@@ -1,7 +1,7 @@
-"""What the Runs and Run pages show, read through the run directory code (`run.rundir`).
+"""What the Runs and Run pages show, read through the run directory code (`session.rundir`).
 
 Why a view layer between the files and the templates: `result.json` is a contract of its own
-(`run.lifecycle`), and a run still going has only its journal; turning both into plain rows
+(`session.lifecycle`), and a run still going has only its journal; turning both into plain rows
 and cells here keeps the templates free of guesses and lets the tests check the numbers.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from amapreduce.errors import UserError
 from amapreduce.llm.meter import format_recorded_cost
 from amapreduce.llm.usage import Usage
-from amapreduce.run.rundir import RUN_STATES, list_runs, load_run
+from amapreduce.session.rundir import RUN_STATES, list_runs, load_run
 from amapreduce.table.evidence import Evidence
 from amapreduce.table.render import to_jsonl
 from amapreduce.table.table import Cell, CellStatus, Row, Table

@@ -159,11 +159,13 @@ class WebService:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, backend: str | None = None, corpora: Mapping[str, Path] | None = None
+        cls, settings: Settings, *, backend: str | None = None, corpora: Mapping[str, Path] | None = None,
+        search: SearchBackend | None = None,
     ) -> WebService:
-        """Build the service a run's settings describe (backend spec, cache, URL policy)."""
+        """Build the service a run's settings describe (backend spec, cache, URL policy); `search`:
+        a backend already built (a run's pre-flight built it), else built from `backend` or the settings."""
         return cls(
-            make_backend(backend or settings.search_backend, settings),
+            search if search is not None else make_backend(backend or settings.search_backend, settings),
             cache=WebCache.in_dir(settings.cache_dir, settings.cache_ttl_s),
             policy=UrlPolicy(
                 allow_private_urls=settings.allow_private_urls,

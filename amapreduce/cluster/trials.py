@@ -1,14 +1,14 @@
 """`--executor local|ray[:ADDRESS]`: where an evaluation's trials run; the Ray side of `eval run`.
 
 Local threads are the default and nothing imports Ray unless asked: Ray is imported only by the
-Ray modules (this one, `run.ray_limits`, `run.wide_ray`), and there only inside functions, when a
+Ray modules (this one, `cluster.limits`, `cluster.wide`), and there only inside functions, when a
 command asked for `--executor ray`; a missing `ray` extra is a `ConfigError` (exit 2) that names it.
 
-With `ray`, each (instance, trial) is one Ray task (`run.eval_trial.run_detached`, one CPU, never
+With `ray`, each (instance, trial) is one Ray task (`bench.trial.run_detached`, one CPU, never
 retried: a trial spends money, and the driver reruns what did not finish on `--resume`). The task
 gets plain data (the trial's settings, the instance's snapshot image, put in the object store once
 per instance, and how to reach the cluster's limiter) and returns plain data; the driver scores,
-journals and commits (`run.evaluate`). One `run.ray_limits.ClusterLimiter` per evaluation
+journals and commits (`bench.evaluate`). One `cluster.limits.ClusterLimiter` per evaluation
 (`RayTrials.shared_budget`) holds the providers' windows and breakers and the evaluation's
 `--max-cost`, so every trial's model calls, on any node, draw on one quota and one budget.
 A stop (the budget, a refusal, Ctrl-C) cancels the trials still running (`ray.cancel`, which
@@ -28,123 +28,75 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import re
-import socket
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from amapreduce.errors import ConfigError, RunError
-from amapreduce.run.eval_trial import TrialJob, TrialRun, run_detached
+from amapreduce.bench.trial import (
+    SimulatedModels,
+    TrialJob,
+    TrialRun,
+    execute_trial,
+    memory_model_for,
+    open_snapshot_image,
+)
+from amapreduce.cluster.ray import ray_module as _ray
+from amapreduce.cluster.ray import ray_session
+from amapreduce.errors import RunError
 
 if TYPE_CHECKING:
-    from amapreduce.run.ray_limits import ClusterLimiter
+    from amapreduce.cluster.limits import ClusterLimiter
+    from amapreduce.llm.meter import Price, UsageMeter
 
-__all__ = ["EXECUTOR_VARIABLE", "INSTALL_HINT", "ExecutorSpec", "RayTrials", "parse_executor", "ray_session",
-           "require_ray"]
-
-EXECUTOR_VARIABLE = "AMAPREDUCE_EXECUTOR"
-"""The environment variable read when `--executor` is not given."""
-INSTALL_HINT = "pip install 'amapreduce[ray]'"
+__all__ = ["RayTrials", "run_detached"]
 
 
-@dataclass(frozen=True)
-class ExecutorSpec:
-    """A parsed `--executor` value."""
-
-    kind: Literal["local", "ray"]
-    address: str | None = None
-    """The Ray cluster to join (None: start one here, or the one `RAY_ADDRESS` names)."""
-
-
-def parse_executor(text: str, *, source: str = "--executor") -> ExecutorSpec:
-    """`local`, `ray` or `ray:ADDRESS`.
-
-    Raises:
-        ConfigError: anything else (the message names `source`, the flag or the variable).
-    """
-    value = text.strip()
-    if value == "local":
-        return ExecutorSpec("local")
-    if value == "ray":
-        return ExecutorSpec("ray")
-    if value.startswith("ray:") and value[4:].strip():
-        return ExecutorSpec("ray", value[4:].strip())
-    raise ConfigError(f"{source} {text!r}: use local, ray (a Ray instance on this machine) or ray:ADDRESS "
-                      "(a running cluster, e.g. ray:auto or ray:HOST:6379).")
-
-
-def _ray() -> Any:
-    """The `ray` module (imported here only: nothing else in amapreduce imports Ray).
-
-    Raises:
-        ConfigError: the `ray` extra is not installed.
-    """
-    try:
-        return importlib.import_module("ray")
-    except ImportError as exc:
-        raise ConfigError(f"--executor ray needs the `ray` extra: {INSTALL_HINT} ({exc.name or exc} is not "
-                          "installed), or use --executor local.") from None
-
-
-def require_ray() -> Any:
-    """Check that Ray can be imported, before an evaluation folder is made; the `ray` module.
-
-    Raises:
-        ConfigError: the `ray` extra is not installed.
-    """
-    return _ray()
-
-
-def _check_reachable(address: str | None) -> None:
-    """Refuse a `HOST:PORT` nothing answers at, in seconds: Ray itself keeps retrying for minutes.
-
-    Raises:
-        ConfigError: the port does not accept a connection within 5 s.
-    """
-    match = re.fullmatch(r"\[?([\w.:-]+?)\]?:(\d+)", address or "")
-    if match is None:  # `auto`, `ray://...`, or no address: Ray resolves those itself
-        return
-    host, port = match.group(1), int(match.group(2))
-    try:
-        socket.create_connection((host, port), timeout=5).close()
-    except OSError as exc:
-        raise ConfigError(f"--executor ray:{address}: nothing answers at {host}:{port} ({exc.strerror or exc}). "
-                          "Start the cluster with `ray start --head --port PORT`, or check the address.") from None
+def run_detached(job: TrialJob, image: bytes | None) -> TrialRun:
+    """Run a trial away from the driver (a Ray worker): build its models and its snapshot from
+    plain data, run it in a scratch folder, and ship the run folder back in the result. With
+    `job.limits`, its model calls draw on the cluster's windows, breakers and budget."""
+    simulated = job.models() if job.models is not None else None
+    with _cluster(job, simulated.prices_by_prefix if simulated is not None else None) as meter:
+        return _detached(job, image, simulated, meter)
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None = None) -> Iterator[Any]:
-    """Inside: Ray is initialised (joined at `address`, or started here); yields the `ray` module.
+def _cluster(job: TrialJob, prices: Mapping[str, Price] | None) -> Iterator[UsageMeter | None]:
+    """Inside: the cluster's limits in force, and the trial's meter charged to its budget (None:
+    no limits; the trial meters itself as a local one)."""
+    if job.limits is None:
+        yield None
+        return
+    from amapreduce.cluster.limits import cluster_limits, cluster_meter  # Ray's side: only where it runs
 
-    A Ray this call started (a local instance, or a connection to a cluster) is shut down on the
-    way out; one this process had started before is left running.
+    with cluster_limits(job.limits):
+        yield cluster_meter(job.limits, job.settings, prices_by_prefix=prices)
 
-    Raises:
-        ConfigError: the `ray` extra is missing, or Ray cannot be reached at `address`.
-    """
-    ray = _ray()
-    owned = False
-    if not ray.is_initialized():
-        _check_reachable(address)
+
+def _detached(job: TrialJob, image: bytes | None, simulated: SimulatedModels | None,
+              meter: UsageMeter | None) -> TrialRun:
+    with tempfile.TemporaryDirectory(prefix="amapreduce-trial-") as scratch:
+        snapshot = None
+        if image is not None:
+            model = simulated.memory_model if simulated is not None else memory_model_for(job.settings)
+            snapshot = open_snapshot_image(image, Path(scratch) / "memory", config=job.memory_config, model=model)
         try:
-            ray.init(address=address, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
-            raise ConfigError(f"--executor ray: could not start or join {where}: {exc}. Start a cluster "
-                              "with `ray start --head` (a cluster with token authentication also needs its "
-                              "token on this machine), or use --executor local.") from None
-        owned = True
-    try:
-        yield ray
-    finally:
-        if owned:
-            ray.shutdown()
+            run = execute_trial(job, runs_dir=Path(scratch) / "runs", simulated=simulated, prior_provider=snapshot,
+                                meter=meter)
+        finally:
+            if snapshot is not None:
+                snapshot.close()
+        if run.run_dir is None:
+            return run
+        folder = Path(run.run_dir)
+        files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+        return replace(run, run_dir=folder.name, files=files)
 
 
 class RayTrials:
-    """Trials as Ray tasks (`run.eval_trial.RemoteTrials`); open it, use it, close it."""
+    """Trials as Ray tasks (`bench.trial.RemoteTrials`); open it, use it, close it."""
 
     def __init__(self, address: str | None = None) -> None:
         self.address = address
@@ -173,9 +125,9 @@ class RayTrials:
         """Inside: one `ClusterLimiter` for the evaluation, charged with `spent_usd` (the journaled
         trials' cost, on a resume) against `max_cost_usd`; every trial submitted draws on it. The
         actor is stopped on the way out."""
+        from amapreduce.cluster.limits import ClusterLimiter
         from amapreduce.llm.meter import Budget
         from amapreduce.llm.usage import Usage
-        from amapreduce.run.ray_limits import ClusterLimiter
 
         self._limiter = ClusterLimiter.start(budget=Budget(max_cost_usd=max_cost_usd),
                                              spent=Usage(cost_usd=spent_usd))

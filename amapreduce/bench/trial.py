@@ -1,13 +1,13 @@
 """One trial of `eval run` as plain data: what a trial needs in (`TrialJob`), what it gives back (`TrialRun`).
 
 Why a module of its own: the same trial runs in two places. Locally, in a thread of the
-evaluation's process (`run.evaluate`); with `--executor ray`, in a Ray worker process, possibly on
-another machine (`run.eval_ray`). So everything that crosses is plain data (settings, strings,
+evaluation's process (`bench.evaluate`); with `--executor ray`, in a Ray worker process, possibly on
+another machine (`cluster.trials`). So everything that crosses is plain data (settings, strings,
 numbers, bytes), never an engine, a lock, an open store or a model: the worker builds its parts
 from the settings, as a local trial does.
 
 What stays with the driver: the answer file, the score, the journal line and every memory commit
-(`run.evaluate`). The budget is the evaluation's: a remote trial reaches the cluster's limiter by
+(`bench.evaluate`). The budget is the evaluation's: a remote trial reaches the cluster's limiter by
 plain data (`TrialJob.limits`) and meters its calls against the one `--max-cost` of all trials. What a remote trial needs of the memory is its instance's frozen
 snapshot, shipped as a SQLite database image (`snapshot_image`, read back by `open_snapshot_image`),
 so a trial on Ray reads exactly what a local trial of the same instance reads. A remote trial's run
@@ -19,37 +19,47 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from amapreduce._atomic import atomic_open
+from amapreduce.bench.journal import PriorRecord
 from amapreduce.errors import ProviderRejected, RunError, find_cause
-from amapreduce.run.eval_journal import PriorRecord
 
 if TYPE_CHECKING:
     from amapreduce.llm.meter import Price, UsageMeter
     from amapreduce.llm.usage import Usage
     from amapreduce.memory import ExperientialMemory
-    from amapreduce.run.evaluate import SimulatedModels
-    from amapreduce.run.ray_limits import ClusterLimits
-    from amapreduce.run.wiring import InnerFactory
+    from amapreduce.session.parts import InnerFactory
     from amapreduce.settings import Settings
 
 __all__ = [
     "RemoteTrials",
+    "SimulatedModels",
     "TrialJob",
     "TrialRun",
     "execute_trial",
     "memory_model_for",
     "open_snapshot_image",
-    "run_detached",
     "snapshot_image",
     "write_run_files",
 ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatedModels:
+    """The simulated models of an offline evaluation (brought by the `demo` layer, never by this one)."""
+
+    inner_for: Callable[[str, int], InnerFactory]
+    """(instance id, trial) → the role → model factory of that trial's `ask` run."""
+    memory_model: Any
+    prices_by_prefix: Mapping[str, Price]
+    rebuild: Callable[[], SimulatedModels] | None = None
+    """A module-level function that builds these same models in another process (it crosses to a
+    Ray worker by name); None: they cannot leave this one (`--executor ray` is refused)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,9 +76,10 @@ class TrialJob:
     models: Callable[[], SimulatedModels] | None = None
     """Builds the simulated models of an offline evaluation in the process that runs the trial (a
     module-level function, so it crosses to a worker by name); None: the settings' real models."""
-    limits: ClusterLimits | None = None
-    """The evaluation's cluster limiter (`run.ray_limits`): the providers' windows and breakers and
-    the `--max-cost` every remote trial draws on (None: the trial's own, as a local run)."""
+    limits: Any = None
+    """How a remote trial reaches its executor's shared limiter (the providers' windows and
+    breakers and the `--max-cost` every remote trial draws on): opaque here, the executor's own
+    plain data (`cluster.limits.ClusterLimits`); None: the trial's own, as a local run."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +106,7 @@ class TrialRun:
 
 
 class RemoteTrials(Protocol):
-    """Runs trials away from the driver (`run.eval_ray.RayTrials`)."""
+    """Runs trials away from the driver (`cluster.trials.RayTrials`)."""
 
     def shared_budget(self, max_cost_usd: float | None, spent_usd: float) -> contextlib.AbstractContextManager[None]:
         """Inside: every trial submitted draws on one budget of `max_cost_usd`, `spent_usd` of it
@@ -128,8 +139,8 @@ def execute_trial(job: TrialJob, *, runs_dir: Path, simulated: SimulatedModels |
     `meter`: the run's meter (a remote trial's is charged to the cluster's budget); None: one from
     the settings, priced as the simulated models are when they run the trial."""
     from amapreduce.llm.factory import new_meter
-    from amapreduce.run.ask import run_ask
-    from amapreduce.run.run_journal import RunKind
+    from amapreduce.session import RunOptions, Session
+    from amapreduce.session.journal import RunKind
 
     settings = job.settings.model_copy(update={"runs_dir": runs_dir})
     inner: InnerFactory | None = simulated.inner_for(job.task_id, job.trial) if simulated is not None else None
@@ -138,22 +149,23 @@ def execute_trial(job: TrialJob, *, runs_dir: Path, simulated: SimulatedModels |
         meter = new_meter(settings, prices_by_prefix=prices)
     started = time.perf_counter()
     try:
-        outcome = run_ask(job.query, settings, inner=inner, meter=meter, prior_provider=prior_provider,
-                          task_id=job.task_id, show_progress=False, kind=RunKind.EVAL)
+        session = Session(settings, RunOptions(kind=RunKind.EVAL, query=job.query, task_id=job.task_id, inner=inner,
+                                               meter=meter, prior_provider=prior_provider, show_progress=False))
+        with session:
+            outcome = session.ask()
     except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (status failed) and never committed
         refused = find_cause(exc, ProviderRejected)
         return TrialRun(status="failed", answer=None, failure=f"{type(exc).__name__}: {exc}",
                         refused=None if refused is None else str(refused),
                         wall_s=time.perf_counter() - started)
     wall = time.perf_counter() - started
-    tool = outcome.tool
-    prior = tool.prior
+    prior = outcome.prior
     return TrialRun(
         status=outcome.status, answer=outcome.markdown, usage=outcome.meter.total(),
         refused=(outcome.ending.reason or "the provider refused the run") if outcome.ending.rejected else None,
         prior=None if prior is None else PriorRecord(text=prior.text, hint_ids=list(prior.hint_ids),
                                                      record_ids=list(prior.record_ids)),
-        decision=tool.decisions[0].model_dump(mode="json") if tool.decisions else None,
+        decision=outcome.decisions[0].model_dump(mode="json") if outcome.decisions else None,
         subagents=int(outcome.record.get("completeness", {}).get("attempts") or 0),
         completeness=dict(outcome.record.get("completeness", {})), wall_s=wall, run_dir=str(outcome.run_dir.path),
     )
@@ -198,48 +210,6 @@ def open_snapshot_image(image: bytes, folder: Path, *, config: Mapping[str, Any]
     conn.execute("PRAGMA query_only = ON")
     store = MemoryStore(folder, readonly=True, connection=conn)
     return ExperientialMemory(store, config=MemoryConfig(**config), model=model)
-
-
-def run_detached(job: TrialJob, image: bytes | None) -> TrialRun:
-    """Run a trial away from the driver (a Ray worker): build its models and its snapshot from
-    plain data, run it in a scratch folder, and ship the run folder back in the result. With
-    `job.limits`, its model calls draw on the cluster's windows, breakers and budget."""
-    simulated = job.models() if job.models is not None else None
-    with _cluster(job, simulated.prices_by_prefix if simulated is not None else None) as meter:
-        return _detached(job, image, simulated, meter)
-
-
-@contextlib.contextmanager
-def _cluster(job: TrialJob, prices: Mapping[str, Price] | None) -> Iterator[UsageMeter | None]:
-    """Inside: the cluster's limits in force, and the trial's meter charged to its budget (None:
-    no limits; the trial meters itself as a local one)."""
-    if job.limits is None:
-        yield None
-        return
-    from amapreduce.run.ray_limits import cluster_limits, cluster_meter  # Ray's side: only where it runs
-
-    with cluster_limits(job.limits):
-        yield cluster_meter(job.limits, job.settings, prices_by_prefix=prices)
-
-
-def _detached(job: TrialJob, image: bytes | None, simulated: SimulatedModels | None,
-              meter: UsageMeter | None) -> TrialRun:
-    with tempfile.TemporaryDirectory(prefix="amapreduce-trial-") as scratch:
-        snapshot = None
-        if image is not None:
-            model = simulated.memory_model if simulated is not None else memory_model_for(job.settings)
-            snapshot = open_snapshot_image(image, Path(scratch) / "memory", config=job.memory_config, model=model)
-        try:
-            run = execute_trial(job, runs_dir=Path(scratch) / "runs", simulated=simulated, prior_provider=snapshot,
-                                meter=meter)
-        finally:
-            if snapshot is not None:
-                snapshot.close()
-        if run.run_dir is None:
-            return run
-        folder = Path(run.run_dir)
-        files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-        return replace(run, run_dir=folder.name, files=files)
 
 
 def write_run_files(run: TrialRun, runs_dir: Path) -> TrialRun:

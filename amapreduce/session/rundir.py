@@ -2,7 +2,7 @@
 
 Contents: `table.md` (the WideSearch-readable table), `table.csv`, `result.json` (the table with
 cell statuses, completeness, the decision Θ, usage, cost, timings) and `trace.jsonl` (every model
-call, tool call and batch attempt, credentials redacted), and `journal.jsonl` (`run.run_journal`:
+call, tool call and batch attempt, credentials redacted), and `journal.jsonl` (`session.journal`:
 the run's start, decisions, every settled batch attempt and its end, each line fsynced; what
 `runs resume` continues from and what tells a live run from a dead one). Files are written
 atomically (a temporary file, then `os.replace`), so a crash never leaves half a result behind.
@@ -25,7 +25,7 @@ from typing import Any
 from amapreduce._atomic import atomic_write
 from amapreduce.errors import UserError
 from amapreduce.mapreduce.result import RunEnding, RunStatus
-from amapreduce.run.run_journal import RunJournal, read_run_journal
+from amapreduce.session.journal import RunJournal, read_run_journal
 from amapreduce.trace import TraceWriter, redacted_json
 
 __all__ = ["RUN_STATES", "RunDir", "atomic_write", "list_runs", "load_run", "run_path", "slugify"]

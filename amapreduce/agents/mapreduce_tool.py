@@ -2,18 +2,21 @@
 
 Stage 1 (plan): the first call validates the draft decision Θ⁽⁰⁾, shows its batch plan and
 returns the experiential prior Δ_q from a pluggable provider (the memory, or `NoPrior`).
-Stage 2 (execute): the next call runs the decision (`compose.run_decision`: through the engine,
+Stage 2 (execute): the next call runs the decision (`compose.execute_decision`: through the engine,
 with discovery and nested decisions composed) and returns the completeness summary plus the
 reduced rows as JSONL. Later calls are delta follow-ups whose
 rows merge into the same table, which the manager's final answer is rendered from in code.
 
-Guards: at most `max_calls` accepted calls per run (plan included), identical execute
+The tool holds no state of the run: it parses and validates its arguments, asks the run's
+session (`ToolSession`, which `session.Session` is) whether the call is admitted, and has the
+session plan or execute it; the run's table, its executions and the guards live in the session.
+Guards: at most `max_tool_calls` accepted calls per run (plan included), identical execute
 arguments refused, invalid decisions refused with the exact problem (they do not use up a
 call). Every call is traced; with OpenTelemetry on, the plan stage is a span (`amapreduce.plan`)
 under the tool call's span, holding the memory's retrieval span.
 
-Safe under concurrency: smolagents runs a step's tool calls in parallel, so the guards and the
-run's table are changed under one lock, and each execution is its own engine run. The table's
+Safe under concurrency: smolagents runs a step's tool calls in parallel, so the session changes
+the guards and the run's table under one lock, and each execution is its own engine run. The table's
 columns and key are fixed by the first executed call: a follow-up with other key columns, whose
 rows could not merge into it, is refused with a message saying so, before it runs, rather than
 replacing the table and losing the rows already found (columns the table lacks are ignored).
@@ -28,27 +31,43 @@ stage then shows the discovery's map plan; the fill plan follows discovery.
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from smolagents import Tool
 
 from amapreduce import telemetry
 from amapreduce.decision.model import Decision
-from amapreduce.errors import AmapreduceError, DecisionError, RunCancelled, ToolCallRefused
-from amapreduce.mapreduce.batching import BatchPlan, plan_batches
-from amapreduce.mapreduce.checkpoint import Checkpoint
-from amapreduce.mapreduce.compose import run_decision
-from amapreduce.mapreduce.discover import DEFAULT_CONTEXT_WINDOW, discovery_plan
-from amapreduce.mapreduce.engine import MapReduceEngine
-from amapreduce.mapreduce.merge import Merger
-from amapreduce.mapreduce.prior import NoPrior, Prior, PriorProvider, PriorRequest
-from amapreduce.mapreduce.result import MapReduceResult
-from amapreduce.table.table import Table
-from amapreduce.trace import Trace
+from amapreduce.errors import AmapreduceError, DecisionError, ToolCallRefused
 
-__all__ = ["MapReduceTool"]
+if TYPE_CHECKING:
+    from amapreduce.mapreduce.batching import BatchPlan
+    from amapreduce.mapreduce.prior import Prior
+    from amapreduce.mapreduce.result import MapReduceResult
+    from amapreduce.trace import Trace
+
+__all__ = ["PREVIEW_ROWS", "MapReduceTool", "ToolSession"]
+
+PREVIEW_ROWS = 5
+"""Rows of the task matrix the plan stage shows the manager."""
+
+
+class ToolSession(Protocol):
+    """What the `mapreduce` tool needs of its run: `session.Session` is one."""
+
+    trace: Trace
+
+    def plan_of(self, decision: Decision) -> BatchPlan:
+        """The plan the plan stage shows (a discovery's: its map's). Raises `DecisionError` over the cap."""
+
+    def admit(self, decision: Decision) -> tuple[Literal["plan", "execute"], tuple[str, str] | None]:
+        """Count a call of `decision`: its stage, and (reason, message) when it is refused."""
+
+    def prior_for(self, decision: Decision) -> Prior:
+        """The experiential prior for the plan stage. Raises `AmapreduceError` when the memory fails."""
+
+    def execute(self, decision: Decision, plan: BatchPlan | None) -> tuple[MapReduceResult, int]:
+        """Run `decision` and merge its rows into the run's table; the result and the table's rows."""
+
 
 _DESCRIPTION = (
     "Execute a wide-search decision. Each row of `task_matrix` fills the placeholders __0__, __1__, ... of "
@@ -67,7 +86,7 @@ _DESCRIPTION = (
 
 
 class MapReduceTool(Tool):
-    """The manager's `mapreduce` tool (see the module docstring)."""
+    """The manager's `mapreduce` tool (see the module docstring): stateless over its `session`."""
 
     name = "mapreduce"
     description = _DESCRIPTION
@@ -128,61 +147,9 @@ class MapReduceTool(Tool):
     }
     output_type = "string"
 
-    def __init__(
-        self,
-        engine: MapReduceEngine,
-        *,
-        query: str = "",
-        task_id: str | None = None,
-        prior_provider: PriorProvider | None = None,
-        plan_stage: bool = True,
-        max_calls: int = 4,
-        trace: Trace | None = None,
-        preview_rows: int = 5,
-        checkpoint: Checkpoint | None = None,
-        merger: Merger | None = None,
-        context_window: int | Callable[[], int] = DEFAULT_CONTEXT_WINDOW,
-        on_execute: Callable[[Decision, BatchPlan | None], None] | None = None,
-        wide: Callable[[Decision, BatchPlan], MapReduceResult | None] | None = None,
-    ) -> None:
+    def __init__(self, session: ToolSession) -> None:
         super().__init__()
-        if max_calls < 1:
-            raise ValueError(f"`max_calls` must be >= 1, got {max_calls}")
-        self.engine = engine
-        self.query = query
-        self.task_id = task_id
-        self.prior_provider = prior_provider or NoPrior()
-        self.plan_stage = plan_stage
-        self.max_calls = max_calls
-        self.trace = trace or engine.trace  # one JSONL for calls, batches and attempts
-        self.preview_rows = preview_rows
-        self.checkpoint = checkpoint
-        """The run's journal: each execution's decision and settled attempts are saved there, so
-        `amapreduce runs resume` can finish a killed run without asking the manager again."""
-        self.merger = merger
-        """Merges fuzzy duplicates of a discovery with `merge: "model"` (None: code dedup only)."""
-        self.on_execute = on_execute
-        """Told of each decision before it runs (with its plan; None for a composed one): `ask` keeps
-        the decisions the manager executed, which a composed one's journal entries do not show."""
-        self.wide = wide
-        """Runs a plain decision's plan elsewhere when it is too wide for one engine run (`ask
-        --executor ray` gives one: its chunks on Ray), returning the merged result, or None to run
-        it here. Injected, since this layer knows no executor; its executions are not journaled."""
-        self._context_window = context_window
-        """The merge model's context window, or how to find it (looked up once, when a discovery runs)."""
-        self._lock = threading.Lock()
-        self.calls = 0
-        self._planned = False
-        self._executed: set[str] = set()
-        self.prior: Prior | None = None
-        self.decisions: list[Decision] = []
-        self.filled: list[Decision] = []
-        """`decisions` as their tasks ran: a discovery's with the entities it found as its matrix
-        (what completeness is measured against; a discovery that found nothing asks for nothing)."""
-        self.results: list[MapReduceResult] = []
-        self.table: Table | None = None
-        self._shape: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-        """(columns, key columns) of the run's table, fixed by the first executed call."""
+        self.session = session
 
     def forward(
         self,
@@ -214,92 +181,44 @@ class MapReduceTool(Tool):
         parsed = {k: v for k, v in raw.items() if k != "task_matrix" or v is not None}
         try:
             decision = Decision.parse(parsed)
-            plan = self._plan_of(decision)
+            plan = self.session.plan_of(decision)
         except DecisionError as exc:
-            self.trace.write(
+            self.session.trace.write(
                 "tool_call", tool=self.name, stage="refused", reason="invalid_decision", error=str(exc), args=raw
             )
             raise ToolCallRefused(f"{exc} Fix the arguments and call mapreduce again.") from None
-        signature = json.dumps(decision.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
-        refusal: tuple[str, str] | None = None
-        with self._lock:
-            stage = "plan" if self.plan_stage and not self._planned else "execute"
-            if self.calls >= self.max_calls:
-                refusal = "max_calls", (
-                    f"mapreduce may be called at most {self.max_calls} times per run and was already called "
-                    f"{self.calls} times. Finish with what the table has; missing cells stay empty."
-                )
-            elif stage == "execute" and signature in self._executed:
-                refusal = "repeated_args", (
-                    "these exact arguments were already executed. To fill gaps, call mapreduce with a matrix of "
-                    "ONLY the rows still missing, or finish with the table as it is."
-                )
-            elif stage == "execute" and (mismatch := self._shape_mismatch(decision)) is not None:
-                refusal = "other_columns", mismatch
-            else:
-                self.calls += 1
-                if stage == "plan":
-                    self._planned = True
-                else:
-                    self._executed.add(signature)
-                    if self._shape is None:
-                        self._shape = (tuple(decision.columns), tuple(decision.resolved_key_columns))
+        stage, refusal = self.session.admit(decision)
         if refusal is not None:
             # Traced like the invalid-decision refusal: a run's trace must show every call the
             # manager made, including the ones the guards turned away.
             reason, message = refusal
-            self.trace.write("tool_call", tool=self.name, stage="refused", reason=reason, error=message, args=raw)
+            self.session.trace.write("tool_call", tool=self.name, stage="refused", reason=reason, error=message,
+                                     args=raw)
             raise ToolCallRefused(message)
         if stage == "plan":
             shown = telemetry.ours(tasks=len(decision.task_matrix), batches=len(plan.batches), strategy=plan.strategy)
             with telemetry.span("amapreduce.plan", shown) as span:
-                payload = self._plan(raw, decision, plan)
-                prior = self.prior or Prior(text="")
+                payload, prior = self._plan(raw, decision, plan)
                 span.set(telemetry.ours(prior_hints=len(prior.hint_ids), prior_records=len(prior.record_ids)))
             return payload
         return self._execute(raw, decision, plan)
 
-    def _plan_of(self, decision: Decision) -> BatchPlan:
-        """The plan the plan stage shows: the decision's own, or for a discovery its map's (the
-        fill is planned once the entities are known). Raises `DecisionError` over the batch cap."""
-        cap = self.engine.config.max_batches
-        if decision.discover is not None:
-            return discovery_plan(decision.discover, max_batches=cap)
-        return plan_batches(decision, max_batches=cap)
+    def _plan(self, raw: dict[str, Any], decision: Decision, plan: BatchPlan) -> tuple[str, Prior]:
+        """The plan stage's answer: the decision as understood, its batch plan and the prior."""
+        from amapreduce.mapreduce.prior import Prior
 
-    def context_window(self) -> int:
-        """The merge model's context window in tokens (looked up at the first discovery)."""
-        if callable(self._context_window):
-            self._context_window = self._context_window()
-        return self._context_window
-
-    def _shape_mismatch(self, decision: Decision) -> str | None:
-        """Why `decision`'s rows could not merge into the run's table (None: they can; columns
-        the table lacks are ignored when merging, so only the key columns must match)."""
-        if self._shape is None:
-            return None
-        columns, keys = self._shape
-        if tuple(decision.resolved_key_columns) == keys:
-            return None
-        return (
-            f"this run's table has columns {list(columns)} keyed by {list(keys)}; a follow-up must use the same "
-            f"key columns (this call is keyed by {list(decision.resolved_key_columns)}) so that its rows fill "
-            "the same table. Call mapreduce again with those key columns, or finish with the table as it is."
-        )
-
-    def _plan(self, raw: dict[str, Any], decision: Decision, plan: BatchPlan) -> str:
-        request = PriorRequest(query=self.query or decision.template, decision=decision, task_id=self.task_id)
+        prior = Prior(text="")
         try:
-            self.prior = self.prior_provider.prior(request)
-            prior_text = self.prior.text
+            prior = self.session.prior_for(decision)
+            prior_text = prior.text
         except AmapreduceError as exc:
             # Surfaced to the manager and the trace, so "no memory" and "memory broken" differ.
             prior_text = f"Experiential memory is unavailable for this run ({type(exc).__name__}: {exc})."
-            self.trace.write("prior_error", error=str(exc))
+            self.session.trace.write("prior_error", error=str(exc))
         n = len(decision.task_matrix)
-        matrix_preview: list[Any] = list(decision.task_matrix[: self.preview_rows])
-        if n > self.preview_rows:
-            matrix_preview.append(f"... ({n - self.preview_rows} more rows)")
+        matrix_preview: list[Any] = list(decision.task_matrix[: PREVIEW_ROWS])
+        if n > PREVIEW_ROWS:
+            matrix_preview.append(f"... ({n - PREVIEW_ROWS} more rows)")
         shown_plan = {"strategy": plan.strategy, "num_batches": len(plan.batches), "sizes": [b.size for b in plan.batches]}
         args: dict[str, Any] = {
             "num_rows": n,
@@ -328,40 +247,11 @@ class MapReduceTool(Tool):
             "Check the decision against the experience above (all entities present, key columns "
             "filled, one batching mode), revise it if needed, then call mapreduce again to execute."
         )
-        self.trace.write("tool_call", tool=self.name, stage="plan", args=raw, output=payload)
-        return json.dumps(payload, ensure_ascii=False)
-
-    def execute(self, decision: Decision, plan: BatchPlan | None) -> tuple[MapReduceResult, int]:
-        """Run `decision` on `plan` (journaled when the tool has a checkpoint) and merge its rows
-        into the run's table; return the result and the table's rows. `forward` calls it for the
-        manager, `runs resume` for the executions a killed run had begun. A composed decision
-        (`discover`, `child`) plans its parts as they run, so its `plan` is not used (None: a plain
-        decision is planned here).
-
-        Raises:
-            RunCancelled: the execution stopped; its rows are merged all the same.
-        """
-        composed = decision.composed
-        if self.on_execute is not None:
-            self.on_execute(decision, None if composed else plan)
-        elsewhere = self.wide(decision, plan) if self.wide is not None and plan is not None and not composed else None
-        if elsewhere is not None:
-            rows = self._accumulate(decision, elsewhere)
-            if elsewhere.ending.status.ended_early:
-                raise RunCancelled(f"{elsewhere.ending.reason}; `partial` holds the rows found so far", partial=elsewhere)
-            return elsewhere, rows
-        try:
-            result = run_decision(
-                self.engine, decision, plan=None if composed else plan, checkpoint=self.checkpoint,
-                merger=self.merger, context_window=self.context_window() if decision.discover is not None else None,
-            )
-        except RunCancelled as exc:
-            self._accumulate(decision, exc.partial)  # a stopped run still keeps the rows it found
-            raise
-        return result, self._accumulate(decision, result)
+        self.session.trace.write("tool_call", tool=self.name, stage="plan", args=raw, output=payload)
+        return json.dumps(payload, ensure_ascii=False), prior
 
     def _execute(self, raw: dict[str, Any], decision: Decision, plan: BatchPlan) -> str:
-        result, table_rows_total = self.execute(decision, plan)
+        result, table_rows_total = self.session.execute(decision, plan)
         summary = result.summary
         head = {
             "call_stage": "execute",
@@ -387,28 +277,5 @@ class MapReduceTool(Tool):
         if missing:
             lines.append(json.dumps({"still_missing": missing[:50], "count": len(missing)}, ensure_ascii=False))
         lines.append(result.jsonl().rstrip("\n"))
-        self.trace.write("tool_call", tool=self.name, stage="execute", args=raw, output=head)
+        self.session.trace.write("tool_call", tool=self.name, stage="execute", args=raw, output=head)
         return "\n".join(line for line in lines if line)
-
-    def _accumulate(self, decision: Decision, result: MapReduceResult) -> int:
-        """Record an execution and merge its rows into the run's table (delta follow-ups fill the
-        same rows; `forward` refused any whose rows could not merge). Returns the table's rows."""
-        table = result.table
-        filled = decision
-        if decision.discover is not None:
-            keys = [c for c in decision.resolved_matrix_columns if c is not None]
-            found = list({tuple(row.cells[k].value for k in keys): None for row in table.rows if all(
-                k in row.cells for k in keys)})
-            try:
-                filled = decision.with_matrix([list(k) for k in found]) if found else decision
-            except DecisionError:  # keys that differ only in spelling the fill merged: measure as given
-                filled = decision
-        with self._lock:
-            self.decisions.append(decision)
-            self.filled.append(filled)
-            self.results.append(result)
-            if self.table is None:
-                self.table = Table(table.columns, table.key_columns, missing_markers=table.missing_markers)
-            for row in table.rows:
-                self.table.merge_row(row)
-            return len(self.table)

@@ -8,7 +8,7 @@ which process runs it), the engine's entries (`mapreduce.checkpoint`: each execu
 and plan, each settled batch attempt with its merged rows), and a `RunEnded` entry. A resume
 appends a new `RunStarted` (`resumed: true`) and goes on in the same directory.
 
-A wide run on Ray (`run.wide_ray`) journals a `WideStarted` (the whole decision, its plan and how
+A wide run on Ray (`cluster.wide`) journals a `WideStarted` (the whole decision, its plan and how
 it is cut into chunks); then, as each chunk comes back to the driver, the chunk's own engine
 entries (its sub-decision as execution `chunk + 1`, its settled attempts: the same entries a local
 run writes) and, if it ran to its end, a `ChunkFinished`. A resume replays the finished chunks and

@@ -1,11 +1,11 @@
 """The driver's side of an evaluation: a finished trial scored and journaled, the canonical trial of an
 instance committed.
 
-`run.evaluate` turns every finished trial, wherever it ran, into its journal entry here
+`bench.evaluate` turns every finished trial, wherever it ran, into its journal entry here
 (`trial_done`: the answer file written and scored by the very code `eval score` runs), and calls
 `commit_trials` once per instance, in task order, in the evaluation's own
 process, whatever ran the trials (threads here or Ray workers): the journaled trials are turned
-back into the memory protocol's outcomes, the canonical one is committed (`run.commit`), and
+back into the memory protocol's outcomes, the canonical one is committed (`bench.commit`), and
 `memory_log.jsonl` is rewritten from the journal's commits.
 """
 
@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amapreduce._atomic import atomic_open
-from amapreduce.run.commit import commit_instance, pool_counts
-from amapreduce.run.eval_journal import MEMORY_LOG, EvalConfig, InstanceCommitted, TrialDone
+from amapreduce.bench.commit import commit_instance, pool_counts
+from amapreduce.bench.journal import MEMORY_LOG, EvalConfig, InstanceCommitted, TrialDone
 
 if TYPE_CHECKING:
+    from amapreduce.bench.trial import TrialRun
     from amapreduce.evaluation.loaders import TaskSpec
     from amapreduce.evaluation.runner import EvalOptions
     from amapreduce.memory import ExperientialMemory
     from amapreduce.memory.protocol import InstanceSession, TrialOutcome
-    from amapreduce.run.eval_trial import TrialRun
 
 __all__ = ["commit_trials", "memory_size", "open_memory", "record_id_for", "trial_done", "trial_outcome",
            "write_memory_log"]

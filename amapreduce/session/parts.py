@@ -1,9 +1,9 @@
-"""Build a run's parts from settings: models per role, web tools, the sub-agent solver, the engine.
+"""Connect a run's parts around its models: web tools, MCP tools, the sub-agent solver, the engine.
 
 One place decides how every part of a run is connected, so `ask`, `mapreduce run` and the
 offline demo differ only in what they plug in (the demo swaps the provider clients for a
-simulated model and the web for the sandbox corpus). The models themselves come from the one
-model factory, `amapreduce.llm.factory`, which the memory CLI and the evaluation judges use too.
+simulated model and the web for the sandbox corpus). The models are built once per run by the
+run's `session.Session`, from the one model factory (`amapreduce.llm.factory`).
 
 With `settings.mcp`, the MCP servers it names are started here (`agents.mcp`) and their tools are
 added to every sub-agent's (and, with `settings.mcp_manager`, to `RunParts.manager_tools`). The
@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.errors import ConfigError
-from amapreduce.llm.factory import build_role_model, model_for_role, new_meter
-from amapreduce.llm.meter import UsageMeter
-from amapreduce.llm.retry import ProviderRetryHandler
-from amapreduce.settings import Settings
+from amapreduce.llm.factory import build_role_model, model_for_role
+from amapreduce.settings import DecisionAuthor, Settings
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,21 +30,23 @@ if TYPE_CHECKING:
     from smolagents import Model, Tool
 
     from amapreduce.agents.mcp import McpToolbox
+    from amapreduce.llm.meter import UsageMeter
     from amapreduce.llm.models import ManagedModel
     from amapreduce.mapreduce.engine import MapReduceEngine, ProgressEvent
     from amapreduce.mapreduce.merge import Merger
+    from amapreduce.mapreduce.solver import BatchSolver
     from amapreduce.trace import Trace
+    from amapreduce.web.backends.base import SearchBackend
 
 __all__ = [
     "MERGE_CACHE_DIR",
     "NO_MODEL_HELP",
     "InnerFactory",
     "RunParts",
+    "build_models",
     "build_parts",
-    "check_run_setup",
     "context_window_for",
     "require_model",
-    "start_tracing",
 ]
 
 NO_MODEL_HELP = (
@@ -73,7 +73,6 @@ def require_model(settings: Settings) -> str:
 class RunParts:
     """Everything a run needs, connected."""
 
-    meter: UsageMeter
     models: dict[str, ManagedModel]
     web_tools: list[Tool]
     engine: MapReduceEngine
@@ -106,71 +105,72 @@ class RunParts:
         self.close()
 
 
+def build_models(settings: Settings, roles: Sequence[str], *, meter: UsageMeter, inner: InnerFactory | None = None,
+                 trace: Trace | None = None) -> dict[str, ManagedModel]:
+    """One managed model per role that has a model id (`llm.factory.build_role_model`), charged to
+    `meter`; `inner` replaces the provider clients (simulated models in the demo and tests)."""
+    models: dict[str, ManagedModel] = {}
+    for role in roles:
+        model_id = model_for_role(settings, role)
+        if model_id is not None:
+            models[role] = build_role_model(settings, role, model_id, meter=meter,
+                                            inner=inner(role) if inner is not None else None, trace=trace)
+    return models
+
+
 def build_parts(
     settings: Settings,
     *,
+    models: Mapping[str, ManagedModel],
     trace: Trace,
-    meter: UsageMeter | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
-    on_provider_retry: ProviderRetryHandler | None = None,
-    inner: InnerFactory | None = None,
     web_tools: list[Tool] | None = None,
-    roles: tuple[str, ...] = ("manager", "subagent", "extraction"),
+    search: SearchBackend | None = None,
+    decisions_by: DecisionAuthor = "manager",
     merge_cache: Path | None = None,
+    solver: BatchSolver | None = None,
 ) -> RunParts:
-    """Connect models, tools, solver and engine for one run.
+    """Connect web tools, MCP tools, solver and engine around a run's models (built once, by its
+    `session.Session`).
 
     Args:
-        settings: the run's settings (model ids, limits, budgets, search backend).
-        trace: where every call is recorded (model calls and retries included).
-        meter: the run's usage meter (default: a new one with the settings' budget).
+        settings: the run's settings (limits, search backend, MCP config).
+        models: the run's role models; `subagent` is required.
+        trace: where every call is recorded.
         progress: engine progress callback.
-        on_provider_retry: told of every provider retry of the run's models (429s, 5xx, timeouts).
-        inner: replaces the provider clients (simulated models in the demo and tests).
         web_tools: replaces the web tools (e.g. a corpus-only set).
-        roles: roles that need a model.
+        search: the search backend the session built in pre-flight (None: built from the settings).
+        decisions_by: who writes the decisions the engine runs (`manager` or `user`: the batch cap).
         merge_cache: where discovery's merge replies are kept (the run directory's, so a resumed run
             does not ask them again); None: not kept.
+        solver: replaces the search sub-agents (a test's, or a user's own `BatchSolver`).
 
     Raises:
-        ConfigError: no model for the manager or sub-agents, a model or backend not usable as
-            given, or an MCP config (`settings.mcp`) that is invalid or whose server did not start.
+        ConfigError: no sub-agent model, or an MCP config (`settings.mcp`) whose server did not start.
     """
     from amapreduce.evaluation.judges import JudgeCache  # replies on disk by (model, prompt): merges too
     from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
     from amapreduce.mapreduce.merge import ModelMerger
     from amapreduce.mapreduce.solver import SmolagentsSolver
 
-    meter = meter or new_meter(settings)
-    models: dict[str, ManagedModel] = {}
-    for role in roles:
-        model_id = model_for_role(settings, role)
-        if model_id is None:
-            if role in ("manager", "subagent"):
-                raise ConfigError(NO_MODEL_HELP)
-            continue
-        models[role] = build_role_model(
-            settings, role, model_id, meter=meter, inner=inner(role) if inner is not None else None,
-            trace=trace, on_retry=on_provider_retry,
-        )
+    if "subagent" not in models:
+        raise ConfigError(NO_MODEL_HELP)
     service = None
     if web_tools is None:
         from amapreduce.web.service import WebService
         from amapreduce.web.tools import build_web_tools
 
-        service = WebService.from_settings(settings)
+        service = WebService.from_settings(settings, search=search)
         web_tools = build_web_tools(settings, service=service, model=models.get("extraction"))
     toolbox = _start_mcp(settings, reserved={t.name for t in web_tools}, trace=trace)
     try:
         mcp_tools: list[Tool] = list(toolbox.tools) if toolbox is not None else []
-        solver = SmolagentsSolver(
-            model=models["subagent"], tools=[*web_tools, *mcp_tools], max_steps=settings.subagent_max_steps
-        )
+        if solver is None:
+            solver = SmolagentsSolver(
+                model=models["subagent"], tools=[*web_tools, *mcp_tools], max_steps=settings.subagent_max_steps
+            )
         engine = MapReduceEngine(
-            solver,
-            # With a manager, the engine runs the decisions the manager writes; without one, the user's.
-            config=EngineConfig.from_settings(settings, decisions_by="manager" if "manager" in roles else "user"),
-            trace=trace,
+            solver, config=EngineConfig.from_settings(settings, decisions_by=decisions_by), trace=trace,
             progress=progress,
         )
     except BaseException:
@@ -180,8 +180,8 @@ def build_parts(
     usage = (lambda: service.usage().model_dump()) if service is not None else (lambda: {})
     merge_model = models["subagent"]
     parts = RunParts(
-        meter=meter, models=models, web_tools=list(web_tools), engine=engine, web_usage=usage,
-        mcp_tools=mcp_tools, mcp_for_manager=settings.mcp_manager and "manager" in roles,
+        models=dict(models), web_tools=list(web_tools), engine=engine, web_usage=usage,
+        mcp_tools=mcp_tools, mcp_for_manager=settings.mcp_manager and "manager" in models,
         merger=ModelMerger(merge_model, cache=JudgeCache(merge_cache) if merge_cache is not None else None),
         context_window=functools.partial(context_window_for, settings, merge_model.model_id),
     )
@@ -240,45 +240,3 @@ def _start_mcp(settings: Settings, *, reserved: set[str], trace: Trace) -> McpTo
         toolbox.close()
         raise
     return toolbox
-
-
-def start_tracing(settings: Settings) -> None:
-    """Turn OpenTelemetry tracing on when `settings.otel` asks for it, before a command makes
-    anything: without the `otel` extra that is a usage error (exit 2). Runs turn it on themselves
-    too (`run.lifecycle`); this only moves the refusal ahead of any output."""
-    if settings.otel:
-        from amapreduce import telemetry
-
-        telemetry.enable()
-
-
-def check_run_setup(settings: Settings, roles: tuple[str, ...]) -> None:
-    """Refuse a run whose models or search backend cannot be built, before it makes a run directory.
-
-    Why: a run builds its parts inside its run directory, so a mistyped `--search bing` or a
-    model id without a provider used to leave a `failed` run behind for a usage mistake. Building
-    the same role models and the search backend here (no request is sent) raises the same
-    `ConfigError` first: exit 2, and nothing is created. With `settings.otel`, tracing is turned on
-    here too (`telemetry.enable`), so a missing `otel` extra is refused just as early.
-
-    Args:
-        settings: the run's settings.
-        roles: the roles the run will build a model for (`manager`, `subagent`, ...).
-
-    Raises:
-        ConfigError: a model id or the search backend is not usable as given, or `--otel` without
-            the `otel` extra, or the MCP config (`--mcp`) is invalid or names a command not found.
-    """
-    from amapreduce.web.backends import make_backend
-
-    start_tracing(settings)
-    meter = new_meter(settings)
-    for role in roles:
-        model_id = model_for_role(settings, role)
-        if model_id is not None:
-            build_role_model(settings, role, model_id, meter=meter)
-    make_backend(settings.search_backend, settings)
-    if settings.mcp is not None:  # read and checked here; its servers start with the run
-        from amapreduce.agents.mcp_config import check_mcp_config
-
-        check_mcp_config(settings.mcp)

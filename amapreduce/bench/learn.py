@@ -38,14 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from amapreduce.bench.commit import hint_credits, run_due_distillation
 from amapreduce.errors import RunError, UserError
 from amapreduce.llm.usage import Usage
 from amapreduce.memory.labels import UTILITY_RULE, UtilityWeights
 from amapreduce.memory.labels import utility as utility_of
 from amapreduce.memory.records import Record, TraceSummary, normalise_query
-from amapreduce.run.commit import hint_credits, run_due_distillation
-from amapreduce.run.run_journal import RunKind
-from amapreduce.run.rundir import load_run
+from amapreduce.session.journal import RunKind
+from amapreduce.session.rundir import load_run
 
 if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
@@ -100,7 +100,7 @@ class LearnOutcome:
     distillation_due: str | None = None
     """`refine`, `merge` or `refine+merge` when this record made a distillation due."""
     distillation: dict[str, Any] | None = None
-    """What the due distillation did (`run.commit.run_due_distillation`), or why it did not run
+    """What the due distillation did (`bench.commit.run_due_distillation`), or why it did not run
     (`{"skipped": ...}` / `{"failed": ...}`); None when none was due."""
     warnings: tuple[str, ...] = ()
 
@@ -350,8 +350,8 @@ def learn_from_run(
             missing, doubled or invalid; nothing is written.
         RunError: the store refused the record (its metrics lack what the pass rule reads).
     """
+    from amapreduce.bench.journal import BENCHMARKS, benchmark_defaults
     from amapreduce.memory import ExperientialMemory, MemoryConfig, MemoryStore
-    from amapreduce.run.eval_journal import BENCHMARKS, benchmark_defaults
 
     scored = gold is not None or tasks is not None or benchmark is not None
     if utility is not None and scored:

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.breaker import BreakerPolicy, CircuitBreaker, Outage, provider_unavailable
+from amapreduce.cluster.ray import require_ray
 from amapreduce.errors import ConfigError
 from amapreduce.llm.meter import Budget, Price, UsageMeter, check_budget
 from amapreduce.llm.models import BreakerGate, use_provider_gates
 from amapreduce.ratelimit import WindowGate, WindowLimiter, WindowPolicy
-from amapreduce.run.eval_ray import require_ray
 
 if TYPE_CHECKING:
     from amapreduce.llm.usage import Usage

@@ -5,14 +5,14 @@ record. Each run gets a fresh `runs/<timestamp>-<slug>/` and a usage meter; a ru
 writes `table.md`, `table.csv` and `result.json` with one shape of `timings`; a run that raises
 before that still writes `result.json` (status `failed`, or `stopped: interrupted` for Ctrl-C:
 `RunEnding.label`) with the error, because a run directory without one is invisible to `runs list` and says nothing
-about what went wrong. Every run directory also gets a journal (`run.run_journal`): how the run
+about what went wrong. Every run directory also gets a journal (`session.journal`): how the run
 started, the engine's checkpoints (`ActiveRun.checkpoint`) and how it ended, so that a killed run
 can be resumed in place (`resume_run`). Every key the settings know is registered for redaction
 by value before anything is written (`trace.register_secrets`), so an echoed key is masked in
 `result.json`, the trace and the journal's error texts. With `settings.otel` (`--otel`,
 `AMAPREDUCE_OTEL`), OpenTelemetry tracing is turned on (`telemetry.enable`) before anything is
 made, and the run is one span (`amapreduce.run`, the root of the run's one trace) around
-everything it does. The commands themselves live in `run/ask.py` and `run/mapreduce_run.py`.
+everything it does. A run's `session.Session` opens and finishes it.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from amapreduce import telemetry
-from amapreduce.llm.factory import model_for_role, new_meter
+from amapreduce.llm.factory import model_for_role
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint
 from amapreduce.mapreduce.result import Completeness, RunEnding, RunStatus, completeness_record
-from amapreduce.run.run_journal import (
+from amapreduce.session.journal import (
     ChunkFinished,
     RunEnded,
     RunJournal,
@@ -36,9 +36,9 @@ from amapreduce.run.run_journal import (
     RunStarted,
     open_run_journal,
 )
-from amapreduce.run.rundir import RunDir
+from amapreduce.session.rundir import RunDir
 from amapreduce.table.render import to_csv, to_markdown
-from amapreduce.trace import redact_secrets, register_secrets
+from amapreduce.trace import redact_secrets
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -157,21 +157,14 @@ class ActiveRun:
 
 
 @contextlib.contextmanager
-def start_run(
-    settings: Settings, *, kind: RunKind, query: str, meter: UsageMeter | None = None
-) -> Iterator[ActiveRun]:
-    """Open a run: a new run directory under `settings.runs_dir`, named after `query`, and its usage
-    meter (`meter`, else a fresh `new_meter(settings)`); on the way out, close the directory.
+def start_run(settings: Settings, *, kind: RunKind, query: str, meter: UsageMeter) -> Iterator[ActiveRun]:
+    """Open a run: a new run directory under `settings.runs_dir`, named after `query`, metered by
+    `meter`; on the way out, close the directory.
 
     If the body raises before `ActiveRun.finish` wrote `result.json`, a `failed` one is written
     (see `ActiveRun.record_failure`) and the exception is re-raised.
     """
     started = time.perf_counter()
-    register_secrets(settings.secret_values())  # masked in every file of the run, whatever echoes them
-    if settings.otel:  # before anything is made: without the `otel` extra this is a usage error
-        telemetry.enable()
-    if meter is None:  # before the directory: a bad price file is a usage error and leaves no run behind
-        meter = new_meter(settings)
     run_dir = RunDir.create(settings.runs_dir, query)
     journal = open_run_journal(run_dir.path)
     journal.append(RunStarted.now(command=kind, query=query, settings=settings))
@@ -184,16 +177,12 @@ def start_run(
 
 
 @contextlib.contextmanager
-def resume_run(path: Path, saved: RunJournal, settings: Settings) -> Iterator[ActiveRun]:
+def resume_run(path: Path, saved: RunJournal, settings: Settings, *, meter: UsageMeter) -> Iterator[ActiveRun]:
     """Go on with the interrupted run in `path`, whose journal says `saved`: the same directory,
     the same journal (a new `RunStarted`, `resumed: true`), a checkpoint over the saved entries,
-    and a meter that starts from the usage the journal recorded (`_saved_usage`). Ends as `start_run`.
+    and `meter` charged first with the usage the journal recorded (`_saved_usage`). Ends as `start_run`.
     """
     started = time.perf_counter()
-    register_secrets(settings.secret_values())
-    if settings.otel:
-        telemetry.enable()
-    meter = new_meter(settings)
     for role, usage in _saved_usage(saved).items():
         meter.record(role, model_for_role(settings, role) or "", usage)
     kind, query = saved.first.command, saved.first.query

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from amapreduce.errors import UserError
-from amapreduce.run.run_journal import JOURNAL_NAME, RERUN_SETTINGS, RunJournal, RunKind, read_run_journal
+from amapreduce.session.journal import JOURNAL_NAME, RERUN_SETTINGS, RunJournal, RunKind, read_run_journal
 from amapreduce.settings import ENV_ALIASES, ENV_PREFIX, Settings, load_env_file, load_settings
 
 __all__ = ["RESUMABLE_COMMANDS", "resume_settings", "saved_run"]

@@ -15,8 +15,8 @@ snapshot then, so it reads exactly the commits of instances 1..i−K whatever th
 other, each with a fresh simulated or real model.
 
 **Where trials run.** In threads of this process, or (`remote`, `--executor ray`) as one Ray task
-per (instance, trial) (`run.eval_ray`): the trials of an instance then run at once, each over an
-image of the instance's snapshot, and come back as plain data (`run.eval_trial`); answers, scores,
+per (instance, trial) (`cluster.trials`): the trials of an instance then run at once, each over an
+image of the instance's snapshot, and come back as plain data (`bench.trial`); answers, scores,
 journal lines and commits stay here, in the same order, so both give the same results.
 
 **Durability.** `DIR/journal.jsonl` (the one journal format, `amapreduce.journal`) records the
@@ -56,10 +56,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce._atomic import atomic_open
-from amapreduce.errors import RunError, UserError
-from amapreduce.journal import JournalWriter, read_journal
-from amapreduce.run.eval_commit import commit_trials, memory_size, open_memory, trial_done, write_memory_log
-from amapreduce.run.eval_journal import (
+from amapreduce.bench.eval_commit import commit_trials, memory_size, open_memory, trial_done, write_memory_log
+from amapreduce.bench.journal import (
     ENTRIES,
     JOURNAL,
     RESULTS,
@@ -71,33 +69,27 @@ from amapreduce.run.eval_journal import (
     progress_line,
     results_document,
 )
-from amapreduce.run.eval_trial import TrialJob, TrialRun, execute_trial, snapshot_image, write_run_files
+from amapreduce.bench.trial import (
+    SimulatedModels,
+    TrialJob,
+    TrialRun,
+    execute_trial,
+    snapshot_image,
+    write_run_files,
+)
+from amapreduce.errors import RunError, UserError
+from amapreduce.journal import JournalWriter, read_journal
 from amapreduce.trace import redact_secrets
 
 if TYPE_CHECKING:
+    from amapreduce.bench.trial import RemoteTrials
     from amapreduce.evaluation.loaders import TaskSpec
     from amapreduce.evaluation.runner import EvalOptions
-    from amapreduce.llm.meter import Price
     from amapreduce.memory import ExperientialMemory
     from amapreduce.memory.protocol import InstanceSession
-    from amapreduce.run.eval_trial import RemoteTrials
-    from amapreduce.run.wiring import InnerFactory
     from amapreduce.settings import Settings
 
-__all__ = ["EvalRunOutcome", "SimulatedModels", "run_benchmark"]
-
-@dataclass(frozen=True, kw_only=True)
-class SimulatedModels:
-    """The simulated models of an offline evaluation (brought by the `demo` layer, never by this one)."""
-
-    inner_for: Callable[[str, int], InnerFactory]
-    """(instance id, trial) → the role → model factory of that trial's `ask` run."""
-    memory_model: Any
-    prices_by_prefix: Mapping[str, Price]
-    rebuild: Callable[[], SimulatedModels] | None = None
-    """A module-level function that builds these same models in another process (it crosses to a
-    Ray worker by name); None: they cannot leave this one (`--executor ray` is refused)."""
-
+__all__ = ["EvalRunOutcome", "run_benchmark"]
 
 @dataclass(kw_only=True)
 class EvalRunOutcome:
@@ -173,7 +165,7 @@ def run_benchmark(
         memory_model: the memory's projection/distillation model when not simulated (None: raw hints).
         resume: continue the evaluation journaled in `out`.
         progress: called with one line of progress text after every trial and commit.
-        remote: runs the trials elsewhere (`run.eval_ray.RayTrials`); None: in threads here.
+        remote: runs the trials elsewhere (`cluster.trials.RayTrials`); None: in threads here.
 
     Raises:
         UserError: `out` already holds an evaluation and `resume` is False, or holds a different

@@ -16,7 +16,7 @@ The merge. The driver merges the chunks' rows into one table in matrix order (ro
 mapped back to the full matrix; `Table.merge_row`, the rule of a local run's reduce) and adds their
 usage to the run's meter (so `result.json` counts every remote call) and their trace events to the
 run's trace (each tagged with its `chunk`). Every worker's model calls go through the cluster's
-limiter and budget (`run.ray_limits`). A chunk that stopped (the budget, a provider down) or a
+limiter and budget (`cluster.limits`). A chunk that stopped (the budget, a provider down) or a
 Ctrl-C in the driver cancels the chunks not finished (`ray.cancel`) and keeps the rows of those
 that were.
 
@@ -32,9 +32,8 @@ afresh. A chunk still running when the driver is killed, or cancelled (`ray.canc
 worker, and Ray hands back no return value for a cancelled task), leaves nothing: its attempts
 live in the worker until the chunk returns, and it runs again.
 
-`ask --executor ray` (`wide_session`): the manager runs in the driver, and the `mapreduce` tool
-is given an executor (`WideSession.executor`) that runs a plain decision of more than one chunk
-here, on the session's one cluster limiter: the driver's models are built inside it (the manager's
+`ask --executor ray` (`RayExecutor.attach`): the manager runs in the driver, and its session
+runs a plain decision of more than one chunk here, on the session's one cluster limiter: the driver's models are built inside it (the manager's
 rate window and breaker are the chunks'), and the run's meter is a `DriverMeter`, so the manager's
 spend and the chunks' are one sum against one budget. Those executions are not journaled: a
 resumed `ask` runs them again, locally.
@@ -45,10 +44,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from amapreduce.cluster.limits import (
+    ClusterLimiter,
+    ClusterLimits,
+    ClusterMeter,
+    cluster_limits,
+    cluster_meter,
+)
+from amapreduce.cluster.ray import ray_session, require_ray
 from amapreduce.errors import RunCancelled
 from amapreduce.llm.factory import model_for_role
 from amapreduce.llm.meter import UsageMeter
@@ -63,16 +70,9 @@ from amapreduce.mapreduce.result import (
     RunStatus,
     RunSummary,
 )
-from amapreduce.run.eval_ray import ray_session, require_ray
-from amapreduce.run.ray_limits import (
-    ClusterLimiter,
-    ClusterLimits,
-    ClusterMeter,
-    cluster_limits,
-    cluster_meter,
-)
-from amapreduce.run.run_journal import ChunkFinished, WideStarted
-from amapreduce.table.table import Row, Table
+from amapreduce.session.executor import ExecutorSpec, WideRun
+from amapreduce.session.journal import ChunkFinished, WideStarted
+from amapreduce.table.table import Row
 from amapreduce.trace import Trace
 
 if TYPE_CHECKING:
@@ -81,8 +81,8 @@ if TYPE_CHECKING:
     from amapreduce.mapreduce.checkpoint import EntrySink
     from amapreduce.settings import Settings
 
-__all__ = ["CHUNK_BATCHES_PER_WORKER", "ChunkJob", "ChunkRun", "DriverMeter", "WideExecutor", "WideRun", "WideSession",
-           "chunk_batches", "chunk_plan", "run_chunk", "run_wide", "wide_session"]
+__all__ = ["CHUNK_BATCHES_PER_WORKER", "ChunkJob", "ChunkRun", "DriverMeter", "RayExecutor", "chunk_batches",
+           "chunk_plan", "run_chunk", "run_wide"]
 
 CHUNK_BATCHES_PER_WORKER = 4
 """Batches per chunk for each sub-agent thread of a chunk, when no batch cap is set."""
@@ -161,13 +161,14 @@ def run_chunk(job: ChunkJob) -> ChunkRun:
     """Run one chunk (in a Ray worker): build the parts from the settings, run the engine on the
     sub-decision's plan, and return plain data. A stopped engine returns its partial result."""
     from amapreduce.decision.model import Decision
-    from amapreduce.run.wiring import build_parts
+    from amapreduce.session.parts import build_models, build_parts
 
     decision = Decision.parse(job.decision)
     trace, kept = _Collected(), _Kept()
     with cluster_limits(job.limits):
         meter = cluster_meter(job.limits, job.settings)
-        with build_parts(job.settings, trace=trace, meter=meter, roles=("subagent", "extraction")) as parts:
+        models = build_models(job.settings, ("subagent", "extraction"), meter=meter, trace=trace)
+        with build_parts(job.settings, models=models, trace=trace, decisions_by="user") as parts:
             try:
                 result = parts.engine.run(decision, plan=job.plan, checkpoint=Checkpoint(kept, job.saved))
             except RunCancelled as exc:
@@ -175,18 +176,6 @@ def run_chunk(job: ChunkJob) -> ChunkRun:
             web = parts.web_usage()
     return ChunkRun(index=job.index, result=result, usage=meter.by_role(), events=trace.events, web=web,
                     entries=kept.entries)
-
-
-@dataclass(frozen=True, kw_only=True)
-class WideRun:
-    """A wide run's merged result and what the driver records of it."""
-
-    result: MapReduceResult
-    web: dict[str, Any]
-    chunks: int
-    """Chunks the plan was cut into."""
-    finished: int
-    """Chunks whose rows are in the table."""
 
 
 def _added(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -308,50 +297,58 @@ class DriverMeter(ClusterMeter):
         UsageMeter.record(self, role, model_id, usage)
 
 
-WideExecutor = Callable[["Decision", BatchPlan], MapReduceResult | None]
-"""What the `mapreduce` tool is given to run a plain decision's plan elsewhere (None: run it here)."""
+class RayExecutor:
+    """`--executor ray[:ADDRESS]`: the Ray implementation of `session.executor.Executor`.
 
-
-@dataclass(frozen=True, kw_only=True)
-class WideSession:
-    """An `ask` run's Ray: its cluster limiter (the manager's and every chunk's) and its meter."""
-
-    address: str | None
-    limits: ClusterLimits
-    meter: DriverMeter
-
-    def executor(self, settings: Settings, trace: Trace) -> WideExecutor:
-        """How the run's `mapreduce` tool runs a plan of more than one chunk (`CHUNK_BATCHES_PER_WORKER`
-        batches per sub-agent thread: a manager's plan is always within the batch cap, so the cap
-        cannot be the chunk) on Ray; a smaller plan is left to the tool (None)."""
-        size = CHUNK_BATCHES_PER_WORKER * settings.workers
-        roles = {role: model for role in ("subagent", "extraction") if (model := model_for_role(settings, role))}
-
-        def run(decision: Decision, plan: BatchPlan) -> MapReduceResult | None:
-            if len(plan.batches) <= size:
-                return None
-            return run_wide(decision, plan, settings, meter=self.meter, trace=trace, address=self.address,
-                            role_models=roles, limits=self.limits, size=size).result
-        return run
-
-
-@contextlib.contextmanager
-def wide_session(meter: UsageMeter, *, address: str | None = None) -> Iterator[WideSession]:
-    """Inside: Ray joined at `address` (`ray_session`), one cluster limiter charged with what
-    `meter` holds against its budget, installed for every model built here (`cluster_limits`),
-    and a `DriverMeter` with `meter`'s budget and prices for the run.
-
-    Raises:
-        ConfigError: the `ray` extra is missing or Ray cannot be reached.
+    A `mapreduce run` hands it a plain decision wider than one chunk (`chunk_batches`), which it
+    runs on a cluster limiter of its own (`run_wide`). An `ask` attaches it for the whole run
+    (`attach`): Ray joined, one cluster limiter charged with what the run's meter holds, installed
+    for every model built inside (the manager's rate window and breaker are the chunks'), and a
+    `DriverMeter` for the run; then a decision of more than `CHUNK_BATCHES_PER_WORKER` batches per
+    sub-agent thread runs in chunks on that limiter (a manager's plan is always within the batch
+    cap, so the cap cannot be the chunk).
     """
-    with ray_session(address):
-        limiter = ClusterLimiter.start(budget=meter.budget, spent=meter.total())
-        try:
-            driver = DriverMeter(limiter.actor, meter.budget, prices=meter.prices)
-            with cluster_limits(limiter.limits):
-                yield WideSession(address=address, limits=limiter.limits, meter=driver)
-        finally:
-            limiter.stop()
+
+    def __init__(self, spec: ExecutorSpec) -> None:
+        self.spec = spec
+        self._limits: ClusterLimits | None = None
+        """The attached run's cluster limiter (None: not attached)."""
+
+    def check(self) -> None:
+        """Refuse when the `ray` extra is missing (exit 2, before anything is made)."""
+        require_ray()
+
+    def chunk_batches(self, settings: Settings) -> int:
+        """Batches per chunk: an attached `ask`'s `CHUNK_BATCHES_PER_WORKER` per worker, else `chunk_batches`."""
+        return CHUNK_BATCHES_PER_WORKER * settings.workers if self._limits is not None else chunk_batches(settings)
+
+    @contextlib.contextmanager
+    def attach(self, meter: UsageMeter) -> Iterator[UsageMeter]:
+        """Inside: Ray joined at the spec's address (`ray_session`), one cluster limiter charged
+        with what `meter` holds against its budget, installed for every model built here
+        (`cluster_limits`); yields a `DriverMeter` with `meter`'s budget and prices for the run.
+
+        Raises:
+            ConfigError: the `ray` extra is missing or Ray cannot be reached.
+        """
+        with ray_session(self.spec.address):
+            limiter = ClusterLimiter.start(budget=meter.budget, spent=meter.total())
+            try:
+                driver = DriverMeter(limiter.actor, meter.budget, prices=meter.prices)
+                with cluster_limits(limiter.limits):
+                    self._limits = limiter.limits
+                    yield driver
+            finally:
+                self._limits = None
+                limiter.stop()
+
+    def run_wide(self, decision: Decision, plan: BatchPlan, settings: Settings, *, meter: UsageMeter,
+                 trace: Trace, journal: EntrySink | None = None, saved: Sequence[JournalEntry] = (),
+                 size: int | None = None) -> WideRun:
+        """`run_wide` on this executor's cluster (an attached run's limiter, else one of its own)."""
+        roles = {role: model for role in ("subagent", "extraction") if (model := model_for_role(settings, role))}
+        return run_wide(decision, plan, settings, meter=meter, trace=trace, address=self.spec.address,
+                        role_models=roles, journal=journal, saved=saved, limits=self._limits, size=size)
 
 
 def _journal(journal: EntrySink, chunk: ChunkRun) -> None:
@@ -388,8 +385,7 @@ def _merged(
     from amapreduce.mapreduce.engine import EngineConfig
 
     cfg = EngineConfig.from_settings(settings, decisions_by="user")
-    table = Table(decision.columns, decision.resolved_key_columns, missing_markers=cfg.missing_markers,
-                  strict_evidence=cfg.verify == "strict")
+    table = cfg.table_for(decision)
     rows = [Row(cells=row.cells, task_index=mapped[row.task_index], strict_evidence=row.strict_evidence,
                 origin=row.origin)
             for mapped, chunk in chunks for row in chunk.result.table.rows]

@@ -1,0 +1,31 @@
+"""Everything Ray: the executor of `--executor ray[:ADDRESS]`, the cluster's one limiter and
+budget, very wide runs in chunks, and an evaluation's trials as Ray tasks.
+
+`session/` defines what an executor is (`session.executor.Executor`) and never imports this
+package; the interface layer builds one here (`executor_for`) and hands it to a session. Ray
+itself is imported only inside functions (`cluster.ray`), when a command asked for it.
+"""
+
+from __future__ import annotations
+
+from amapreduce.cluster.wide import RayExecutor
+from amapreduce.session.executor import Executor, ExecutorSpec, parse_executor
+
+__all__ = ["RayExecutor", "executor_for"]
+
+
+def executor_for(spec: ExecutorSpec | str | None) -> Executor | None:
+    """The executor a spec names (`local`, `ray`, `ray:ADDRESS`, or a parsed one): None for local
+    (everything runs in this process), else a `RayExecutor` whose extra is checked.
+
+    Raises:
+        ConfigError: a value that is not local, ray or ray:ADDRESS, or ray without the `ray` extra.
+    """
+    if spec is None:
+        return None
+    parsed = parse_executor(spec) if isinstance(spec, str) else spec
+    if parsed.kind == "local":
+        return None
+    executor = RayExecutor(parsed)
+    executor.check()
+    return executor

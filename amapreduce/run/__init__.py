@@ -1,1 +1,0 @@
-"""Running things end to end: the run lifecycle and directories, wiring, progress, `ask` and `mapreduce run`."""

@@ -1,0 +1,650 @@
+"""`Session`: the one composition root of a run.
+
+Every run — `ask`, `mapreduce run`, `runs resume`, the Python API, the demo, an evaluation's
+trial — is one `Session`, built from `Settings` plus one `RunOptions` value:
+
+1. **Pre-flight** (`Session(...)`): the role models, the meter and the search backend are built
+   and kept, the MCP config and the memory store checked, tracing turned on. A usage mistake
+   fails here with a `ConfigError`/`UserError` (exit 2) and nothing is created.
+2. **Open** (`with session:`): the run directory, its journal and the live progress; the parts
+   (`session.parts`) are connected around the models built in pre-flight (built once per run).
+3. **Work**: `execute(decision)` runs a decision through the engine (composed ones included) and
+   reduces its rows into the run's one table; the manager's `mapreduce` tool calls it, and so do
+   `run`, `resume` and the API. `ask()` runs the manager; `run(decision)` one decision.
+4. **Finish** (`finish()`): `result.json` and the table files, and one `RunOutcome`.
+
+An executor (`RunOptions.executor`, built by the caller: `cluster.executor_for`) runs a plain
+decision too wide for one engine run in chunks elsewhere; this package only knows its protocol
+(`session.executor.Executor`), never Ray.
+
+Resuming (`Session.resume`): a killed run's directory, journal and settings; a `mapreduce run`
+runs its saved decision again (its finished batches replayed from the journal), an `ask` the
+decisions its manager had executed (`executed.json`, else the journal's executions), without the
+manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from amapreduce import telemetry
+from amapreduce._atomic import atomic_open
+from amapreduce.errors import ConfigError, DecisionError, RunCancelled, UserError, find_cause
+from amapreduce.llm.factory import model_for_role, new_meter
+from amapreduce.mapreduce.prior import NoPrior, Prior, PriorRequest
+from amapreduce.mapreduce.result import (
+    INTERRUPTED,
+    RUN_STOPPING_ERRORS,
+    Completeness,
+    MapReduceResult,
+    RunEnding,
+    RunStatus,
+    completeness_record,
+    stop_ending,
+)
+from amapreduce.session.journal import RunKind
+from amapreduce.session.lifecycle import ActiveRun, resume_run, start_run
+from amapreduce.session.outcome import RunOutcome
+from amapreduce.session.parts import (
+    MERGE_CACHE_DIR,
+    NO_MODEL_HELP,
+    InnerFactory,
+    RunParts,
+    build_models,
+    build_parts,
+)
+from amapreduce.session.progress import RunProgress
+from amapreduce.table.render import to_markdown
+from amapreduce.table.table import Table
+from amapreduce.trace import NullTrace, Trace, register_secrets
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from smolagents import Tool
+
+    from amapreduce.decision.model import Decision
+    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.llm.models import ManagedModel
+    from amapreduce.mapreduce.batching import BatchPlan
+    from amapreduce.mapreduce.prior import PriorProvider
+    from amapreduce.mapreduce.solver import BatchSolver
+    from amapreduce.session.executor import Executor
+    from amapreduce.session.journal import RunJournal
+    from amapreduce.settings import Settings
+    from amapreduce.web.backends.base import SearchBackend
+
+__all__ = ["DECISION_FILE", "EXECUTED_FILE", "RunOptions", "Session", "check_memory_store"]
+
+DECISION_FILE = "decision.json"
+"""Where a `mapreduce run`'s composed decision (`discover` or `child`) is kept, for a resume."""
+EXECUTED_FILE = "executed.json"
+"""An `ask`'s executed decisions (with plain ones' batch plans), kept once one is composed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """What a run is and what it plugs in, beside its `Settings`."""
+
+    kind: RunKind = RunKind.ASK
+    """What the run is listed as (`ask`, `mapreduce_run`, `demo`, `eval`)."""
+    query: str = ""
+    """The question (or the label a `mapreduce run` is named by)."""
+    task_id: str | None = None
+    """A benchmark instance id, passed to the memory."""
+    inner: InnerFactory | None = None
+    """Replaces provider clients (the offline demo's simulated model)."""
+    web_tools: list[Tool] | None = None
+    """Replaces the web tools (e.g. the sandbox corpus)."""
+    meter: UsageMeter | None = None
+    """The run's usage meter (default: `new_meter(settings)`; the demo's also prices its simulated model)."""
+    prior_provider: PriorProvider | None = None
+    """The plan stage's prior (overrides `memory_store`)."""
+    memory_store: Path | None = None
+    """An experiential-memory folder the plan stage's prior is drawn from (read-only: a run never
+    changes the memory; learning happens after scoring)."""
+    show_progress: bool | None = None
+    """False: no progress; True: the live display; None: live on a terminal, else plain lines."""
+    executor: Executor | None = None
+    """Runs a plain decision too wide for one engine run in chunks elsewhere (None: all here)."""
+    solver: BatchSolver | None = None
+    """Replaces the search sub-agents (a test's, or a user's own `BatchSolver`)."""
+    roles: tuple[str, ...] | None = None
+    """The roles that get a model (default: by kind; the memory's when there is a store)."""
+    decision: Decision | None = None
+    """A `mapreduce run`'s decision: its batch plan is checked in pre-flight (`Session.run` runs it)."""
+
+
+def check_memory_store(store: Path) -> None:
+    """Refuse a `--memory` folder that holds no store (or a file that is not one), before a run
+    directory is made.
+
+    Why here and as a `UserError`: a mistyped path is a usage mistake (exit 2), not a run
+    failure, and the memory layer's own message speaks of its `--store` flag, which `ask` has not.
+    """
+    from amapreduce.memory.schema import DB_NAME, connect
+
+    if not (store / DB_NAME).is_file():
+        raise UserError(
+            f"--memory {str(store)!r} holds no experiential-memory store (no {DB_NAME} there). "
+            "Point --memory at a store folder (one made by `amapreduce memory import` or `memory add`), "
+            "or use --no-memory."
+        )
+    connect(store, create=False, readonly=True).close()  # an empty or foreign file: NotAMemoryStore, exit 2
+
+
+def _stop_ending(exc: BaseException) -> RunEnding:
+    """How a run that raised `exc` (a manager's: smolagents' wrapper of a tool's or model's error) ended."""
+    cause = find_cause(exc, RunCancelled, *RUN_STOPPING_ERRORS)
+    if isinstance(cause, RunCancelled) and isinstance(cause.partial, MapReduceResult):
+        return cause.partial.ending  # the engine knows why it stopped: budget, cancel or Ctrl-C
+    if cause is not None:
+        return stop_ending(cause)
+    return RunEnding(RunStatus.FAILED, f"manager failed: {exc}")
+
+
+@dataclass
+class _Ledger:
+    """The `mapreduce` tool's guards and what the run executed (changed under the session's lock)."""
+
+    calls: int = 0
+    planned: bool = False
+    executed: set[str] = field(default_factory=set)
+    shape: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    """(columns, key columns) of the run's table, fixed by the first executed call."""
+    decisions: list[Decision] = field(default_factory=list)
+    filled: list[Decision] = field(default_factory=list)
+    """`decisions` as their tasks ran: a discovery's with the entities it found as its matrix
+    (what completeness is measured against; a discovery that found nothing asks for nothing)."""
+    results: list[MapReduceResult] = field(default_factory=list)
+    table: Table | None = None
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    """An `ask`'s executions as `executed.json` keeps them."""
+    composed: bool = False
+
+
+class Session:
+    """One run: its parts built once, its directory, journal, meter and table (see the module doc)."""
+
+    def __init__(self, settings: Settings, options: RunOptions | None = None, *,
+                 resuming: tuple[Path, RunJournal] | None = None) -> None:
+        """Pre-flight: check and build what the run needs, creating nothing on disk.
+
+        Raises:
+            ConfigError: no model for the manager or sub-agents, a model id, search backend or MCP
+                config not usable as given, `--otel` without its extra, an executor that cannot run.
+            UserError: `memory_store` holds no store.
+        """
+        self.settings = settings
+        self.options = options = options or RunOptions()
+        self._resuming = resuming
+        register_secrets(settings.secret_values())  # masked in every file of the run, whatever echoes them
+        if settings.otel:  # before anything is made: without the `otel` extra this is a usage error
+            telemetry.enable()
+        if options.prior_provider is None and options.memory_store is not None:
+            check_memory_store(options.memory_store)
+        self.roles = options.roles or _default_roles(options)
+        self.meter = options.meter or new_meter(settings)  # a bad price file is a usage error, before the directory
+        for role in ("manager", "subagent"):
+            if role in self.roles and model_for_role(settings, role) is None:
+                raise ConfigError(NO_MODEL_HELP)
+        self.models: dict[str, ManagedModel] = {}
+        if options.executor is not None:
+            options.executor.check()
+        self._attach = options.executor is not None and options.kind.is_ask
+        """An `ask` joins its executor's cluster for the whole run (the manager's calls and every
+        chunk's draw on one limiter), so its models are built once it is attached (`_open`)."""
+        if not self._attach:
+            self.models = self._build_models(self.meter)
+        self._plan: BatchPlan | None = None
+        self._wide = False
+        if options.decision is not None and resuming is None:
+            self._plan, self._wide = _decision_plan(options.decision, settings, options.executor)
+        self._search: SearchBackend | None = None
+        if options.web_tools is None:
+            from amapreduce.web.backends import make_backend
+
+            self._search = make_backend(settings.search_backend, settings)
+        if settings.mcp is not None:  # read and checked here; its servers start with the run
+            from amapreduce.agents.mcp_config import check_mcp_config
+
+            check_mcp_config(settings.mcp)
+        self.trace: Trace = NullTrace()
+        self._wide_extra: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._ledger = _Ledger()
+        self._stack = contextlib.ExitStack()
+        self._run: ActiveRun | None = None
+        self._parts: RunParts | None = None
+        self._progress: RunProgress | None = None
+        self.prior: Prior | None = None
+        self._prior_provider: PriorProvider = options.prior_provider or NoPrior()
+
+    def _build_models(self, meter: UsageMeter) -> dict[str, ManagedModel]:
+        """The run's role models, built once; their trace and retry handler are attached when it opens."""
+        return build_models(self.settings, self.roles, meter=meter, inner=self.options.inner)
+
+    # -- open and close ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Session:
+        try:
+            self._open()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._stack.__exit__(exc_type, exc, tb)
+
+    def _open(self) -> None:
+        settings, options = self.settings, self.options
+        if self._attach and options.executor is not None:  # before the directory: an unreachable cluster is a usage error
+            self.meter = self._stack.enter_context(options.executor.attach(self.meter))
+            self.models = self._build_models(self.meter)
+        if self._resuming is not None:
+            path, saved = self._resuming
+            run = self._stack.enter_context(resume_run(path, saved, settings, meter=self.meter))
+        else:
+            run = self._stack.enter_context(start_run(settings, kind=options.kind, query=options.query,
+                                                      meter=self.meter))
+        self._run, self.trace = run, run.run_dir.trace
+        progress = self._stack.enter_context(RunProgress(self.meter, enabled=options.show_progress))
+        self._progress = progress
+        for model in self.models.values():
+            model.trace, model.on_retry = self.trace, progress.on_provider_retry
+        parts = build_parts(
+            settings, models=self.models, trace=self.trace, progress=progress, web_tools=options.web_tools,
+            search=self._search, decisions_by="manager" if "manager" in self.roles else "user",
+            merge_cache=run.run_dir.path / MERGE_CACHE_DIR, solver=options.solver,
+        )
+        self._stack.callback(parts.close)  # MCP sessions and server processes end with the run
+        self._parts = parts
+        if options.prior_provider is None and options.memory_store is not None:
+            from amapreduce.memory import ExperientialMemory
+
+            self._prior_provider = ExperientialMemory(options.memory_store, model=self.models.get("memory"),
+                                                      readonly=True)
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory (once open)."""
+        return self._active.run_dir.path
+
+    @property
+    def _active(self) -> ActiveRun:
+        if self._run is None:
+            raise RuntimeError("the session is not open: use `with Session(...) as session:`")
+        return self._run
+
+    @property
+    def parts(self) -> RunParts:
+        """The run's connected parts (once open)."""
+        if self._parts is None:
+            raise RuntimeError("the session is not open: use `with Session(...) as session:`")
+        return self._parts
+
+    # -- the `mapreduce` tool's side (`agents.mapreduce_tool.ToolSession`) ------------------------
+
+    def plan_of(self, decision: Decision) -> BatchPlan:
+        """The plan a plan stage shows: the decision's own, or for a discovery its map's (the fill
+        is planned once the entities are known). Raises `DecisionError` over the batch cap."""
+        from amapreduce.mapreduce.batching import plan_batches
+        from amapreduce.mapreduce.discover import discovery_plan
+
+        cap = self.parts.engine.config.max_batches
+        if decision.discover is not None:
+            return discovery_plan(decision.discover, max_batches=cap)
+        return plan_batches(decision, max_batches=cap)
+
+    def admit(self, decision: Decision) -> tuple[Literal["plan", "execute"], tuple[str, str] | None]:
+        """Count one `mapreduce` call of `decision`: its stage (the first call of an `ask` is the
+        plan stage), and (reason, message) when the guards refuse it (it is then not counted)."""
+        signature = json.dumps(decision.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+        cap = self.settings.max_tool_calls
+        with self._lock:
+            ledger = self._ledger
+            stage: Literal["plan", "execute"] = "plan" if self._resuming is None and not ledger.planned else "execute"
+            if ledger.calls >= cap:
+                return stage, ("max_calls", (
+                    f"mapreduce may be called at most {cap} times per run and was already called "
+                    f"{ledger.calls} times. Finish with what the table has; missing cells stay empty."))
+            if stage == "execute" and signature in ledger.executed:
+                return stage, ("repeated_args", (
+                    "these exact arguments were already executed. To fill gaps, call mapreduce with a matrix of "
+                    "ONLY the rows still missing, or finish with the table as it is."))
+            if stage == "execute" and (mismatch := self._shape_mismatch(decision)) is not None:
+                return stage, ("other_columns", mismatch)
+            ledger.calls += 1
+            if stage == "plan":
+                ledger.planned = True
+            else:
+                ledger.executed.add(signature)
+                if ledger.shape is None:
+                    ledger.shape = (tuple(decision.columns), tuple(decision.resolved_key_columns))
+            return stage, None
+
+    def _shape_mismatch(self, decision: Decision) -> str | None:
+        """Why `decision`'s rows could not merge into the run's table (None: they can; columns
+        the table lacks are ignored when merging, so only the key columns must match)."""
+        if self._ledger.shape is None:
+            return None
+        columns, keys = self._ledger.shape
+        if tuple(decision.resolved_key_columns) == keys:
+            return None
+        return (
+            f"this run's table has columns {list(columns)} keyed by {list(keys)}; a follow-up must use the same "
+            f"key columns (this call is keyed by {list(decision.resolved_key_columns)}) so that its rows fill "
+            "the same table. Call mapreduce again with those key columns, or finish with the table as it is."
+        )
+
+    def prior_for(self, decision: Decision) -> Prior:
+        """The plan stage's experiential prior Δ_q for `decision` (kept for `finish`).
+
+        Raises:
+            AmapreduceError: the memory failed (the tool tells the manager so).
+        """
+        request = PriorRequest(query=self.options.query or decision.template, decision=decision,
+                               task_id=self.options.task_id)
+        self.prior = self._prior_provider.prior(request)
+        return self.prior
+
+    # -- executing --------------------------------------------------------------------------------
+
+    def execute(self, decision: Decision, plan: BatchPlan | None = None) -> tuple[MapReduceResult, int]:
+        """Run `decision` (journaled) and merge its rows into the run's table; return its result and
+        the table's rows. A composed decision (`discover`, `child`) plans its parts as they run, so
+        `plan` is not used for it; a plain one without a plan is planned here. With an executor, a
+        plain plan of more batches than one chunk runs in chunks there.
+
+        Raises:
+            RunCancelled: the execution stopped (budget, cancel, Ctrl-C); its rows are merged all the same.
+        """
+        from amapreduce.mapreduce.batching import plan_batches
+        from amapreduce.mapreduce.compose import execute_decision
+
+        parts, composed = self.parts, decision.composed
+        if plan is None and not composed:
+            plan = plan_batches(decision, max_batches=parts.engine.config.max_batches)
+        self._keep(decision, None if composed else plan)
+        executor = self.options.executor
+        if executor is not None and plan is not None and not composed and len(plan.batches) > (
+                size := executor.chunk_batches(self.settings)):
+            elsewhere = executor.run_wide(decision, plan, self.settings, meter=self.meter, trace=self.trace,
+                                          size=size).result
+            rows = self._accumulate(decision, elsewhere)
+            if elsewhere.ending.status.ended_early:
+                raise RunCancelled(f"{elsewhere.ending.reason}; `partial` holds the rows found so far", partial=elsewhere)
+            return elsewhere, rows
+        window = parts.context_window() if decision.discover is not None else None
+        try:
+            result = execute_decision(parts.engine, decision, plan=None if composed else plan,
+                                      checkpoint=self._active.checkpoint, merger=parts.merger, context_window=window)
+        except RunCancelled as exc:
+            self._accumulate(decision, exc.partial)  # a stopped run still keeps the rows it found
+            raise
+        return result, self._accumulate(decision, result)
+
+    def _keep(self, decision: Decision, plan: BatchPlan | None) -> None:
+        """An `ask` keeps the decisions it executes, in order; from the first composed one on (with
+        an executor: from the first, since its wide executions are not journaled), it writes them
+        all to `executed.json` (atomically) before each runs, for a resume."""
+        if not self.options.kind.is_ask or self._resuming is not None:
+            return
+        from amapreduce.mapreduce.checkpoint import plan_manifest
+
+        with self._lock:
+            ledger = self._ledger
+            ledger.kept.append({"decision": decision.model_dump(mode="json"),
+                                "plan": None if plan is None else plan_manifest(plan)})
+            ledger.composed = ledger.composed or decision.composed or self.options.executor is not None
+            if ledger.composed:
+                with atomic_open(self._active.run_dir.path / EXECUTED_FILE) as handle:
+                    json.dump(ledger.kept, handle, ensure_ascii=False)
+
+    def _accumulate(self, decision: Decision, result: MapReduceResult) -> int:
+        """Record an execution and merge its rows into the run's table (delta follow-ups fill the
+        same rows; `admit` refused any whose rows could not merge). Returns the table's rows."""
+        filled = decision
+        if decision.discover is not None:
+            keys = [c for c in decision.resolved_matrix_columns if c is not None]
+            found = list({tuple(row.cells[k].value for k in keys): None for row in result.table.rows if all(
+                k in row.cells for k in keys)})
+            try:
+                filled = decision.with_matrix([list(k) for k in found]) if found else decision
+            except DecisionError:  # keys that differ only in spelling the fill merged: measure as given
+                filled = decision
+        with self._lock:
+            ledger = self._ledger
+            ledger.decisions.append(decision)
+            ledger.filled.append(filled)
+            ledger.results.append(result)
+            if ledger.table is None:
+                ledger.table = self.parts.engine.config.table_for(decision)
+            for row in result.table.rows:
+                ledger.table.merge_row(row)
+            return len(ledger.table)
+
+    # -- the flows --------------------------------------------------------------------------------
+
+    def ask(self) -> RunOutcome:
+        """Answer the session's question: the manager with the `mapreduce` tool, then `finish`."""
+        from smolagents.utils import AgentError
+
+        from amapreduce.agents.manager import build_manager
+        from amapreduce.agents.mapreduce_tool import MapReduceTool
+
+        parts, answer = self.parts, None
+        manager = build_manager(self.models["manager"], [*parts.manager_tools, MapReduceTool(self)],
+                                max_steps=self.settings.manager_max_steps, max_batches=self.settings.max_batches,
+                                trace=self.trace)
+        assert self._progress is not None  # noqa: S101 - set by `_open`
+        self._progress.set_stage("manager")
+        try:
+            answer = manager.run(self.options.query)
+        except AgentError as exc:
+            return self.finish(stopped=_stop_ending(exc))
+        except KeyboardInterrupt:
+            self.finish(stopped=INTERRUPTED)
+            raise
+        return self.finish(answer=answer)
+
+    def run(self, decision: Decision | None = None, plan: BatchPlan | None = None) -> RunOutcome:
+        """Execute `decision` (default: `RunOptions.decision`, on the plan checked in pre-flight) and
+        `finish`; a composed one is kept in `decision.json` for a resume. A plain decision wider than
+        one chunk of the session's executor runs there in chunks (`run_wide`). A stop (budget,
+        cancel) keeps the partial table; Ctrl-C too, and re-raises."""
+        if decision is None:
+            if self.options.decision is None:
+                raise ValueError("no decision to run: pass one, or give RunOptions.decision")
+            decision, plan = self.options.decision, self._plan
+            if self._wide and self.options.executor is not None and plan is not None:
+                return self.run_wide(decision, plan, self.options.executor)
+        if decision.composed and self._resuming is None:
+            with atomic_open(self._active.run_dir.path / DECISION_FILE) as handle:
+                json.dump(decision.model_dump(mode="json"), handle, ensure_ascii=False)
+        try:
+            self.execute(decision, plan)
+        except RunCancelled:
+            pass  # its rows are in the table; `finish` records how it ended
+        except KeyboardInterrupt:
+            self.finish(stopped=INTERRUPTED)
+            raise
+        return self.finish()
+
+    def replay(self, executions: list[tuple[Decision, BatchPlan | None]]) -> RunOutcome:
+        """Run a killed `ask`'s executed decisions again, without its manager, and `finish`."""
+        stopped: RunEnding | None = None
+        try:
+            for decision, plan in executions:
+                self.execute(decision, plan)
+        except RunCancelled as exc:
+            stopped = _stop_ending(exc)
+        except KeyboardInterrupt:
+            self.finish(stopped=INTERRUPTED)
+            raise
+        return self.finish(stopped=stopped)
+
+    # -- finishing --------------------------------------------------------------------------------
+
+    def finish(self, *, answer: Any = None, stopped: RunEnding | None = None) -> RunOutcome:
+        """Record how the run ended (`result.json`, `table.md`, `table.csv`) and hand back its outcome.
+
+        An `ask`'s table is every execution's rows reduced into one, measured against every
+        decision it executed; a `mapreduce run`'s is its one execution's, as the engine ended it.
+        """
+        run, ledger, options = self._active, self._ledger, self.options
+        if not options.kind.is_ask and len(ledger.results) == 1:
+            (result,) = ledger.results
+            table, completeness, ending = result.table, result.summary.completeness, stopped or result.ending
+            markdown = result.markdown()
+        else:
+            table = ledger.table if ledger.table is not None else Table(["answer"], ["answer"])
+            completeness = Completeness.of(table, ledger.filled)
+            ending = stopped or RunEnding(completeness.status if len(table) else RunStatus.NO_TABLE)
+            markdown = to_markdown(table) if len(table) else str(answer or "")
+        summaries = [r.summary for r in ledger.results]
+        record = run.finish(
+            table, completeness_record(completeness, summaries, **(
+                {"mapreduce_calls": ledger.calls} if options.kind.is_ask else {})),
+            ending=ending, executions=[s.timings for s in summaries], extra=self._extra(answer),
+        )
+        return RunOutcome(
+            kind=run.kind, query=run.query, table=table, markdown=markdown, ending=ending, completeness=completeness,
+            run_dir=run.run_dir, meter=self.meter, record=record, decisions=list(ledger.decisions),
+            results=list(ledger.results), prior=self.prior, task_id=options.task_id,
+            answer=None if answer is None else str(answer),
+        )
+
+    def _extra(self, answer: Any) -> dict[str, Any]:
+        """The kind-specific fields of `result.json`."""
+        ledger, web = self._ledger, self.parts.web_usage()
+        discoveries = [r.discovery.to_json() for r in ledger.results if r.discovery is not None]
+        if not self.options.kind.is_ask:
+            decision = ledger.decisions[0].model_dump(mode="json") if ledger.decisions else None
+            if self._wide_extra is not None:
+                return {"decision": decision, **self._wide_extra}
+            return {"decision": decision, "web": web, **({"discovery": discoveries[0]} if discoveries else {})}
+        prior = self.prior
+        return {
+            "task_id": self.options.task_id,
+            "manager_answer": None if answer is None else str(answer),
+            "decisions": [d.model_dump(mode="json") for d in ledger.decisions],
+            # one `DiscoverySummary` per executed decision that discovered its matrix (none: no key)
+            **({"discoveries": discoveries} if discoveries else {}),
+            "prior": None if prior is None else {"text": prior.text, "hint_ids": list(prior.hint_ids)},
+            "web": web,
+        }
+
+    # -- resuming ---------------------------------------------------------------------------------
+
+    @classmethod
+    def resume(cls, path: Path, saved: RunJournal, settings: Settings, *, inner: InnerFactory | None = None,
+               web_tools: list[Tool] | None = None, show_progress: bool | None = None,
+               executor: Executor | None = None) -> RunOutcome:
+        """Finish the interrupted run in `path` (its journal: `saved`) in place, with `settings`
+        (the run's own: `session.resume.resume_settings`).
+
+        Raises:
+            UserError: the run stopped before anything was recorded to run again, or a file it kept is damaged.
+        """
+        from amapreduce.decision.model import Decision
+        from amapreduce.mapreduce.checkpoint import plan_from_manifest
+
+        kind = saved.first.command
+        options = RunOptions(kind=kind, query=saved.first.query, inner=inner, web_tools=web_tools,
+                             show_progress=show_progress, roles=("subagent", "extraction"))
+        if kind.is_ask:
+            executions = _saved_decisions(path, saved)
+            if not executions:
+                raise UserError(f"the run in {str(path)!r} stopped before the manager executed a decision, so there "
+                                "is nothing to resume; ask the question again.")
+            with cls(settings, options, resuming=(path, saved)) as session:
+                return session.replay(executions)
+        kept = path / DECISION_FILE
+        if kept.is_file():
+            try:
+                decision = Decision.parse(json.loads(kept.read_text(encoding="utf-8")))
+            except (OSError, ValueError) as exc:  # DecisionError is a UserError; JSON errors are ValueErrors
+                raise UserError(f"the run's {str(kept)!r} cannot be read ({exc}); start the run again.") from None
+            with cls(settings, options, resuming=(path, saved)) as session:
+                return session.run(decision)
+        wide = saved.wide
+        if wide is not None:  # a wide run on an executor: its chunks that came back are replayed, the rest run
+            if executor is None:
+                raise UserError(f"the run in {str(path)!r} ran in chunks on a cluster; resume it with its executor.")
+            with cls(settings, options, resuming=(path, saved)) as session:
+                return session.run_wide(Decision.parse(wide.decision), plan_from_manifest(wide.plan), executor,
+                                        saved=saved)
+        if not saved.executions:
+            raise UserError(f"the run in {str(path)!r} stopped before its decision was recorded; start it again.")
+        first = saved.executions[0]
+        with cls(settings, options, resuming=(path, saved)) as session:
+            return session.run(Decision.parse(first.decision), plan_from_manifest(first.plan))
+
+    def run_wide(self, decision: Decision, plan: BatchPlan, executor: Executor, *,
+                 saved: RunJournal | None = None) -> RunOutcome:
+        """A `mapreduce run` of `decision`'s whole `plan` in chunks on `executor`, journaled in the
+        run's journal (`saved`: the journal of the run resumed), and `finish`."""
+        wide = executor.run_wide(decision, plan, self.settings, meter=self.meter, trace=self.trace,
+                                 journal=self._active.journal, saved=saved.entries if saved is not None else ())
+        with self._lock:
+            self._ledger.decisions.append(decision)
+            self._ledger.filled.append(decision)
+            self._ledger.results.append(wide.result)
+        self._wide_extra = {"web": wide.web, "executor": {"kind": executor.spec.kind, "chunks": wide.chunks,
+                                                          "finished": wide.finished}}
+        return self.finish()
+
+
+def _decision_plan(decision: Decision, settings: Settings,
+                   executor: Executor | None) -> tuple[BatchPlan | None, bool]:
+    """A `mapreduce run`'s plan, checked before anything is made: (plan, whether it runs in chunks
+    on `executor`). The decision is the user's, so the plan is capped only when the settings set
+    `max_batches` (`Settings.batch_cap`); a plain plan wider than one chunk of an executor is not
+    capped (it runs in chunks). A composed decision plans its parts as they run (None); a
+    discovery's map plan is checked here.
+
+    Raises:
+        DecisionError: the plan (a discovery's: its map's) is larger than the cap.
+    """
+    from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.mapreduce.discover import discovery_plan
+
+    if executor is not None and not decision.composed:
+        whole = plan_batches(decision, max_batches=None)
+        if len(whole.batches) > executor.chunk_batches(settings):
+            return whole, True
+    cap = settings.batch_cap("user")
+    if decision.discover is not None:
+        discovery_plan(decision.discover, max_batches=cap)  # the fill and children are planned as they run
+    return (None if decision.composed else plan_batches(decision, max_batches=cap)), False
+
+
+def _default_roles(options: RunOptions) -> tuple[str, ...]:
+    """The roles a run builds a model for: the manager's only for an `ask`, the memory's only with a store."""
+    manager = ("manager",) if options.kind.is_ask else ()
+    memory = ("memory",) if options.kind.is_ask and options.memory_store is not None else ()
+    return (*manager, "subagent", "extraction", *memory)
+
+
+def _saved_decisions(path: Path, saved: RunJournal) -> list[tuple[Decision, BatchPlan | None]]:
+    """The decisions a killed `ask` executed: `executed.json`'s when the run kept one, else the
+    journal's executions (each plain). Raises `UserError` when the file is damaged."""
+    from amapreduce.decision.model import Decision
+    from amapreduce.mapreduce.checkpoint import plan_from_manifest
+
+    kept = path / EXECUTED_FILE
+    if kept.is_file():
+        try:
+            entries = json.loads(kept.read_text(encoding="utf-8"))
+            return [(Decision.parse(e["decision"]), None if e["plan"] is None else plan_from_manifest(e["plan"]))
+                    for e in entries]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"the run's {str(kept)!r} cannot be read ({exc}); ask the question again.") from None
+    return [(Decision.parse(e.decision), plan_from_manifest(e.plan)) for e in saved.executions]
