@@ -67,12 +67,13 @@ def test_a_nested_decision_plans_its_parent_tasks_and_names_the_child(
 def test_every_example_decision_plans_and_the_readme_shows_it_as_it_is(
     repo_root: Path, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Each example decision is valid, and the README shows the composed ones exactly as the files
-    hold them (its first example is a shortened `decision.json`)."""
+    """Each example decision is valid, and the guides show the composed ones exactly as the files
+    hold them (the decision format's example is a shortened `decision.json`)."""
     path = repo_root / "examples" / name
     assert main(["mapreduce", "plan", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["batches"]
-    readme = (repo_root / "README.md").read_text(encoding="utf-8")
-    shown = [json.loads(block.split("```", 1)[0]) for block in readme.split("```json\n")[1:]]
+    guides = repo_root / "docs" / "guides"
+    pages = "".join((guides / page).read_text(encoding="utf-8") for page in ("decisions.md", "discovery.md"))
+    shown = [json.loads(block.split("```", 1)[0]) for block in pages.split("```json\n")[1:]]
     if name != "decision.json":
         assert json.loads(path.read_text(encoding="utf-8")) in shown

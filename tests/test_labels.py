@@ -1,6 +1,7 @@
 """The labels a newcomer reads agree with each other: one usage vocabulary, run kinds that say
-what made a run, patch rounds counted as the README says, error messages that name the flag or
-the folder, and a demo that says why its official score is not its corrected one."""
+what made a run, patch rounds counted as the docs say (docs/index.md, "How it works"), error
+messages that name the flag or the folder, and a demo that says why its official score is not its
+corrected one."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from amapreduce.session.journal import RunKind
 from amapreduce.session.rundir import list_runs
 from amapreduce.settings import Settings
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+HOME = Path(__file__).resolve().parents[1] / "docs" / "index.md"  # the docs' "How it works"
 USAGE_WORDS = {"requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd"}
 
 
@@ -98,9 +99,9 @@ def test_patch_rounds_are_counted_per_execution_and_said_so() -> None:
     two = {"batches": 28, "retries": 42, "patch_rounds": 4, "executions": 2}
     assert effort_text(two) == "28 batches, 42 retries, 4 patch rounds over 2 executions"
     assert counted(0, "missing cell") == "0 missing cells" and counted(1, "row") == "1 row"
-    readme = " ".join(README.read_text(encoding="utf-8").split())
-    assert "for up to two rounds per execution of a decision" in readme
-    assert "`patch_rounds` sums them over the run's executions" in readme
+    home = " ".join(HOME.read_text(encoding="utf-8").split())
+    assert "for up to two rounds per execution of a decision" in home
+    assert "`patch_rounds` sums them over the run's executions" in home
 
 
 # -- errors that name the flag or the folder --------------------------------------------------

@@ -27,14 +27,14 @@ def test_all_is_sorted_and_importable() -> None:
     assert not {"json", "os", "importlib", "Any"} & set(dir(amapreduce))
 
 
-def _readme_api(readme: str) -> tuple[set[str], set[tuple[str, str]]]:
-    """What the README documents: names it takes from `amapreduce` itself, and (module, name)
-    pairs it names by a dotted path (`amapreduce.testing.scripted.FunctionModel`) or imports
+def _documented_api(readme: str, python_api: str) -> tuple[set[str], set[tuple[str, str]]]:
+    """What the README and the guides document: names they take from `amapreduce` itself (and the
+    capitalised names the Python guide's prose shows in code), and (module, name) pairs they name
+    by a dotted path (`amapreduce.testing.scripted.FunctionModel`) or import
     (`from amapreduce.trace import TraceWriter`)."""
     top: set[str] = set()
     for names in re.findall(r"^from amapreduce import (.+)$", readme, re.MULTILINE):
         top |= {n.strip() for n in names.split(",")}
-    python_api = readme.split("## Use it from Python", 1)[1].split("\n## ", 1)[0]
     prose = re.sub(r"^```.*?^```$", "", python_api, flags=re.MULTILINE | re.DOTALL)
     for code in re.findall(r"`([^`\n]+)`", prose):
         top |= set(re.findall(r"(?<![\w.])([A-Z]\w+)", code))
@@ -48,8 +48,15 @@ def _readme_api(readme: str) -> tuple[set[str], set[tuple[str, str]]]:
     return {n for n in top if n}, qualified
 
 
-def test_all_names_everything_the_readme_documents(repo_root: Path) -> None:
-    top, qualified = _readme_api((repo_root / "README.md").read_text(encoding="utf-8"))
+def _documented(repo_root: Path) -> str:
+    """The README and every guide of the documentation site."""
+    pages = [repo_root / "README.md", *sorted((repo_root / "docs" / "guides").glob("*.md"))]
+    return "\n".join(page.read_text(encoding="utf-8") for page in pages)
+
+
+def test_all_names_everything_the_readme_and_guides_document(repo_root: Path) -> None:
+    python_api = (repo_root / "docs" / "guides" / "python-api.md").read_text(encoding="utf-8")
+    top, qualified = _documented_api(_documented(repo_root), python_api)
     assert {"Decision", "EngineConfig", "MapReduceEngine", "SmolagentsSolver", "BatchRequest"} <= top
     assert ("amapreduce", "load_decision") in qualified
     assert sorted(top - set(amapreduce.__all__)) == []

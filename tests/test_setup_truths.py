@@ -3,7 +3,7 @@
 * The README's test command passes on a fresh clone alone: the tests that need the benchmark data
   sets read them from `AMAPREDUCE_DATA_DIR` (a test setting, never read by amapreduce) and are
   skipped, with that reason, without it.
-* The Memory section says which install it needs, and the encoder error's advice is accepted where
+* The Memory guide (docs/guides/memory.md) says which install it needs, and the encoder error's advice is accepted where
   it says so: `--encoder` exactly on the commands it names, `AMAPREDUCE_MEMORY_ENCODER` elsewhere.
 * A hint added by hand can reach retrieval (`--question`, `--provenance`), and one that cannot is
   reported, on any store (the hashing store included).
@@ -162,9 +162,9 @@ def test_memory_add_takes_the_encoder_of_a_new_store(tmp_path: Path, capsys: pyt
     assert main(["memory", "search", EU, "--store", store, "--no-project"]) == 0  # no model needed
 
 
-def test_the_memory_section_says_which_install_it_needs(repo_root: Path) -> None:
-    readme = (repo_root / "README.md").read_text(encoding="utf-8")
-    memory = " ".join(readme.split("\n## Memory", 1)[1].split("\n## ", 1)[0].split())
+def test_the_memory_guide_says_which_install_it_needs(repo_root: Path) -> None:
+    guide = (repo_root / "docs" / "guides" / "memory.md").read_text(encoding="utf-8")
+    memory = " ".join(guide.split("\n## Which install it needs", 1)[1].split("\n## ", 1)[0].split())
     assert "only the `minilm` and `st:` encoders need the `memory` extra" in memory
     assert "`AMAPREDUCE_MEMORY_ENCODER=hashing`" in memory
     listed = re.search(r"`--encoder` on the commands that create a store \(([^)]*)\)", memory)
