@@ -240,26 +240,6 @@ def _executor(settings: Settings) -> Executor | None:
     return executor_for(settings.executor)
 
 
-def _memory(memory: str | os.PathLike[str] | bool | None, settings: Settings) -> Path | None:
-    """The experiential-memory store of an `ask` call, as `ask --memory`/`--no-memory` pick it.
-
-    None: the default store (`AMAPREDUCE_MEMORY_STORE`, else `memory_store/default`) when it holds
-    one; False: no memory; True or a path: that store, which must exist."""
-    from amapreduce.memory.schema import DB_NAME
-
-    if memory is False:
-        return None
-    store = settings.memory_store if memory is None or memory is True else Path(memory)
-    if (store / DB_NAME).is_file():
-        return store
-    if memory is None:
-        return None
-    raise UserError(
-        f"memory={str(store)!r} holds no experiential-memory store (no {DB_NAME} there). Give a store folder "
-        "(one made by `amapreduce memory import` or `memory add`), or memory=False to run without one."
-    )
-
-
 def _returned(result: RunResult) -> RunResult:
     """`result`, or how a run that did not end with a table is raised (see the module's docstring)."""
     if result.status is RunStatus.INTERRUPTED:
@@ -317,6 +297,7 @@ def ask(
         RunError: the run failed; its `result` attribute holds the `RunResult`, `run_dir` its folder.
         KeyboardInterrupt: Ctrl-C; the run directory keeps the partial table.
     """
+    from amapreduce.memory.schema import memory_store_for
     from amapreduce.session import RunOptions, Session
 
     if not isinstance(query, str) or not query.strip():
@@ -324,7 +305,7 @@ def ask(
     named = {"model": model, "api_base": api_base, "api_key": api_key, "search": search, "workers": workers,
              "max_cost": max_cost, "max_tokens": max_tokens, "runs_dir": runs_dir}
     config = _settings(named, settings)
-    store = _memory(memory, config)
+    store = memory_store_for(memory if isinstance(memory, bool | None) else Path(memory), config, named="memory=")
     session = Session(config, RunOptions(query=query, memory_store=store, show_progress=show_progress,
                                          executor=_executor(config)))
     with session:

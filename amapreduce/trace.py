@@ -29,7 +29,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -42,6 +42,7 @@ __all__ = [
     "Trace",
     "TraceWriter",
     "forget_secrets",
+    "read_trace",
     "redact",
     "redact_secrets",
     "redacted_json",
@@ -94,18 +95,21 @@ def redact_secrets(text: str) -> str:
     return text
 
 
-def redact(value: Any) -> Any:
-    """A copy of `value` with every credential-like key's value replaced by `[REDACTED]` and every
-    registered secret masked inside every string, at any depth."""
+def redact(value: Any, *, by_name: bool = True) -> Any:
+    """A copy of `value` with every registered secret masked inside every string (dict keys
+    included), at any depth; with `by_name`, every credential-like key's value is replaced by
+    `[REDACTED]` too (off where a document's keys are data, such as a decision's column names)."""
     if isinstance(value, str):
         return redact_secrets(value)
     if isinstance(value, dict):
         return {
-            (redact_secrets(k) if isinstance(k, str) else k): REDACTED if _SECRET_KEY.search(str(k)) else redact(v)
+            (redact_secrets(k) if isinstance(k, str) else k): REDACTED
+            if by_name and _SECRET_KEY.search(str(k))
+            else redact(v, by_name=by_name)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
-        return [redact(v) for v in value]
+        return [redact(v, by_name=by_name) for v in value]
     return value
 
 
@@ -114,10 +118,36 @@ def _as_text(value: object) -> str:
     return redact_secrets(str(value))
 
 
-def redacted_json(value: Any, *, indent: int | None = None) -> str:
-    """`value` as JSON with credentials redacted (`redact`), objects JSON cannot encode written as
-    their text with secrets masked too: the one way a trace line or a run file is serialised."""
-    return json.dumps(redact(value), ensure_ascii=False, indent=indent, default=_as_text)
+def redacted_json(value: Any, *, indent: int | None = None, by_name: bool = True) -> str:
+    """`value` as JSON with credentials redacted (`redact`, `by_name` as there), objects JSON cannot
+    encode written as their text with secrets masked too: the one way a trace line or a run file
+    is serialised."""
+    return json.dumps(redact(value, by_name=by_name), ensure_ascii=False, indent=indent, default=_as_text)
+
+
+def read_trace(path: str | Path, *, event: str | None = None) -> Iterator[dict[str, Any]]:
+    """The events of a `trace.jsonl`, in the order written, read lazily: the one reader of traces.
+
+    A line that is not a JSON object (the last line of a killed run, cut mid-way) is skipped, and
+    a missing file has no events.
+
+    Args:
+        path: the trace file.
+        event: only the events of this name (lines that cannot hold it are skipped unparsed).
+    """
+    target = Path(path)
+    if not target.is_file():
+        return
+    with target.open(encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if event is not None and f'"{event}"' not in line:
+                continue
+            try:
+                found = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(found, dict) and (event is None or found.get("event") == event):
+                yield found
 
 
 class Trace:

@@ -31,11 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from amapreduce.session.ask import run_ask
-
 from amapreduce.bench.evaluate import run_benchmark
 from amapreduce.bench.journal import EvalConfig, benchmark_defaults
-from amapreduce.cli.eval import options_for
+from amapreduce.cli.eval_options import options_for
 from amapreduce.demo.benchmark import sandbox_models
 from amapreduce.demo.hints import HINT_HEADER, BatchingHint, format_hint
 from amapreduce.demo.model import SimulatedAtlasModel
@@ -45,6 +43,7 @@ from amapreduce.llm.factory import new_meter
 from amapreduce.mapreduce.prior import Prior, PriorRequest
 from amapreduce.memory.labels import UtilityWeights, utility
 from amapreduce.sandbox import sandbox_families, sandbox_world
+from amapreduce.session import RunOptions, Session
 from amapreduce.settings import load_settings
 from amapreduce.testing.scripted import SIMULATED_PRICES
 
@@ -99,9 +98,11 @@ def _grid(ids: list[str], families: dict[str, str], tasks: dict[str, Any], world
         for iid in ids:
             model = SimulatedAtlasModel()
             run_settings = settings.model_copy(update={"runs_dir": out / "grid" / f"rows{rows}"})
-            outcome = run_ask(tasks[iid].query, run_settings, inner=lambda role, m=model: m,
-                              meter=new_meter(run_settings, prices_by_prefix=SIMULATED_PRICES),
-                              prior_provider=ForcedBatching(rows), task_id=iid, show_progress=False)
+            options = RunOptions(query=tasks[iid].query, inner=lambda role, m=model: m,
+                                 meter=new_meter(run_settings, prices_by_prefix=SIMULATED_PRICES),
+                                 prior_provider=ForcedBatching(rows), task_id=iid, show_progress=False)
+            with Session(run_settings, options) as session:
+                outcome = session.ask()
             score = score_answer(tasks[iid], world.gold_dir, outcome.markdown)
             usage = outcome.meter.total()
             u = utility(score, tokens=usage.total_tokens, delay_s=0.0, weights=weights)

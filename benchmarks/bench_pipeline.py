@@ -1,4 +1,4 @@
-"""Pipeline benchmark: amapreduce (`run_ask`) against a plain smolagents agent, same run, same model.
+"""Pipeline benchmark: amapreduce (an `ask` session) against a plain smolagents agent, same run, same model.
 
 Both systems answer the sandbox tasks with the same simulated model (deterministic code, not an
 LLM) plus a fixed latency per model call standing in for a provider's response time, and the
@@ -28,11 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from amapreduce.session.ask import run_ask
-
 from amapreduce.demo.model import SimulatedAtlasModel
 from amapreduce.demo.run import demo_settings, load_sandbox_tasks, score_answer
 from amapreduce.llm.factory import new_meter
+from amapreduce.session import RunOptions, Session
 from amapreduce.settings import Settings
 from amapreduce.testing.scripted import SIMULATED_PRICES
 
@@ -46,13 +45,13 @@ def _measure(model: SimulatedAtlasModel, started: float) -> dict[str, Any]:
 
 
 def run_amapreduce(task: Any, settings: Settings, latency_s: float) -> tuple[dict[str, Any], str]:
-    """One task through `run_ask` with the simulated model."""
+    """One task through an `ask` session with the simulated model."""
     model = SimulatedAtlasModel(latency_s=latency_s)
     started = time.perf_counter()
     meter = new_meter(settings, prices_by_prefix=SIMULATED_PRICES)  # the simulated model is priced at zero
-    outcome = run_ask(
-        task.query, settings, inner=lambda role: model, task_id=task.instance_id, show_progress=False, meter=meter
-    )
+    with Session(settings, RunOptions(query=task.query, inner=lambda role: model, task_id=task.instance_id,
+                                      show_progress=False, meter=meter)) as session:
+        outcome = session.ask()
     return _measure(model, started), outcome.markdown
 
 

@@ -158,7 +158,7 @@ class BatchActor:
 
     def __init__(self, settings: Any, limits: Any) -> None:
         from amapreduce.cluster.limits import cluster_limits, cluster_meter
-        from amapreduce.session.parts import build_parts
+        from amapreduce.session.parts import build_models, build_parts
         from amapreduce.trace import Trace
 
         events: list[tuple[str, dict[str, Any]]] = []
@@ -172,9 +172,9 @@ class BatchActor:
         self._events, self._lock = events, lock
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(cluster_limits(limits))
-        meter = cluster_meter(limits, settings)
-        self._parts = self._stack.enter_context(
-            build_parts(settings, trace=Kept(), meter=meter, roles=("subagent", "extraction")))
+        meter, kept = cluster_meter(limits, settings), Kept()
+        models = build_models(settings, ("subagent", "extraction"), meter=meter, trace=kept)
+        self._parts = self._stack.enter_context(build_parts(settings, models=models, trace=kept, decisions_by="user"))
 
     def run_batch(self, index: int, decision: dict[str, Any], plan: Any) -> tuple[int, list[Any], str, list[Any]]:
         """(index, the batch's merged rows, its ending, the trace events written since the last batch)."""

@@ -171,9 +171,102 @@ def test_only_the_demo_reaches_the_simulated_models(repo_root: Path) -> None:
 
 
 SYNTHETIC = Layers(
-    layer_of={"errors": 0, "settings": 0, "table": 1, "run": 6, ROOT_UNIT: 8},
+    layer_of={"errors": 0, "settings": 0, "table": 1, "session": 6, ROOT_UNIT: 8},
     allowed_peers={"settings": frozenset({"errors"})},
 )
+
+
+def module_imports(files: Mapping[str, str]) -> dict[str, set[str]]:
+    """The import graph between the package's modules: every import counts (module level, in
+    functions, under `TYPE_CHECKING`, relative ones); `from pkg import sub` names the module `sub`
+    when it is one, any other name its longest module prefix."""
+    modules = {module_name(path) for path in files}
+
+    def resolved(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for path, source in files.items():
+        module = module_name(path)
+        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(source, filename=path)):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            graph[module] |= {t for name in targets if (t := resolved(name)) is not None and t != module}
+    return graph
+
+
+def import_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: its strongly connected components of more than one module
+    (Tarjan's algorithm, iterative), each sorted, in sorted order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            child = next(edges, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return sorted(cycles)
+
+
+def test_no_import_cycle_between_modules_even_inside_a_package(repo_root: Path) -> None:
+    cycles = import_cycles(module_imports(package_files(repo_root)))
+    assert cycles == [], "modules that import each other (directly or round a loop):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_counts_type_checking_and_function_imports() -> None:
+    files = {
+        "amapreduce/mapreduce/__init__.py": "",
+        "amapreduce/mapreduce/result.py": "if TYPE_CHECKING:\n    from amapreduce.mapreduce.discover import Summary\n",
+        "amapreduce/mapreduce/discover.py": "def f():\n    from amapreduce.mapreduce import engine\n",
+        "amapreduce/mapreduce/engine.py": "from .result import Result\n",
+        "amapreduce/mapreduce/batching.py": "from amapreduce.mapreduce.result import Result\n",
+    }
+    assert import_cycles(module_imports(files)) == [
+        ["amapreduce.mapreduce.discover", "amapreduce.mapreduce.engine", "amapreduce.mapreduce.result"]]
+    files["amapreduce/mapreduce/result.py"] = "import json\n"
+    assert import_cycles(module_imports(files)) == []
 
 
 def test_the_check_fails_on_an_upward_import() -> None:
@@ -187,17 +280,17 @@ def test_the_check_counts_imports_in_functions_type_checking_and_relative_ones()
     source = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from amapreduce.run import wiring\n"
+        "    from amapreduce.session import parts\n"
         "def late():\n"
-        "    import amapreduce.session.ask\n"
-        "from .. import run\n"
+        "    import amapreduce.session.session\n"
+        "from .. import session\n"
         "from amapreduce import Table\n"
     )
     found = violations({"amapreduce/table/keys.py": source}, SYNTHETIC)
     assert [f.split(" (amapreduce/")[0] for f in found] == [
-        "amapreduce.table.keys (layer 1) imports amapreduce.run (layer 6 > 1)",
-        "amapreduce.table.keys (layer 1) imports amapreduce.session.ask (layer 6 > 1)",
-        "amapreduce.table.keys (layer 1) imports amapreduce.run (layer 6 > 1)",
+        "amapreduce.table.keys (layer 1) imports amapreduce.session (layer 6 > 1)",
+        "amapreduce.table.keys (layer 1) imports amapreduce.session.session (layer 6 > 1)",
+        "amapreduce.table.keys (layer 1) imports amapreduce.session (layer 6 > 1)",
         "amapreduce.table.keys (layer 1) imports amapreduce (layer 8 > 1)",
     ]
 

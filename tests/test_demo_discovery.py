@@ -16,10 +16,9 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from sessions import ask as run_ask
 
 from amapreduce.cli.app import main
-from amapreduce.demo.atlas import list_entries
+from amapreduce.demo.atlas_reader import list_entries
 from amapreduce.demo.discovery import LIST_TEMPLATE, fold, list_question, merge_groups, spelling_rank
 from amapreduce.demo.faults import FaultPlan
 from amapreduce.demo.model import SimulatedAtlasModel
@@ -29,6 +28,7 @@ from amapreduce.llm.guard import allow_model_requests
 from amapreduce.mapreduce.merge import Candidate, ModelMerger
 from amapreduce.mapreduce.tree_reduce import Node
 from amapreduce.sandbox import SandboxWorld, sandbox_world
+from amapreduce.session import RunOptions, Session
 from amapreduce.settings import Settings, load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import ToolCall
@@ -144,10 +144,11 @@ def test_discovery_over_http_through_smolagents(cache: Path, world: SandboxWorld
         run = load_settings({}, model="simulated", api_base=server.base_url, api_key="sk-local",
                             runs_dir=tmp_path / "runs", cache_dir=cache, search_backend=f"corpus:{world.index_dir}",
                             extraction_model="none", workers=8, max_batches=100)
-        outcome = run_ask(task.query, run, task_id=TASK, show_progress=False)
+        with Session(run, RunOptions(query=task.query, task_id=TASK, show_progress=False)) as session:
+            outcome = session.ask()
     assert outcome.status == "complete"
     assert score_answer(task, world.discovery_gold_dir, outcome.markdown)["score"] == 1.0
-    assert type(outcome.tool.engine.solver._model.inner).__name__ == "OpenAIModel"  # type: ignore[attr-defined]
+    assert type(session.models["subagent"].inner).__name__ == "OpenAIModel"
     [summary] = outcome.record["discoveries"]
     assert summary["entities"] == 321 and summary["merge_calls"] >= 2
 

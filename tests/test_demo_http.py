@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sessions import ask as run_ask
 
 from amapreduce.demo.faults import FaultPlan
 from amapreduce.demo.model import SimulatedAtlasModel
 from amapreduce.demo.run import load_sandbox_tasks, score_answer
 from amapreduce.llm.guard import allow_model_requests
+from amapreduce.session import RunOptions, Session
 from amapreduce.settings import Settings, load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 
@@ -31,10 +31,11 @@ def test_ask_over_http_solves_a_sandbox_task(server: OpenAICompatibleServer, tmp
         {}, model="simulated-sandbox", api_base=server.base_url, api_key="sk-local", runs_dir=tmp_path / "runs",
         cache_dir=tmp_path / "cache", search_backend=f"corpus:{world.index_dir}", extraction_model="none", workers=3,
     )
-    outcome = run_ask(task.query, settings, task_id=task.instance_id, show_progress=False)
+    with Session(settings, RunOptions(query=task.query, task_id=task.instance_id, show_progress=False)) as session:
+        outcome = session.ask()
     assert outcome.status == "complete"
     assert score_answer(task, world.gold_dir, outcome.markdown)["score"] == 1.0
-    assert type(outcome.tool.engine.solver._model.inner).__name__ == "OpenAIModel"  # the real client class
+    assert type(session.models["subagent"].inner).__name__ == "OpenAIModel"  # the real client class
     usage = outcome.meter.by_role()
     assert usage["manager"].requests >= 3 and usage["subagent"].requests >= 6
     assert len(server.requests) > usage["manager"].requests + usage["subagent"].requests  # 429s were retried

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from amapreduce.session.ask import AskOutcome, run_ask
+from sessions import ask as run_ask
 
 from amapreduce.decision.model import Decision
 from amapreduce.demo.faults import FaultPlan
@@ -53,6 +53,7 @@ from amapreduce.memory.records import DecisionSummary, TraceSummary
 from amapreduce.memory.retrieval import Neighbour, Retrieval, ScoredHint, render_prior
 from amapreduce.memory.store import insert_hint
 from amapreduce.prompts import render_prompt
+from amapreduce.session.outcome import RunOutcome as AskOutcome
 from amapreduce.settings import Settings
 from amapreduce.testing.scripted import SIMULATED_PRICES
 
@@ -239,8 +240,8 @@ def test_a_hint_in_the_plan_stage_prior_changes_the_executed_decision(world: Any
         for hint in (CODES_HINT, other):
             insert_hint(conn, format_hint(hint), 3, origin="test", provenance=[seen.record_id or ""])
     out, score = run_task(world, tmp_path / "runs", CODES_3, provider=memory)
-    assert out.tool.prior is not None and format_hint(CODES_HINT) in out.tool.prior.text
-    assert format_hint(other) not in out.tool.prior.text  # projected away: rows of 4 attributes
+    assert out.prior is not None and format_hint(CODES_HINT) in out.prior.text
+    assert format_hint(other) not in out.prior.text  # projected away: rows of 4 attributes
     assert plan_stage_args(out)["batch_size"] == 1  # the draft was the default ...
     executed = out.record["decisions"][0]
     assert executed["batch_size"] == 4  # ... the execute call follows experience
@@ -419,8 +420,8 @@ def test_committed_runs_are_distilled_into_a_hint_the_next_task_follows(world: A
     assert [parse_hint(a["text"]) for a in added] == [BatchingHint(attributes=3, rows=max(explored))]
     for task_id in ("sbx_en_023", "sbx_en_005"):
         out, score = run_task(world, tmp_path / "runs", task_id, provider=memory)
-        assert out.tool.prior is not None and added[0]["text"] in out.tool.prior.text
-        assert out.tool.prior.hint_ids == (added[0]["hint_id"],)
+        assert out.prior is not None and added[0]["text"] in out.prior.text
+        assert out.prior.hint_ids == (added[0]["hint_id"],)
         executed = out.record["decisions"][0]
         assert executed["batch_size"] == max(explored) and executed["batch_strategy"]["rationale"].startswith(
             "following experience: When each row of a one-column task matrix asks for 3 attributes")

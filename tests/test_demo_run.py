@@ -104,8 +104,8 @@ def test_manager_sends_a_delta_follow_up_with_only_the_missing_rows(cache: Path,
     c = out.ask.record["completeness"]
     assert c["mapreduce_calls"] == 3 and c["executions"] == 2
     first, follow_up = out.ask.record["decisions"]
-    gaps = [[row.cells["Country"].value] for row in out.ask.tool.results[0].table.rows if row.missing()]
+    gaps = [[row.cells["Country"].value] for row in out.ask.results[0].table.rows if row.missing()]
     assert 0 < len(follow_up["task_matrix"]) < len(first["task_matrix"]) == 58
     assert follow_up["task_matrix"] == gaps
-    assert len(out.ask.table.missing_cells()) < len(out.ask.tool.results[0].table.missing_cells())
+    assert len(out.ask.table.missing_cells()) < len(out.ask.results[0].table.missing_cells())
     assert len(out.ask.table) == 58

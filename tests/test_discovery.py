@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import re
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sessions import offline_settings, run_decision, tool_session
 from smolagents.models import ChatMessage
 from test_mapreduce_engine import FnSolver
 
@@ -302,44 +304,43 @@ class AtlasSolver(PageSolver):
                            for n, t in enumerate(request.tasks, 1)])
 
 
-def test_tool_plans_then_runs_a_discovery_and_its_fill() -> None:
-    from amapreduce.mapreduce.tool import MapReduceTool
-
+def test_tool_plans_then_runs_a_discovery_and_its_fill(tmp_path: Path) -> None:
     solver = AtlasSolver(PAGES)
     merging = Merging()
-    engine = MapReduceEngine(solver, config=EngineConfig(workers=2, patch_rounds=0, max_attempts=1))
-    tool = MapReduceTool(engine, query="mayors of cities", merger=ModelMerger(merging.model, counter=merging.counter),
-                         context_window=lambda: 10_000)
+    # The run's merge model is its sub-agent role's model: here the scripted merger (the solver
+    # replaces the sub-agents); its context window is the setting's.
+    settings = offline_settings(tmp_path, workers=2, patch_rounds=0, max_attempts=1, context_window=10_000)
     args: dict[str, Any] = {
         "template": "Who is the mayor of <<__0__|__1__>>?",
         "json_schema": ["City", "Country", "Mayor"],
         "discover": {"sources": ["p0", "p1", "p2"], "template": TEMPLATE, "json_schema": ["City", "Country"],
                      "key_columns": ["City", "Country"], "merge": "model"},
     }
-    plan = json.loads(tool(**args))
-    assert plan["call_stage"] == "plan" and plan["discovery_plan"]["num_batches"] == 3
-    assert "follows discovery" in plan["batch_plan"] and plan["current_mapreduce_args"]["discover"]["sources"] == 3
-    assert solver.requests == []  # planning runs nothing
-    lines = tool(**args).splitlines()
+    with tool_session(settings, solver, query="mayors of cities", inner=lambda role: merging.model) as (session, tool):
+        plan = json.loads(tool(**args))
+        assert plan["call_stage"] == "plan" and plan["discovery_plan"]["num_batches"] == 3
+        assert "follows discovery" in plan["batch_plan"] and plan["current_mapreduce_args"]["discover"]["sources"] == 3
+        assert solver.requests == []  # planning runs nothing
+        lines = tool(**args).splitlines()
+        outcome = session.finish()
     head = json.loads(lines[0])
     assert head["call_stage"] == "execute" and head["discovery"]["entities"] == 4 and head["discovery"]["merge_calls"] == 1
     rows = [json.loads(line) for line in lines[1:5]]
     assert [r["City"] for r in rows] == ["Saint Petersburg", "Oslo", "Bergen", "Moscow"]
     assert rows[0]["Mayor"] == "Mayor of Saint Petersburg"
-    assert tool.table is not None and len(tool.table) == 4
-    assert tool.results[0].discovery is not None and tool.results[0].discovery.token_budget == 5_000
+    assert len(outcome.table) == 4
+    assert outcome.results[0].discovery is not None and outcome.results[0].discovery.token_budget == 5_000
 
 
-def test_tool_refuses_a_discovery_with_a_matrix() -> None:
-    from amapreduce.mapreduce.tool import MapReduceTool
-
+def test_tool_refuses_a_discovery_with_a_matrix(tmp_path: Path) -> None:
     from amapreduce.errors import ToolCallRefused
 
-    tool = MapReduceTool(MapReduceEngine(AtlasSolver(PAGES)), plan_stage=False)
-    with pytest.raises(ToolCallRefused, match="discover"):
-        tool(template="Mayor of <<__0__|__1__>>", json_schema=["City", "Country", "Mayor"], task_matrix=[["Oslo", "Norway"]],
-             discover={"sources": ["p0"], "template": TEMPLATE, "json_schema": ["City", "Country"],
-                       "key_columns": ["City", "Country"]})
+    with tool_session(offline_settings(tmp_path), AtlasSolver(PAGES)) as (_, tool):
+        with pytest.raises(ToolCallRefused, match="discover"):
+            tool(template="Mayor of <<__0__|__1__>>", json_schema=["City", "Country", "Mayor"],
+                 task_matrix=[["Oslo", "Norway"]],
+                 discover={"sources": ["p0"], "template": TEMPLATE, "json_schema": ["City", "Country"],
+                           "key_columns": ["City", "Country"]})
 
 
 class SimulatedAtlas:
@@ -369,10 +370,10 @@ class SimulatedAtlas:
 
 
 def test_mapreduce_run_discovers_fills_records_and_resumes(tmp_path: Any) -> None:
-    from amapreduce.session.decision_run import DECISION_FILE, resume_decision_run, run_decision
-
     from amapreduce.decision.model import Decision
     from amapreduce.session.journal import read_run_journal
+    from amapreduce.session.resume import resume
+    from amapreduce.session.session import DECISION_FILE
     from amapreduce.settings import load_settings
 
     sim = SimulatedAtlas()
@@ -393,7 +394,7 @@ def test_mapreduce_run_discovers_fills_records_and_resumes(tmp_path: Any) -> Non
     asked = len(sim.asked)
     saved = read_run_journal(path)
     assert saved is not None
-    again = resume_decision_run(path, saved, settings, inner=inner, web_tools=[], show_progress=False)
+    again = resume(path, saved, settings, inner=inner, web_tools=[], show_progress=False)
     assert again.status == "complete" and again.result.table.records() == outcome.result.table.records()
     assert len(sim.asked) == asked  # every map and fill batch replayed from the journal
     assert len(sim.merging.prompt_tokens) == 1  # the merge reply came from the run directory's merge cache
@@ -401,32 +402,34 @@ def test_mapreduce_run_discovers_fills_records_and_resumes(tmp_path: Any) -> Non
     assert {k: v for k, v in again.record["discovery"].items() if k != "peak_prompt_tokens"} == same
 
 
-def test_ask_keeps_the_executed_decisions_once_one_is_composed(tmp_path: Any) -> None:
+def test_ask_keeps_the_executed_decisions_once_one_is_composed(tmp_path: Path) -> None:
     """A resumed `ask` reruns the manager's decisions; a composed one is not in the journal as such."""
-    from amapreduce.session.ask import EXECUTED_FILE, _Executed, _saved_decisions
-
     from amapreduce.decision.model import Decision
     from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.session.resume import saved_decisions
+    from amapreduce.session.session import EXECUTED_FILE
 
     plain = Decision.parse({"task_matrix": [["Oslo", "Norway"]], "template": "Mayor of <<__0__|__1__>>",
                             "json_schema": ["City", "Country", "Mayor"]})
     composed = Decision.parse({"template": "Mayor of <<__0__|__1__>>", "json_schema": ["City", "Country", "Mayor"],
                                "discover": {"sources": ["p0"], "template": TEMPLATE, "json_schema": ["City", "Country"],
                                             "key_columns": ["City", "Country"]}})
-    keep = _Executed(tmp_path / EXECUTED_FILE)
     plan = plan_batches(plain)
-    keep(plain, plan)
-    assert not (tmp_path / EXECUTED_FILE).exists()  # plain decisions only: the journal has them
-    keep(composed, None)
-    assert _saved_decisions(tmp_path, None) == [(plain, plan), (composed, None)]  # type: ignore[arg-type]
+    # an `ask` session executing the manager's decisions (the scripted sub-agents list the pages and answer mayors)
+    with tool_session(offline_settings(tmp_path, context_window=20_000), AtlasSolver(PAGES)) as (session, _):
+        session.execute(plain, plan)
+        assert not (session.run_dir / EXECUTED_FILE).exists()  # plain decisions only: the journal has them
+        session.execute(composed)
+        run_dir = session.run_dir
+        assert (run_dir / EXECUTED_FILE).is_file()  # once one is composed: every executed decision, in order
+        assert saved_decisions(run_dir, None) == [(plain, plan), (composed, None)]  # type: ignore[arg-type]
 
 
 def test_context_window_setting_then_model_info_then_default(monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    from amapreduce.run import wiring
-
     from amapreduce.errors import ConfigError
+    from amapreduce.session import parts as wiring
     from amapreduce.settings import load_settings
 
     fake = types.ModuleType("litellm")
@@ -446,22 +449,25 @@ def test_context_window_setting_then_model_info_then_default(monkeypatch: pytest
 
 
 def test_run_parts_carry_a_model_merger(tmp_path: Any) -> None:
-    from amapreduce.session.parts import build_parts
+    from amapreduce.llm.factory import new_meter
+    from amapreduce.session.parts import build_models, build_parts
     from amapreduce.settings import load_settings
     from amapreduce.trace import NullTrace
 
     settings = load_settings({"AMAPREDUCE_MODEL": "sim/atlas", "AMAPREDUCE_CONTEXT_WINDOW": "20000",
                               "AMAPREDUCE_EXTRACTION_MODEL": "none"})
     sim = SimulatedAtlas()
-    with build_parts(settings, trace=NullTrace(), inner=lambda role: FunctionModel(sim, model_id="sim/atlas"),
-                     web_tools=[], roles=("subagent",)) as parts:
+    meter = new_meter(settings)
+    models = build_models(settings, ("subagent",), meter=meter, trace=NullTrace(),
+                          inner=lambda role: FunctionModel(sim, model_id="sim/atlas"))
+    with build_parts(settings, models=models, trace=NullTrace(), web_tools=[]) as parts:
         assert isinstance(parts.merger, ModelMerger) and parts.merger.model is parts.models["subagent"]
         assert parts.context_window() == 20_000
         pair = [Candidate("c0", {"City": "St. Oslo", "Country": "Norway"}),
                 Candidate("c1", {"City": "Saint Oslo", "Country": "Norway"})]
         reply = parts.merger.merge(pair, Node("final", 1, 0, 2, 10))
     assert reply.groups[0].ids == ("c0", "c1") and reply.usage.requests == 1  # metered as the sub-agent role
-    assert parts.meter.by_role()["subagent"].requests == 1
+    assert meter.by_role()["subagent"].requests == 1
 
 
 def test_a_budget_stop_during_the_merge_keeps_the_candidates() -> None:

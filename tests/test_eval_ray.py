@@ -373,9 +373,11 @@ def test_ctrl_c_cancels_the_remote_trials_still_running_and_keeps_the_finished_o
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The cancel path without Ray or a clock: the second instance's trial 1 is running (waiting to be
     cancelled) when Ctrl-C comes, once both trials of the first instance have come back."""
-    from amapreduce.cluster.trials import ExecutorSpec
+    from amapreduce.cluster import RayExecutor
+    from amapreduce.session.executor import parse_executor
 
-    monkeypatch.setattr("amapreduce.cli.eval_run.executor_spec", lambda flag: ExecutorSpec(flag))  # no Ray here
+    monkeypatch.setattr("amapreduce.cli.eval_run.executor_for",  # no Ray here: its extra is not checked
+                        lambda settings: None if settings.executor == "local" else RayExecutor(parse_executor(settings.executor)))
     monkeypatch.setattr("amapreduce.cluster.trials.RayTrials", _InProcessTrials)
     monkeypatch.setattr(_InProcessTrials, "instances", [])
     ids = ["sbx_en_001", "sbx_en_005"]

@@ -277,7 +277,7 @@ def test_model_judge_and_aligner_through_the_cli(
     """`--judge MODEL --align MODEL`: every column judged by the model, replies cached on disk."""
     import ast
 
-    from amapreduce.cli import eval as eval_cli
+    from amapreduce.cli import eval_options
     from amapreduce.llm.factory import build_role_model
     from amapreduce.llm.messages import message_text
     from amapreduce.testing.scripted import FunctionModel
@@ -299,7 +299,7 @@ def test_model_judge_and_aligner_through_the_cli(
         built.append(model_id)  # the real factory, with the provider client replaced by the simulated judge
         return build_role_model(settings, "judge", model_id, meter=meter, inner=model)
 
-    monkeypatch.setattr(eval_cli, "_judge_model", build)
+    monkeypatch.setattr(eval_options, "_judge_model", build)
     tasks_file, gold_dir = ws_paths
     write_trial(tmp_path / "t", tasks_file, gold_dir, ["ws_en_093"])  # newline cells: exact judge fails them
     args = [

@@ -12,7 +12,6 @@ from amapreduce.errors import RunError
 from amapreduce.evaluation.judges import (
     ExactJudge,
     IdentityAligner,
-    JudgeCache,
     ModelAligner,
     ModelClient,
     ModelJudge,
@@ -23,6 +22,7 @@ from amapreduce.evaluation.judges import (
     parse_json_reply,
 )
 from amapreduce.llm.messages import message_text
+from amapreduce.llm.reply_cache import ReplyCache
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, ScriptedModel
 
 
@@ -90,9 +90,9 @@ def test_model_failure_raises_instead_of_scoring_zero() -> None:
 
 def test_disk_cache_avoids_second_call(tmp_path: Path) -> None:
     model = ScriptedModel(['```json\n{"Harvard": "Harvard University"}\n```'])
-    aligner = ModelAligner(ModelClient(model, JudgeCache(tmp_path)))
+    aligner = ModelAligner(ModelClient(model, ReplyCache(tmp_path)))
     first = aligner.align(["Harvard"], ["Harvard University"])
-    again = ModelAligner(ModelClient(model, JudgeCache(tmp_path))).align(["Harvard"], ["Harvard University"])
+    again = ModelAligner(ModelClient(model, ReplyCache(tmp_path))).align(["Harvard"], ["Harvard University"])
     assert first == again == {"Harvard": "Harvard University"}
     assert model.calls == 1
     files = list(tmp_path.rglob("*.json"))

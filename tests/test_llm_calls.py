@@ -162,8 +162,9 @@ def test_unpriced_model_under_a_cost_budget_warns_once(caplog: pytest.LogCapture
 
 
 def test_run_models_trace_their_calls_and_report_retries_as_progress(tmp_path: Path) -> None:
-    from amapreduce.session.parts import build_parts
+    from amapreduce.session import RunOptions, Session
     from amapreduce.settings import load_settings
+    from amapreduce.trace import read_trace
 
     request = httpx.Request("POST", "http://127.0.0.1:1/v1")
     failures = [openai.RateLimitError("slow", response=httpx.Response(429, headers={"retry-after": "0"}, request=request), body=None)]
@@ -173,16 +174,14 @@ def test_run_models_trace_their_calls_and_report_retries_as_progress(tmp_path: P
             raise failures.pop()
         return final_answer("done")
 
-    events: list[ProviderRetry] = []
-    trace = TraceWriter(tmp_path / "trace.jsonl")
     settings = load_settings({}, model="sim-model", api_key=SECRET, runs_dir=tmp_path / "runs")
-    parts = build_parts(
-        settings, trace=trace, on_provider_retry=events.append,
-        inner=lambda role: FunctionModel(reply, model_id="sim-model"), web_tools=[],
-    )
-    parts.models["manager"].retry = RetryPolicy(base_delay_s=0, jitter=0)
-    parts.models["manager"].generate([])
-    trace.close()
-    lines = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    options = RunOptions(query="q", inner=lambda role: FunctionModel(reply, model_id="sim-model"), web_tools=[],
+                         show_progress=False)
+    with Session(settings, options) as session:  # its models are built before the run opens, then attached to it
+        session.models["manager"].retry = RetryPolicy(base_delay_s=0, jitter=0)
+        session.models["manager"].generate([])
+        retries = session.progress.provider_retries
+    lines = [e for e in read_trace(session.run_dir / "trace.jsonl") if e["event"] in ("model_retry", "model_call")]
     assert [(e["event"], e["role"]) for e in lines] == [("model_retry", "manager"), ("model_call", "manager")]
-    assert [(e.role, e.model_id, e.kind, e.retry) for e in events] == [("manager", "sim-model", "rate_limit", 1)]
+    assert lines[0]["model_id"] == "sim-model" and lines[0]["kind"] == "rate_limit" and lines[0]["retry"] == 1
+    assert retries == 1

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
-from amapreduce.mapreduce.tool import MapReduceTool
+from sessions import offline_settings, tool_session
 from solvers import WorldSolver, world, world_decision
 
 from amapreduce.decision.model import Decision
@@ -20,6 +21,7 @@ from amapreduce.errors import BudgetExceeded, RunCancelled, ToolCallRefused
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.result import MapReduceResult, RunStatus
 from amapreduce.mapreduce.solver import BatchRequest
+from amapreduce.settings import Settings
 
 TRUTH = world(8)
 FIRST, SECOND = dict(list(TRUTH.items())[:4]), dict(list(TRUTH.items())[4:])
@@ -50,32 +52,41 @@ def assert_every_attempt_answered(result: MapReduceResult) -> None:
     assert result.summary.timeouts == 0 and result.ending.status is RunStatus.COMPLETE
 
 
-def test_two_tool_calls_in_one_step_keep_every_row() -> None:
-    tool = MapReduceTool(MapReduceEngine(first_attempts_meet(2), config=CONFIG), plan_stage=False)
+def tool_settings(tmp_path: Path) -> Settings:
+    """A run's settings carrying `CONFIG` (a manager's plans are always capped; these are 4 batches)."""
+    return offline_settings(tmp_path, workers=CONFIG.workers, batch_timeout_s=CONFIG.batch_timeout_s,
+                            patch_rounds=CONFIG.patch_rounds)
 
-    def call(entities: dict[str, Any]) -> str:
-        out: str = tool(**world_decision(entities, batch_strategy={"type": "per_atom", "rationale": "r"}))
-        return out
 
-    with ThreadPoolExecutor(2) as pool:  # as smolagents runs a step's parallel tool calls
-        outputs = list(pool.map(call, [FIRST, SECOND]))
+def test_two_tool_calls_in_one_step_keep_every_row(tmp_path: Path) -> None:
+    with tool_session(tool_settings(tmp_path), first_attempts_meet(2)) as (session, tool):
+
+        def call(entities: dict[str, Any]) -> str:
+            out: str = tool(**world_decision(entities, batch_strategy={"type": "per_atom", "rationale": "r"}))
+            return out
+
+        call(TRUTH)  # the plan stage: runs nothing
+        with ThreadPoolExecutor(2) as pool:  # as smolagents runs a step's parallel tool calls
+            outputs = list(pool.map(call, [FIRST, SECOND]))
+        outcome = session.finish()
     assert all('"complete": true' in out.splitlines()[0] for out in outputs)
-    assert tool.table is not None and sorted(map(str, tool.table.records())) == sorted(
-        map(str, TRUTH.values())
-    )
-    assert not tool.table.missing_cells()
-    assert len(tool.results) == len(tool.decisions) == 2
-    for result in tool.results:
+    assert sorted(map(str, outcome.table.records())) == sorted(map(str, TRUTH.values()))
+    assert not outcome.table.missing_cells()
+    assert len(outcome.results) == len(outcome.decisions) == 2
+    for result in outcome.results:
         assert_every_attempt_answered(result)
 
 
-def test_follow_up_with_other_key_columns_is_refused_and_keeps_the_table() -> None:
-    tool = MapReduceTool(MapReduceEngine(WorldSolver(TRUTH), config=CONFIG), plan_stage=False)
-    tool(**world_decision(FIRST))
-    with pytest.raises(ToolCallRefused, match=r"same key columns .*keyed by \['name', 'capital'\]"):
-        tool(**world_decision(SECOND, key_columns=["name", "capital"]))
-    assert tool.table is not None and [r["name"] for r in tool.table.records()] == list(FIRST)
-    assert tool.calls == 1  # a refused call does not use up one of the manager's calls
+def test_follow_up_with_other_key_columns_is_refused_and_keeps_the_table(tmp_path: Path) -> None:
+    with tool_session(tool_settings(tmp_path), WorldSolver(TRUTH)) as (session, tool):
+        tool(**world_decision(FIRST))  # the plan stage
+        tool(**world_decision(FIRST))
+        with pytest.raises(ToolCallRefused, match=r"same key columns .*keyed by \['name', 'capital'\]"):
+            tool(**world_decision(SECOND, key_columns=["name", "capital"]))
+        outcome = session.finish()
+    assert [r["name"] for r in outcome.table.records()] == list(FIRST)
+    # the plan stage and the execution: a refused call does not use up one of the manager's calls
+    assert outcome.record["completeness"]["mapreduce_calls"] == 2
 
 
 def test_two_concurrent_runs_on_one_engine() -> None:

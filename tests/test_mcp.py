@@ -29,7 +29,7 @@ from amapreduce.llm.messages import message_text
 from amapreduce.settings import load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply, final_answer, tool_call
-from amapreduce.trace import NullTrace, redact_secrets
+from amapreduce.trace import redact_secrets
 
 SERVER = Path(__file__).resolve().parent / "mcp_server.py"
 COUNTRIES = ["France", "Japan", "Kenya", "Peru"]
@@ -182,14 +182,15 @@ def test_a_server_that_does_not_start_is_named(tmp_path: Path) -> None:
 
 
 def test_manager_gets_the_tools_only_when_asked_and_close_stops_the_server(tmp_path: Path) -> None:
-    from amapreduce.session.parts import build_parts
+    from amapreduce.session import RunOptions, Session
 
     config = write_config(tmp_path, {"facts": facts_server(tmp_path), "off": {"command": "no-such", "disabled": True}})
     for manager in (False, True):
-        settings = load_settings({}, model="sim", mcp=config, mcp_manager=manager or None)
-        parts = build_parts(settings, trace=NullTrace(), inner=lambda role: FunctionModel(lambda m, i: "x"),
-                            web_tools=[], roles=("manager", "subagent"))
-        with parts:
+        settings = load_settings({}, model="sim", mcp=config, mcp_manager=manager or None, runs_dir=tmp_path / "runs")
+        options = RunOptions(query="q", inner=lambda role: FunctionModel(lambda m, i: "x"), web_tools=[],
+                             roles=("manager", "subagent"), show_progress=False)
+        with Session(settings, options) as session:  # the servers start when the run opens and stop when it ends
+            parts = session.parts
             assert sorted(t.name for t in parts.mcp_tools) == ["broken", "capital", "describe", "echo", "web_search"]
             assert [t.name for t in parts.manager_tools] == ([t.name for t in parts.mcp_tools] if manager else [])
         assert process_gone(tmp_path / "pid")

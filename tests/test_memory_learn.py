@@ -71,10 +71,10 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
         outcome = run_ask(tasks[DEFAULT_TASK].query, settings, inner=lambda role: model,
                           meter=new_meter(settings, prices_by_prefix=SIMULATED_PRICES), prior_provider=provider,
                           task_id=DEFAULT_TASK, show_progress=False)
-    assert outcome.status in ("complete", "incomplete") and outcome.tool.decisions
-    assert outcome.tool.prior is not None
+    assert outcome.status in ("complete", "incomplete") and outcome.decisions
+    assert outcome.prior is not None
     return Template(run=outcome.run_dir.path, store=store, cache=cache, markdown=outcome.markdown,
-                    prior_hints=tuple(outcome.tool.prior.hint_ids))
+                    prior_hints=tuple(outcome.prior.hint_ids))
 
 
 @pytest.fixture()

@@ -130,13 +130,13 @@ def test_candidate_line_is_compact_json() -> None:
 
 
 def test_a_cached_reply_is_not_asked_again(tmp_path: Path) -> None:
-    from amapreduce.evaluation.judges import JudgeCache
+    from amapreduce.llm.reply_cache import ReplyCache
 
     model = _merging_model(['{"groups": [{"ids": ["c0", "c1"], "keep": "c0"}]}'])
-    first = ModelMerger(model, counter=TokenCounter(None), cache=JudgeCache(tmp_path))
+    first = ModelMerger(model, counter=TokenCounter(None), cache=ReplyCache(tmp_path))
     asked = first.merge(CITIES, NODE)
-    again = ModelMerger(model, counter=TokenCounter(None), cache=JudgeCache(tmp_path)).merge(CITIES, NODE)
+    again = ModelMerger(model, counter=TokenCounter(None), cache=ReplyCache(tmp_path)).merge(CITIES, NODE)
     assert model.calls == 1 and not asked.cached and again.cached
     assert again.groups == asked.groups and again.usage.requests == 0
-    other = ModelMerger(_merging_model(["{}"]), counter=TokenCounter(None), cache=JudgeCache(tmp_path))
+    other = ModelMerger(_merging_model(["{}"]), counter=TokenCounter(None), cache=ReplyCache(tmp_path))
     assert not other.merge(CITIES[1:], NODE).cached  # another prompt: asked

@@ -210,7 +210,7 @@ def test_models_built_under_installed_gates_use_them_and_the_default_comes_back(
 
 def test_nothing_imports_ray_unless_asked() -> None:
     code = ("import sys\n"
-            "import amapreduce.cluster.limits, amapreduce.cluster.wide, amapreduce.session.decision_run\n"
+            "import amapreduce.cluster, amapreduce.cluster.limits, amapreduce.cluster.wide, amapreduce.session.session\n"
             "import amapreduce.cli.mapreduce\n"
             "print('ray' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

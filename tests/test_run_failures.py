@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from amapreduce.session.ask import run_ask
-from amapreduce.session.decision_run import run_decision
+from sessions import ask as run_ask
+from sessions import run_decision
 
 from amapreduce.cli.app import main
 from amapreduce.decision.model import Decision
-from amapreduce.errors import ConfigError
+from amapreduce.errors import ConfigError, ProviderRejected
+from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.settings import load_settings
+from amapreduce.testing.scripted import FunctionModel, ModelInfo
 
 DECISION = Decision.parse(
     {"task_matrix": [["France"]], "template": "Capital of __0__?", "json_schema": ["country", "capital"]}
@@ -35,28 +38,48 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "runs"
 
 
-def test_ask_setup_failure_writes_a_failed_result(tmp_path: Path) -> None:
-    settings = load_settings({}, runs_dir=tmp_path / "runs")  # no model: building the parts fails
+def test_a_setup_failure_creates_nothing(tmp_path: Path) -> None:
+    """What a run needs is built in its session's pre-flight: a setup failure raises before any
+    run directory exists (the CLI exits 2 and leaves nothing behind)."""
+    settings = load_settings({}, runs_dir=tmp_path / "runs")  # no model
     with pytest.raises(ConfigError, match="no model is configured"):
         run_ask("Capitals?", settings, web_tools=[], show_progress=False)
+
+    def broken(role: str) -> object:
+        raise RuntimeError(f"cannot build the {role} client")
+
+    with pytest.raises(RuntimeError, match="cannot build the subagent client"):
+        run_decision(DECISION, load_settings({}, model="m", runs_dir=tmp_path / "runs"), label="capitals", inner=broken,
+                     web_tools=[], show_progress=False)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_failure_during_the_run_writes_a_failed_result(tmp_path: Path) -> None:
+    def failing(messages: list[Any], info: ModelInfo) -> Any:
+        raise RuntimeError("the model process crashed")
+
+    settings = load_settings({}, model="m", runs_dir=tmp_path / "runs", extraction_model="none")
+    outcome = run_ask("Capitals?", settings, inner=lambda role: FunctionModel(failing, model_id="m"), web_tools=[],
+                      show_progress=False)
     saved = only_run(tmp_path / "runs")
-    assert saved["kind"] == "ask" and saved["status"] == "failed" and saved["error_type"] == "ConfigError"
-    assert "no model is configured" in saved["error"]
+    assert outcome.status == saved["status"] == "failed" and saved["kind"] == "ask"
+    assert "the model process crashed" in saved["error"]
     assert saved["timings"]["wall_s"] >= 0 and saved["timings"]["executions"] == []
     events = [json.loads(x) for x in next((tmp_path / "runs").iterdir()).joinpath("trace.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "run_finished" and events[-1]["status"] == "failed"
 
 
-def test_mapreduce_run_setup_failure_writes_a_failed_result(tmp_path: Path) -> None:
-    def broken(role: str) -> object:
-        raise RuntimeError(f"cannot build the {role} client")
+def test_mapreduce_run_stopped_by_a_refusing_provider_writes_a_failed_result(tmp_path: Path) -> None:
+    class Refusing:
+        def solve(self, request: BatchRequest) -> SolverReply:
+            raise ProviderRejected("401 wrong key", provider="x", failures=1, last_error="401")
 
     settings = load_settings({}, model="m", runs_dir=tmp_path / "runs")
-    with pytest.raises(RuntimeError):
-        run_decision(DECISION, settings, label="capitals", inner=broken, web_tools=[], show_progress=False)
+    outcome = run_decision(DECISION, settings, label="capitals", inner=lambda role: FunctionModel(lambda m, i: "x"),
+                           solver=Refusing(), web_tools=[], show_progress=False)
     saved = only_run(tmp_path / "runs")
-    assert saved["kind"] == "mapreduce_run" and saved["status"] == "failed"
-    assert saved["error"] == "cannot build the subagent client"
+    assert outcome.status == saved["status"] == "failed" and saved["kind"] == "mapreduce_run"
+    assert "401 wrong key" in saved["error"]
 
 
 def test_a_file_that_is_not_a_memory_store_is_refused_before_any_run_folder(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from sessions import ask as run_ask
+from sessions import offline_settings, tool_session
 from solvers import WorldSolver, world, world_decision
 
 from amapreduce.cli.app import main
@@ -36,7 +37,7 @@ SHORT = {  # asks three cities per region; the sub-agents only ever find two
 }
 
 
-def short_of_rows(messages: list, info: ModelInfo) -> Any:
+def short_of_rows(messages: list[Any], info: ModelInfo) -> Any:
     text = "\n".join(message_text(m) for m in messages)
     if "mapreduce" in info.tools:
         if '"call_stage": "execute"' in text:
@@ -110,7 +111,7 @@ def test_a_short_task_run_is_incomplete_everywhere(
     assert set(saved["completeness"]) == set(asked.record["completeness"])  # one shape for every command
 
 
-def test_the_tool_summary_counts_short_tasks() -> None:
+def test_the_tool_summary_counts_short_tasks(tmp_path: Path) -> None:
     class TwoRows:
         def solve(self, request: BatchRequest) -> Any:
             from amapreduce.mapreduce.solver import SolverReply
@@ -118,10 +119,9 @@ def test_the_tool_summary_counts_short_tasks() -> None:
             region = next(r for r in CITIES if r in request.tasks[0])
             return SolverReply(output=[{"rank": str(i), "city": c} for i, c in enumerate(CITIES[region], 1)])
 
-    from amapreduce.mapreduce.tool import MapReduceTool
-
-    tool = MapReduceTool(MapReduceEngine(TwoRows(), config=EngineConfig(patch_rounds=0)), plan_stage=False)
-    head = json.loads(tool(**SHORT).splitlines()[0])
+    with tool_session(offline_settings(tmp_path, patch_rounds=0), TwoRows()) as (_, tool):
+        tool(**SHORT)  # the plan stage
+        head = json.loads(tool(**SHORT).splitlines()[0])
     assert head["status"] == "incomplete"
     assert_short(head)
 

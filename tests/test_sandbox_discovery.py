@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from amapreduce.demo.atlas import infobox, list_entries, plain_number, title_name
+from amapreduce.demo.atlas_reader import infobox, list_entries, plain_number, title_name
 from amapreduce.sandbox import SandboxWorld
 from amapreduce.sandbox.discovery import variant_name
 from amapreduce.table.keys import normalize_value

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from amapreduce.demo.atlas import infobox, list_entries, plain_number
+from amapreduce.demo.atlas_reader import infobox, list_entries, plain_number
 from amapreduce.sandbox import WORLD_DIR, SandboxWorld, sandbox_families, sandbox_world
 from amapreduce.settings import Settings
 from amapreduce.web.service import WebService

@@ -105,20 +105,20 @@ def test_invalid_limit_names_the_variable(variable: str, value: str) -> None:
         load_settings({variable: value})
 
 
-def test_a_run_caps_the_batch_plan_by_who_writes_its_decisions() -> None:
+def test_a_run_caps_the_batch_plan_by_who_writes_its_decisions(tmp_path: Path) -> None:
     """`ask` (a manager in the run) keeps the paper's 50; `mapreduce run` (no manager) runs the user's decision uncapped."""
-    from amapreduce.session.parts import build_parts
+    from amapreduce.session import RunOptions, Session
+    from amapreduce.session.journal import RunKind
     from amapreduce.testing.scripted import FunctionModel, final_answer
-    from amapreduce.trace import NullTrace
 
-    settings = load_settings({}, model="sim-model")
+    settings = load_settings({}, model="sim-model", runs_dir=tmp_path / "runs")
 
     def inner(role: str) -> FunctionModel:
         return FunctionModel(lambda messages, info: final_answer("x"), model_id="sim-model")
 
-    def cap(roles: tuple[str, ...]) -> int | None:
-        parts = build_parts(settings, trace=NullTrace(), inner=inner, web_tools=[], roles=roles)
-        return parts.engine.config.max_batches
+    def cap(kind: RunKind) -> int | None:
+        with Session(settings, RunOptions(kind=kind, query="q", inner=inner, web_tools=[], show_progress=False)) as run:
+            return run.parts.engine.config.max_batches
 
-    assert cap(("manager", "subagent")) == 50
-    assert cap(("subagent",)) is None
+    assert cap(RunKind.ASK) == 50
+    assert cap(RunKind.MAPREDUCE_RUN) is None

@@ -141,8 +141,9 @@ def test_attempts_in_flight_at_ctrl_c_send_no_further_request(tmp_path: Path, af
     `NullTrace` that stays open.)"""
     from amapreduce.decision.model import load_decision
     from amapreduce.errors import RunCancelled
+    from amapreduce.llm.factory import new_meter
     from amapreduce.mapreduce.result import RunStatus
-    from amapreduce.session.parts import build_parts
+    from amapreduce.session.parts import build_models, build_parts
     from amapreduce.settings import load_settings
     from amapreduce.trace import NullTrace
 
@@ -159,7 +160,8 @@ def test_attempts_in_flight_at_ctrl_c_send_no_further_request(tmp_path: Path, af
         settings = load_settings({}, model="sim-model", api_base=server.base_url, api_key="sk-local",
                                  runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache", workers=WORKERS,
                                  extraction_model="none", retry_base_delay_s=0, retry_max_delay_s=0)
-        parts = build_parts(settings, trace=NullTrace(), roles=("subagent",))
+        models = build_models(settings, ("subagent",), meter=new_meter(settings))
+        parts = build_parts(settings, models=models, trace=NullTrace(), decisions_by="user")
         presser = threading.Thread(target=press_ctrl_c, daemon=True)
         presser.start()
         with pytest.raises(RunCancelled) as stopped:

@@ -33,8 +33,9 @@ from amapreduce.mapreduce.result import RunEnding, RunStatus, stop_ending
 from amapreduce.settings import load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, tool_call
-from amapreduce.web.backends.base import BackendError, make_backend
+from amapreduce.web.backends.base import BackendError
 from amapreduce.web.backends.ddgs import DdgsBackend
+from amapreduce.web.backends.registry import make_backend
 from amapreduce.web.backends.searxng import SearxngBackend
 from amapreduce.web.fetch import FetchFailed
 from amapreduce.web.service import WebService

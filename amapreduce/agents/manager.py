@@ -94,7 +94,7 @@ def build_manager(
     model: Model,
     tools: Sequence[Tool],
     *,
-    max_steps: int = 30,
+    max_steps: int = default_setting("manager_max_steps"),
     max_batches: int = default_setting("max_batches"),
     trace: Trace | None = None,
     observation_chars: int = MAX_OBSERVATION_CHARS,
@@ -104,7 +104,7 @@ def build_manager(
     Args:
         model: the manager's model.
         tools: the tools it may call; `final_answer` is added by smolagents.
-        max_steps: agent steps before smolagents asks for a final answer.
+        max_steps: agent steps before smolagents asks for a final answer (`Settings.manager_max_steps`).
         max_batches: the batch cap quoted in the instructions.
         trace: receives one `manager_step` event per step (tool calls, truncated observations).
         observation_chars: longest tool output shown to the model.

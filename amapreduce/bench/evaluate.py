@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -55,8 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from amapreduce._atomic import atomic_open
-from amapreduce.bench.eval_commit import commit_trials, memory_size, open_memory, trial_done, write_memory_log
+from amapreduce._atomic import write_json
+from amapreduce.bench.commit import commit_trials, memory_size, open_memory, trial_done, write_memory_log
 from amapreduce.bench.journal import (
     ENTRIES,
     JOURNAL,
@@ -228,8 +227,7 @@ def run_benchmark(
                 memory.close()
         results = results_document(config, out, tasks, options, state.trials, before=before, after=after) if state.trials else {}
         if stopped is None:
-            with atomic_open(out / RESULTS) as handle:
-                json.dump(results, handle, ensure_ascii=False, indent=2)
+            write_json(out / RESULTS, results, indent=2)
         reason = None if stopped is None else str(stopped)
         journal.append(EvalEnded(status="stopped" if stopped else "complete", reason=reason))
     status: Literal["complete", "stopped", "failed"] = (

@@ -30,7 +30,6 @@ its decision, and is refused before anything is written.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import shutil
 import tempfile
@@ -46,6 +45,7 @@ from amapreduce.memory.labels import utility as utility_of
 from amapreduce.memory.records import Record, TraceSummary, normalise_query
 from amapreduce.session.journal import RunKind
 from amapreduce.session.rundir import load_run
+from amapreduce.trace import read_trace
 
 if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
@@ -141,16 +141,10 @@ def run_record_id(run_dir: Path) -> str:
     rewritten, not even by `runs resume`) tells them apart. Both move with the folder.
     """
     key = run_dir.resolve().name
-    trace = run_dir / "trace.jsonl"
-    if trace.is_file():
-        with trace.open(encoding="utf-8", errors="replace") as handle:
-            first = handle.readline()
-        try:
-            ts = json.loads(first).get("ts")
-        except (json.JSONDecodeError, AttributeError):
-            ts = None
-        if isinstance(ts, int | float):
-            key += f"|{float(ts)!r}"
+    first = next(read_trace(run_dir / "trace.jsonl"), None)
+    ts = first.get("ts") if first is not None else None
+    if isinstance(ts, int | float):
+        key += f"|{float(ts)!r}"
     return "r-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]
 
 

@@ -19,17 +19,6 @@ __all__ = ["register", "runs_app"]
 runs_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 
-def _memory_store(memory: Path | None, no_memory: bool, default: Path) -> Path | None:
-    """`--memory` wins; `--no-memory` disables; otherwise the default store if it holds one."""
-    if no_memory:
-        return None
-    if memory is not None:
-        return memory
-    from amapreduce.memory.schema import DB_NAME
-
-    return default if (default / DB_NAME).is_file() else None
-
-
 def ask(
     query: str = typer.Argument(..., help="The wide-search question."),
     model: str | None = typer.Option(None, "--model", help="LiteLLM id (openai/gpt-5-mini) or the server's model name."),
@@ -57,6 +46,7 @@ def ask(
     With --executor ray, the manager runs here and a decision of more batches than one chunk
     (4 per --workers) runs its chunks as Ray tasks, all under one cluster-wide rate limit and budget.
     """
+    from amapreduce.memory.schema import memory_store_for
     from amapreduce.session import RunOptions, Session
     from amapreduce.session.parts import require_model
     from amapreduce.settings import load_settings
@@ -68,7 +58,7 @@ def ask(
         otel=otel or None, mcp=mcp, mcp_manager=mcp_manager or None, verify=verify, executor=executor,
     )
     require_model(settings)
-    store = _memory_store(memory, no_memory, settings.memory_store)
+    store = memory_store_for(False if no_memory else memory, settings)
     session = Session(settings, RunOptions(query=query, memory_store=store, executor=opt.executor_for(settings),
                                            show_progress=None if not as_json else False))
     with session:
@@ -212,8 +202,7 @@ def runs_resume(
     otherwise the exit code says how the resumed run ended, as for the command that started it.
     """
     from amapreduce.cli.mapreduce import report_run
-    from amapreduce.session import Session
-    from amapreduce.session.resume import resume_settings, saved_run
+    from amapreduce.session.resume import resume, resume_settings, saved_run
     from amapreduce.session.rundir import run_path
     from amapreduce.settings import load_settings
 
@@ -229,7 +218,7 @@ def runs_resume(
         from amapreduce.cluster import executor_for
 
         executor = executor_for(f"ray:{saved.wide.address}" if saved.wide.address else "ray")
-    outcome = Session.resume(path, saved, settings, show_progress=None if not as_json else False, executor=executor)
+    outcome = resume(path, saved, settings, show_progress=None if not as_json else False, executor=executor)
     (report_ask if outcome.kind.is_ask else report_run)(outcome, as_json=as_json)
 
 

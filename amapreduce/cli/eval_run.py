@@ -139,7 +139,7 @@ def run(
     settings, simulated, memory_model = _wiring(config, base)
     _check_setup(config, settings, simulated=simulated is not None)
     task_specs = _tasks(config)
-    from amapreduce.cli.eval import options_for
+    from amapreduce.cli.eval_options import options_for
     from amapreduce.llm.factory import new_meter
 
     options = options_for("deepwidesearch" if config.benchmark == "deepwidesearch" else "widesearch", config.judge,

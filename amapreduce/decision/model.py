@@ -48,8 +48,8 @@ from pydantic import (
     model_validator,
 )
 
+import amapreduce.decision.nesting as nesting  # not `from amapreduce.decision`: its __init__ imports this module
 from amapreduce._text import scrub_data
-from amapreduce.decision import nesting
 from amapreduce.decision.columns import ColumnSpec, columns_from_schema
 from amapreduce.decision.describe import CHILD_TAG, cell_to_str, describe, shown
 from amapreduce.decision.discover_spec import DiscoverSpec

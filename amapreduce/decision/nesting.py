@@ -20,6 +20,9 @@ outermost decision runs `check_tree`.
 
 `child_for` makes the decision a task runs: it stands alone (a root of its own run), so it
 carries the named decisions its own chain still needs and the depth that remains.
+
+The checks read a decision through `Node`, the few fields and views they need, so this module
+does not import `decision.model` (whose `Decision` is a `Node` and calls these checks).
 """
 
 from __future__ import annotations
@@ -27,19 +30,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol, Self, TypeVar
 
+from amapreduce.decision.discover_spec import DiscoverSpec
 from amapreduce.decision.strategy import OpenStrategy, Strategy
 from amapreduce.decision.template import parent_placeholders, render_parent
 from amapreduce.table.keys import is_blank
-
-if TYPE_CHECKING:
-    from amapreduce.decision.model import Decision
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
     "MAX_DEPTH",
     "PARTS",
+    "Node",
     "check_discovered",
     "check_tree",
     "child_for",
@@ -53,6 +55,37 @@ MAX_DEPTH = 8
 """Largest `max_depth`: each level multiplies the runs (a child per task), so deeper is a mistake."""
 PARTS = frozenset({"discover", "child", "decisions", "max_depth"})
 """The composition fields; left out of a decision's dump when unused."""
+
+
+class Node(Protocol):
+    """What the checks read of a decision (`decision.model.Decision` is one): its fields, read only,
+    and the views validation has resolved."""
+
+    @property
+    def template(self) -> str: ...
+    @property
+    def task_matrix(self) -> Sequence[Sequence[str]]: ...
+    @property
+    def discover(self) -> DiscoverSpec | None: ...
+    @property
+    def child(self) -> Self | str | None: ...
+    @property
+    def decisions(self) -> Mapping[str, Self] | None: ...
+    @property
+    def max_depth(self) -> int | None: ...
+    @property
+    def depth_limit(self) -> int: ...
+    @property
+    def matrix_width(self) -> int: ...
+    @property
+    def columns(self) -> tuple[str, ...]: ...
+    @property
+    def resolved_matrix_columns(self) -> tuple[str | None, ...]: ...
+    def model_dump(self, *, mode: Literal["json"]) -> dict[str, Any]: ...
+
+
+D = TypeVar("D", bound=Node)
+"""A decision type; the checks hand back the decisions they are given."""
 
 _LEVEL: ContextVar[int] = ContextVar("amapreduce_decision_level", default=0)
 
@@ -92,7 +125,7 @@ def child_label(parent: str, name: str | None) -> str:
 _ROOT = "the root decision"
 
 
-def _texts(d: Decision) -> Iterator[tuple[str, str]]:
+def _texts(d: Node) -> Iterator[tuple[str, str]]:
     """(where, text) of every place `__parent_k__` may stand in `d`."""
     yield "template", d.template
     for i, row in enumerate(d.task_matrix):
@@ -104,7 +137,7 @@ def _texts(d: Decision) -> Iterator[tuple[str, str]]:
             yield f"discover.sources[{i}]", source
 
 
-def _inline(d: Decision, label: str) -> Iterator[tuple[str, Decision]]:
+def _inline(d: D, label: str) -> Iterator[tuple[str, D]]:
     """`d` and its inline descendants, with their labels."""
     while True:
         yield label, d
@@ -113,12 +146,12 @@ def _inline(d: Decision, label: str) -> Iterator[tuple[str, Decision]]:
         d, label = d.child, child_label(label, None)
 
 
-def _last(d: Decision) -> Decision:
+def _last(d: D) -> D:
     """The end of `d`'s inline chain: the decision whose child is a name, or none."""
     return [node for _, node in _inline(d, "")][-1]
 
 
-def _resolve(d: Decision, label: str, named: Mapping[str, Decision]) -> tuple[str, Decision] | None:
+def _resolve(d: D, label: str, named: Mapping[str, D]) -> tuple[str, D] | None:
     if d.child is None:
         return None
     if isinstance(d.child, str):
@@ -126,7 +159,7 @@ def _resolve(d: Decision, label: str, named: Mapping[str, Decision]) -> tuple[st
     return child_label(label, None), d.child
 
 
-def check_tree(root: Decision) -> None:
+def check_tree(root: Node) -> None:
     """Check the composition under `root` (see the module's list). Raises ValueError, one line."""
     named = root.decisions or {}
     for name in named:
@@ -150,7 +183,7 @@ def check_tree(root: Decision) -> None:
     _check_chain(root, named)
 
 
-def _check_cycles(named: Mapping[str, Decision]) -> None:
+def _check_cycles(named: Mapping[str, D]) -> None:
     # Each decision has one child at most: follow the chain of names from every named decision.
     for start in named:
         seen = [start]
@@ -163,7 +196,7 @@ def _check_cycles(named: Mapping[str, Decision]) -> None:
             seen.append(current)
 
 
-def _check_chain(root: Decision, named: Mapping[str, Decision]) -> None:
+def _check_chain(root: D, named: Mapping[str, D]) -> None:
     """Depth, parent placeholders and parent columns along the chain from the root."""
     limit = root.depth_limit
     chain: list[str] = []
@@ -180,7 +213,7 @@ def _check_chain(root: Decision, named: Mapping[str, Decision]) -> None:
         parent = child
 
 
-def _check_edge(parent: Decision, child: Decision, label: str) -> None:
+def _check_edge(parent: Node, child: Node, label: str) -> None:
     width = parent.matrix_width
     for where, text in _texts(child):
         bad = [k for k in parent_placeholders(text) if k >= width]
@@ -198,7 +231,7 @@ def _check_edge(parent: Decision, child: Decision, label: str) -> None:
         )
 
 
-def child_for(parent: Decision, i: int, parse: Callable[[Any], Decision]) -> Decision:
+def child_for(parent: D, i: int, parse: Callable[[Any], D]) -> D:
     """The decision parent task `i` runs: its `child` (a name resolved), `__parent_k__` filled with
     row `i`'s cells in the template, the matrix cells and `discover`'s sources and template, as a
     root of its own: the named decisions its chain still needs and the depth that remains.

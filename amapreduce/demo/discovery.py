@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from amapreduce.demo.atlas import ListEntry, list_entries
+from amapreduce.demo.atlas_reader import ListEntry, list_entries
 from amapreduce.demo.plan import PageNeed, column_specs, query_columns
 
 __all__ = [

@@ -56,7 +56,7 @@ from typing import Any
 
 from smolagents.models import ChatMessage, MessageRole
 
-from amapreduce.demo.atlas import Observations
+from amapreduce.demo.atlas_reader import Observations
 from amapreduce.demo.discovery import (
     MERGE_FIRST_LINE,
     DiscoveryIntent,

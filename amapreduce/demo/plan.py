@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from amapreduce.decision.columns import normalize_key_name
-from amapreduce.demo.atlas import Observations, clean_cell, infobox, list_entries, plain_number
+from amapreduce.demo.atlas_reader import Observations, clean_cell, infobox, list_entries, plain_number
 from amapreduce.demo.hints import BatchingHint, RowShape, hint_applies
 from amapreduce.testing.scripted import ToolCall, tool_call
 

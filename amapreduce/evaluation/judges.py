@@ -5,20 +5,20 @@ which makes it neither offline nor reproducible. Each role has a deterministic s
 reproduces the published offline numbers (docs/scorer-rules.md §10: exact match, identity or "norm" alignment,
 substring entity check) and an LLM variant. The LLM variants send the official prompts at
 temperature 0, batch a column per call (chunked for long tables), cache replies on disk by
-(prompt, model), and raise `RunError` when the model fails instead of scoring 0 (bug B8).
+(prompt, model) (`llm.reply_cache.ReplyCache`), and raise `RunError` when the model fails instead
+of scoring 0 (bug B8). Replies are read as the scorers read them (`_modeljson.last_json_object`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import unicodedata
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from amapreduce._atomic import atomic_open
+from amapreduce._modeljson import last_json_object
 from amapreduce.errors import RunError
+from amapreduce.llm.reply_cache import ReplyCache
 from amapreduce.prompts import render_prompt
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ __all__ = [
     "EntityJudge",
     "ExactJudge",
     "IdentityAligner",
-    "JudgeCache",
     "ModelAligner",
     "ModelClient",
     "ModelEntityJudge",
@@ -43,7 +42,6 @@ __all__ = [
     "parse_json_reply_lenient",
 ]
 
-_JSON_FENCE_RE = re.compile(r"```json\s*(\{.*?\})\s*```", re.DOTALL)
 _ENTITY_FENCE_RE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
@@ -54,15 +52,9 @@ def loose_form(text: str) -> str:
 
 
 def parse_json_reply(text: str) -> dict[str, Any] | None:
-    """The official `parse_markdown_json`: the last ```` ```json ```` object, else None."""
-    found = _JSON_FENCE_RE.findall(text)
-    if not found:
-        return None
-    try:
-        value = json.loads(found[-1])
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
+    """The official `parse_markdown_json`: the last ```` ```json ```` object, else None
+    (`_modeljson.last_json_object`)."""
+    return last_json_object(text)
 
 
 def parse_json_reply_lenient(text: str) -> dict[str, Any] | None:
@@ -71,56 +63,10 @@ def parse_json_reply_lenient(text: str) -> dict[str, Any] | None:
     Why a second parser: that copy accepts replies the official one rejects, and its published
     numbers depend on it. It tries every ```` ```json ```` object from the last back, then the
     raw `{...}` objects of the text from the last `{` back; the first that decodes to an object
-    wins. Use `parse_json_reply` for WideSearch and the `aidc` protocol.
+    wins (`_modeljson.last_json_object(lenient=True)`). Use `parse_json_reply` for WideSearch and
+    the `aidc` protocol.
     """
-    for candidate in reversed(_JSON_FENCE_RE.findall(text)):
-        try:
-            value = json.loads(candidate)
-        except (ValueError, RecursionError):  # as the copy's `except Exception`
-            continue
-        if isinstance(value, dict):
-            return value
-    decoder = json.JSONDecoder()
-    start = text.rfind("{")
-    while start != -1:
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except (ValueError, RecursionError):
-            value = None
-        if isinstance(value, dict):
-            return value
-        start = text.rfind("{", 0, start)
-    return None
-
-
-class JudgeCache:
-    """Replies cached on disk, one JSON file per sha256(model, prompt); writes are atomic."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def _path(self, model_id: str, prompt: str) -> Path:
-        digest = hashlib.sha256(f"{model_id}\0{prompt}".encode()).hexdigest()
-        return self.directory / digest[:2] / f"{digest}.json"
-
-    def get(self, model_id: str, prompt: str) -> str | None:
-        """The cached reply, or None."""
-        path = self._path(model_id, prompt)
-        if not path.is_file():
-            return None
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise RunError(f"judge cache file {path} is unreadable: {exc}. Delete it to re-ask.") from None
-        reply = record.get("reply")
-        return reply if isinstance(reply, str) else None
-
-    def put(self, model_id: str, prompt: str, reply: str) -> None:
-        """Store a reply (atomically)."""
-        path = self._path(model_id, prompt)
-        record = {"model": model_id, "prompt_sha256": path.stem, "reply": reply}
-        with atomic_open(path) as handle:
-            json.dump(record, handle, ensure_ascii=False)
+    return last_json_object(text, lenient=True)
 
 
 class ModelClient:
@@ -132,7 +78,7 @@ class ModelClient:
         cache: where replies are cached; None disables caching.
     """
 
-    def __init__(self, model: Model, cache: JudgeCache | None = None) -> None:
+    def __init__(self, model: Model, cache: ReplyCache | None = None) -> None:
         self.model = model
         self.cache = cache
         self.model_id = str(getattr(model, "model_id", None) or type(model).__name__)

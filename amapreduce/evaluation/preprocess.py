@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amapreduce._atomic import atomic_open
+from amapreduce._atomic import write_json
 
 __all__ = [
     "PREPROCESS_NAMES",
@@ -123,8 +123,7 @@ class DateCache:
         """Write the cache atomically if anything was added."""
         if not self._dirty:
             return
-        with atomic_open(self.path) as handle:
-            json.dump(self._data, handle, ensure_ascii=False)
+        write_json(self.path, self._data)
         self._dirty = False
 
 

@@ -9,14 +9,12 @@ shape the issue fixes: `{"per_task": {id: [trial results...]}, "summary": {...}}
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from amapreduce._atomic import atomic_open
 from amapreduce.errors import UserError
 from amapreduce.evaluation.deepwide import DEEPWIDE_FIELDS, Protocol, configure_protocol, score_deepwide
 from amapreduce.evaluation.details import write_details_csv
@@ -33,7 +31,7 @@ from amapreduce.evaluation.preprocess import DateCache, DateContext
 from amapreduce.evaluation.score import METRIC_FIELDS, ScoreConfig, score_table
 from amapreduce.evaluation.summary import summarize
 
-__all__ = ["EvalOptions", "EvalReport", "Trial", "run_evaluation", "write_json_atomic"]
+__all__ = ["EvalOptions", "EvalReport", "Trial", "run_evaluation"]
 
 
 @dataclass
@@ -156,7 +154,3 @@ def _safe(label: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:60] or "trial"
 
 
-def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
-    """Write JSON atomically, so a crash never leaves half a file."""
-    with atomic_open(path) as handle:
-        json.dump(document, handle, ensure_ascii=False, indent=2)

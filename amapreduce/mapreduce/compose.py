@@ -33,13 +33,14 @@ from amapreduce.decision.model import Decision
 from amapreduce.errors import AmapreduceError, RunCancelled
 from amapreduce.mapreduce.batching import BatchPlan
 from amapreduce.mapreduce.checkpoint import Checkpoint
-from amapreduce.mapreduce.discover import DEFAULT_CONTEXT_WINDOW, DiscoveryResult, DiscoverySummary, discover
+from amapreduce.mapreduce.discover import DEFAULT_CONTEXT_WINDOW, DiscoveryResult, discover
 from amapreduce.mapreduce.engine import MapReduceEngine
 from amapreduce.mapreduce.merge import Merger
 from amapreduce.mapreduce.result import (
     CANCELLED,
     INTERRUPTED,
     Completeness,
+    DiscoverySummary,
     MapReduceResult,
     RunEnding,
     RunStatus,

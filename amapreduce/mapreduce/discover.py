@@ -17,7 +17,7 @@ entity list never enters the manager's context:
    kept out of the token budget, so no merge call's whole prompt exceeds it.
 3. result: the entities' key values in first-seen order and kept spelling (the fill stage's
    task matrix), the merged table (each entity's kept candidate with its evidence, gaps filled
-   from the candidates merged into it) and a `DiscoverySummary` for `result.json`.
+   from the candidates merged into it) and a `DiscoverySummary` (`mapreduce.result`) for `result.json`.
 
 Merge calls are not in the journal (its entries are the engine's). A resumed run replays the map
 from the journal, which gives the same candidates, ids and tree again, so a merger with a reply
@@ -32,7 +32,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from amapreduce.decision.discover_spec import DiscoverSpec
 from amapreduce.decision.model import Decision
@@ -46,7 +46,13 @@ from amapreduce.mapreduce.merge import (
     merge_overhead_tokens,
     normalize_groups,
 )
-from amapreduce.mapreduce.result import INTERRUPTED, RUN_STOPPING_ERRORS, MapReduceResult, stop_ending
+from amapreduce.mapreduce.result import (
+    INTERRUPTED,
+    RUN_STOPPING_ERRORS,
+    DiscoverySummary,
+    MapReduceResult,
+    stop_ending,
+)
 from amapreduce.mapreduce.tree_reduce import Node, ReducePolicy, record_map, tree_reduce
 from amapreduce.table.table import CellStatus, Table
 from amapreduce.trace import Trace
@@ -61,7 +67,6 @@ __all__ = [
     "DISCOVERY_RATIONALE",
     "MAX_SUMMARY_WARNINGS",
     "DiscoveryResult",
-    "DiscoverySummary",
     "discover",
     "discovery_decision",
     "discovery_plan",
@@ -83,30 +88,6 @@ _STOPS: tuple[type[BaseException], ...] = (*RUN_STOPPING_ERRORS, KeyboardInterru
 
 MAX_SUMMARY_WARNINGS = 50
 """Warnings kept in a summary; the rest are counted (a sloppy merge model must not bloat result.json)."""
-
-
-@dataclass(frozen=True)
-class DiscoverySummary:
-    """What discovery did, for `result.json` (`"discovery"`) and the tool's reply."""
-
-    sources: int
-    candidates: int
-    """Distinct candidates after the code dedup (normalised key), before any model merge."""
-    entities: int
-    merge_calls: int
-    levels: int
-    """Intermediate reduce levels of the merge tree (0 without a model merge)."""
-    nodes: tuple[str, ...]
-    """Node labels in run order: `map` per batch, then `reduce L1` ..., `final`."""
-    peak_prompt_tokens: int
-    """The largest prompt of any merge call (provider count when reported, else the counter's)."""
-    token_budget: int | None
-    """Prompt tokens a merge call may use (None: static chunk size, or no model merge)."""
-    warnings: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """The summary as a JSON object (every field, `nodes` and `warnings` as lists)."""
-        return {**dataclasses.asdict(self), "nodes": list(self.nodes), "warnings": list(self.warnings)}
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,12 @@ entities but also never sees that "St. Petersburg" and "Saint Petersburg" are on
 and whose spelling to keep. Discovery (`mapreduce.discover`) calls it once per node of its tree
 reduce, so no single call holds more candidates than the token budget allows.
 
-A model's reply is outside text: it is read leniently (`json_repair` for almost-JSON), an id it
+A model's reply is outside text: it is read leniently (`_modeljson.read_json`), an id it
 leaves out stays a group of its own (a candidate is never dropped because a model forgot it),
 and an id it invents is ignored with a warning. `normalize_groups` enforces the same rules on
 any `Merger`'s groups, so a custom merger cannot drop or invent candidates either.
 
-With a `ReplyCache` (a run keeps one in its directory), each reply is stored under its prompt,
+With a `llm.reply_cache.ReplyCache` (a run keeps one in its directory), each reply is stored under its prompt,
 so a resumed run, whose replayed map yields the very same candidates, ids and tree, gets its
 merges from there instead of asking the model again.
 """
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from amapreduce._modeljson import read_json
 from amapreduce.llm.scope import usage_scope
 from amapreduce.llm.usage import Usage
 from amapreduce.prompts import render_prompt
@@ -32,6 +32,7 @@ from amapreduce.prompts import render_prompt
 if TYPE_CHECKING:
     from smolagents import Model
 
+    from amapreduce.llm.reply_cache import ReplyCache
     from amapreduce.llm.tokens import TokenCounter
     from amapreduce.mapreduce.tree_reduce import Node
 
@@ -42,7 +43,6 @@ __all__ = [
     "MergeReply",
     "Merger",
     "ModelMerger",
-    "ReplyCache",
     "candidate_lines",
     "merge_overhead_tokens",
     "merge_prompt",
@@ -54,8 +54,6 @@ logger = logging.getLogger(__name__)
 
 MERGE_PROMPT = "discover_merge"
 """`prompts/discover_merge.yaml`: its `system` and `user` templates."""
-
-_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -104,18 +102,6 @@ class Merger(Protocol):
         ...
 
 
-class ReplyCache(Protocol):
-    """Model replies kept by (model id, prompt), e.g. `evaluation.judges.JudgeCache` on disk."""
-
-    def get(self, model_id: str, prompt: str) -> str | None:
-        """The reply stored for `prompt`, or None."""
-        ...
-
-    def put(self, model_id: str, prompt: str, reply: str) -> None:
-        """Store `reply` for `prompt`."""
-        ...
-
-
 def candidate_lines(candidates: Iterable[Candidate]) -> str:
     """The candidates as the merge prompt lists them: one JSON object per line."""
     return "\n".join(c.line() for c in candidates)
@@ -138,28 +124,16 @@ def merge_overhead_tokens(counter: TokenCounter, key_columns: Sequence[str]) -> 
 def parse_merge_reply(text: str) -> list[Any] | None:
     """The raw groups of a merge reply, read leniently; None when the reply holds none.
 
-    Accepts `{"groups": [...]}` (as asked), a bare list of groups, a fenced block, or almost-JSON
-    (single quotes, trailing commas) through `json_repair`.
+    Accepts `{"groups": [...]}` (as asked) or a bare list of groups, as the whole reply, in a
+    fenced block, inside prose or as almost-JSON (single quotes, trailing commas): the first such
+    value the one lenient reader finds (`_modeljson.read_json`).
     """
-    data: Any = None
-    found = _OBJECT.search(text)
-    for candidate in (text.strip(), found.group(0) if found else None):
-        if candidate:
-            try:
-                data = json.loads(candidate)
-                break
-            except json.JSONDecodeError:
-                continue
-    if data is None:
-        import json_repair
+    data = read_json(text, accept=_holds_groups)
+    return data.get("groups") if isinstance(data, Mapping) else data
 
-        try:
-            data = json_repair.loads(text)
-        except (ValueError, RecursionError):
-            data = None
-    if isinstance(data, Mapping):
-        data = data.get("groups")
-    return data if isinstance(data, list) else None
+
+def _holds_groups(value: Any) -> bool:
+    return isinstance(value, list) or (isinstance(value, Mapping) and isinstance(value.get("groups"), list))
 
 
 def _group_ids(raw: Any) -> tuple[list[str], Any]:

@@ -5,7 +5,8 @@ The rule: **a row counts only if its closing brace is in the text.** A cut strin
 or row is never completed into a value; the cells it would have filled stay missing, and the
 engine asks for them again like any missing cell (`ParsedReply.truncated` lets it say why).
 
-Parsing tries, in order:
+Parsing tries, in order (the steps of the one lenient reader of model JSON, `amapreduce._modeljson`,
+with a cut reply read between its first two and json_repair given only closed values):
 
 1. the value itself (smolagents hands back a list/dict when the model's tool call parsed);
 2. strict `json.loads` of the text and of each fenced code block;
@@ -64,6 +65,7 @@ from typing import Any
 
 from pydantic_core import from_json
 
+from amapreduce._modeljson import loads, repair, slices, whole_and_fenced
 from amapreduce._text import scrub, scrub_data
 from amapreduce.decision.columns import normalize_key_name
 from amapreduce.table.evidence import Evidence
@@ -76,7 +78,6 @@ __all__ = [
     "project_row",
 ]
 
-_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
 _LIST_WRAPPERS = ("rows", "results", "data", "items", "answer", "records", "table")
 _TASK_KEYS = {normalize_key_name(k) for k in ("task", "task_id", "task_index", "task_number", "#")}
 _SOURCE_KEYS = [normalize_key_name(k) for k in ("source", "source_url", "url", "sources", "reference", "evidence_url")]
@@ -178,13 +179,6 @@ def _rows_of(payload: Any, method: str, *, truncated: bool = False) -> ParsedRep
     return None
 
 
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, ValueError):
-        return None
-
-
 def _cut_rows(items: list[Any]) -> ParsedReply:
     """The reply's rows when it was cut: the objects among `items`, all closed in the text."""
     found = _rows_of(items, "partial", truncated=True)
@@ -217,7 +211,7 @@ def _closed_rows(cut: str, value: Any) -> ParsedReply:
         return _cut_rows([])
     head = cut.rstrip().removesuffix(",")  # a comma after a value shows that the value ended
     for closers in completions:
-        completed = _loads(head + closers)
+        completed = loads(head + closers)
         if completed is not None:
             return _cut_rows(completed if key is None else completed[key])
     return _cut_rows(items[:-1])
@@ -287,37 +281,24 @@ def _repaired(text: str) -> ParsedReply | None:
     repairable = _repairable(text)
     if repairable is None:
         return None
-    import json_repair
-
     candidate, cut = repairable
-    found = _rows_of(json_repair.loads(candidate), "json_repair", truncated=cut)
+    found = _rows_of(repair(candidate), "json_repair", truncated=cut)
     return found if found is not None and found.rows else None
 
 
 def _strict(candidates: list[tuple[str, str]]) -> ParsedReply | None:
     """Rows of the first (method, text) candidate that is valid JSON holding rows."""
     for method, candidate in candidates:
-        found = _rows_of(_loads(candidate), method)
+        found = _rows_of(loads(candidate), method)
         if found is not None:
             return found
     return None
 
 
-def _slices(text: str) -> list[tuple[str, str]]:
-    """The slices from the first `[` to the last `]` and from the first `{` to the last `}`."""
-    slices: list[tuple[str, str]] = []
-    if "[" in text and "]" in text:
-        slices.append(("array_slice", text[text.index("[") : text.rindex("]") + 1]))
-    if "{" in text and "}" in text:
-        slices.append(("object_slice", text[text.index("{") : text.rindex("}") + 1]))
-    return slices
-
-
 def _parse_text(text: str) -> ParsedReply:
     if not text:
         return ParsedReply(rows=[], method="none", error="the reply was empty")
-    whole = [("json", text)] + [("fence", block.strip()) for block in _FENCE.findall(text)]
-    found = _strict(whole) or _partial(text) or _strict(_slices(text)) or _repaired(text)
+    found = _strict(whole_and_fenced(text)) or _partial(text) or _strict(slices(text)) or _repaired(text)
     if found is not None:
         return found
     return ParsedReply(

@@ -5,16 +5,18 @@ must agree on what "complete" means and on the status strings users read. `Compl
 one definition (a task that yields fewer than `rows_per_task` rows is incomplete, everywhere);
 `RunStatus` is the one status enum, and `RunEnding` pairs it with the reason a run stopped and
 writes the `status` string of `result.json`; `completeness_record` is the one JSON shape of a
-run's `completeness`.
+run's `completeness`. `DiscoverySummary` (what `mapreduce.discover` did, `result.json`'s
+`"discovery"`) is part of a result, so it lives here too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from amapreduce.decision.model import Decision
 from amapreduce.errors import BudgetExceeded, ProviderRejected, ProviderUnavailable
@@ -25,15 +27,13 @@ from amapreduce.table.render import to_csv, to_jsonl, to_markdown
 from amapreduce.table.table import Table
 from amapreduce.trace import redact_secrets
 
-if TYPE_CHECKING:
-    from amapreduce.mapreduce.discover import DiscoverySummary
-
 __all__ = [
     "CANCELLED",
     "INTERRUPTED",
     "RUN_STOPPING_ERRORS",
     "AttemptRecord",
     "Completeness",
+    "DiscoverySummary",
     "MapReduceResult",
     "RunEnding",
     "RunStatus",
@@ -333,6 +333,30 @@ def completeness_record(
         "timeouts": sum(s.timeouts for s in executions),
         "failures": sum(s.failures for s in executions),
     }
+
+
+@dataclass(frozen=True)
+class DiscoverySummary:
+    """What discovery did, for `result.json` (`"discovery"`) and the tool's reply."""
+
+    sources: int
+    candidates: int
+    """Distinct candidates after the code dedup (normalised key), before any model merge."""
+    entities: int
+    merge_calls: int
+    levels: int
+    """Intermediate reduce levels of the merge tree (0 without a model merge)."""
+    nodes: tuple[str, ...]
+    """Node labels in run order: `map` per batch, then `reduce L1` ..., `final`."""
+    peak_prompt_tokens: int
+    """The largest prompt of any merge call (provider count when reported, else the counter's)."""
+    token_budget: int | None
+    """Prompt tokens a merge call may use (None: static chunk size, or no model merge)."""
+    warnings: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as a JSON object (every field, `nodes` and `warnings` as lists)."""
+        return {**dataclasses.asdict(self), "nodes": list(self.nodes), "warnings": list(self.warnings)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,6 +43,7 @@ from amapreduce.llm.models import ManagedModel
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.result import RUN_STOPPING_ERRORS
 from amapreduce.prompts import render_prompt
+from amapreduce.settings import default_setting
 from amapreduce.trace import redact_secrets
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ class SmolagentsSolver:
         *,
         model: Model | Callable[[], Model],
         tools: Sequence[Tool] | Callable[[], Sequence[Tool]] = (),
-        max_steps: int = 20,
+        max_steps: int = default_setting("subagent_max_steps"),
         instructions: str | None = None,
     ) -> None:
         if max_steps < 1:

@@ -19,12 +19,18 @@ import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from amapreduce._sqlite import create_database, enable_wal
 from amapreduce.errors import RunError, UserError
 
+if TYPE_CHECKING:
+    from amapreduce.settings import Settings
+
 __all__ = [
     "DB_NAME",
+    "check_memory_store",
+    "memory_store_for",
     "SCHEMA_VERSION",
     "NoMemoryStore",
     "NotAMemoryStore",
@@ -269,3 +275,32 @@ def read_transaction(conn: sqlite3.Connection, folder: Path) -> Iterator[sqlite3
         finally:
             if conn.in_transaction:
                 conn.execute("COMMIT")
+
+
+def memory_store_for(choice: Path | bool | None, settings: Settings, *, named: str = "--memory") -> Path | None:
+    """The experiential-memory store a run uses, as `ask --memory/--no-memory` and the API's
+    `memory=` pick it: None (not given): the default store (`Settings.memory_store`) when it holds
+    one; False: none; True or a path: that store, which must hold one (`check_memory_store`)."""
+    if choice is False:
+        return None
+    store = settings.memory_store if choice is None or choice is True else Path(choice)
+    if choice is None and not (store / DB_NAME).is_file():
+        return None
+    check_memory_store(store, named=named)
+    return store
+
+
+def check_memory_store(store: Path, *, named: str = "--memory") -> None:
+    """Refuse a memory folder that holds no store (or a file that is not one), before a run
+    directory is made; `named` is how the caller's user gave it (`--memory`, `memory=`).
+
+    Why a `UserError` naming the caller's flag: a mistyped path is a usage mistake (exit 2), not a
+    run failure, and `connect`'s own message speaks of the memory commands' `--store` flag.
+    """
+    if not (store / DB_NAME).is_file():
+        off = "memory=False" if named.endswith("=") else "--no-memory"
+        raise UserError(
+            f"{named}{'' if named.endswith('=') else ' '}{str(store)!r} holds no experiential-memory store (no {DB_NAME} "
+            f"there). Point it at a store folder (one made by `amapreduce memory import` or `memory add`), or use {off}."
+        )
+    connect(store, create=False, readonly=True).close()  # an empty or foreign file: NotAMemoryStore, exit 2

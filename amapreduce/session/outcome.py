@@ -16,9 +16,8 @@ if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.llm.usage import Usage
-    from amapreduce.mapreduce.discover import DiscoverySummary
     from amapreduce.mapreduce.prior import Prior
-    from amapreduce.mapreduce.result import Completeness, MapReduceResult, RunEnding
+    from amapreduce.mapreduce.result import Completeness, DiscoverySummary, MapReduceResult, RunEnding
     from amapreduce.session.journal import RunKind
     from amapreduce.session.rundir import RunDir
     from amapreduce.table.table import Table

@@ -148,7 +148,7 @@ def build_parts(
     Raises:
         ConfigError: no sub-agent model, or an MCP config (`settings.mcp`) whose server did not start.
     """
-    from amapreduce.evaluation.judges import JudgeCache  # replies on disk by (model, prompt): merges too
+    from amapreduce.llm.reply_cache import ReplyCache
     from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
     from amapreduce.mapreduce.merge import ModelMerger
     from amapreduce.mapreduce.solver import SmolagentsSolver
@@ -182,7 +182,7 @@ def build_parts(
     parts = RunParts(
         models=dict(models), web_tools=list(web_tools), engine=engine, web_usage=usage,
         mcp_tools=mcp_tools, mcp_for_manager=settings.mcp_manager and "manager" in models,
-        merger=ModelMerger(merge_model, cache=JudgeCache(merge_cache) if merge_cache is not None else None),
+        merger=ModelMerger(merge_model, cache=ReplyCache(merge_cache) if merge_cache is not None else None),
         context_window=functools.partial(context_window_for, settings, merge_model.model_id),
     )
     if toolbox is not None:

@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from amapreduce._atomic import atomic_write
+from amapreduce._atomic import atomic_write, write_json
 from amapreduce.errors import UserError
 from amapreduce.mapreduce.result import RunEnding, RunStatus
 from amapreduce.session.journal import RunJournal, read_run_journal
-from amapreduce.trace import TraceWriter, redacted_json
+from amapreduce.trace import TraceWriter
 
 __all__ = ["RUN_STATES", "RunDir", "atomic_write", "list_runs", "load_run", "run_path", "slugify"]
 
@@ -80,8 +80,8 @@ class RunDir:
         atomic_write(self.path / "table.csv", csv_text)
 
     def write_result(self, result: Mapping[str, Any]) -> None:
-        """Write `result.json` (credentials redacted)."""
-        atomic_write(self.path / "result.json", redacted_json(dict(result), indent=2))
+        """Write `result.json` (credentials redacted, by value and by key name)."""
+        write_json(self.path / "result.json", dict(result), indent=2, credential_keys=True)
 
     def close(self) -> None:
         """Close the trace."""

@@ -17,24 +17,21 @@ An executor (`RunOptions.executor`, built by the caller: `cluster.executor_for`)
 decision too wide for one engine run in chunks elsewhere; this package only knows its protocol
 (`session.executor.Executor`), never Ray.
 
-Resuming (`Session.resume`): a killed run's directory, journal and settings; a `mapreduce run`
-runs its saved decision again (its finished batches replayed from the journal), an `ask` the
-decisions its manager had executed (`executed.json`, else the journal's executions), without the
-manager.
+Resuming (`session.resume.resume`): a session over a killed run's directory, journal and settings
+(`resuming=`), which `run`s its saved decision again or `replay`s an `ask`'s executed decisions.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce import telemetry
-from amapreduce._atomic import atomic_open
-from amapreduce.errors import ConfigError, DecisionError, RunCancelled, UserError, find_cause
+from amapreduce._atomic import write_json
+from amapreduce.errors import ConfigError, RunCancelled, find_cause
 from amapreduce.llm.factory import model_for_role, new_meter
 from amapreduce.mapreduce.prior import NoPrior, Prior, PriorRequest
 from amapreduce.mapreduce.result import (
@@ -48,6 +45,7 @@ from amapreduce.mapreduce.result import (
     stop_ending,
 )
 from amapreduce.session.journal import RunKind
+from amapreduce.session.ledger import Ledger
 from amapreduce.session.lifecycle import ActiveRun, resume_run, start_run
 from amapreduce.session.outcome import RunOutcome
 from amapreduce.session.parts import (
@@ -79,7 +77,7 @@ if TYPE_CHECKING:
     from amapreduce.settings import Settings
     from amapreduce.web.backends.base import SearchBackend
 
-__all__ = ["DECISION_FILE", "EXECUTED_FILE", "RunOptions", "Session", "check_memory_store"]
+__all__ = ["DECISION_FILE", "EXECUTED_FILE", "RunOptions", "Session"]
 
 DECISION_FILE = "decision.json"
 """Where a `mapreduce run`'s composed decision (`discover` or `child`) is kept, for a resume."""
@@ -120,24 +118,6 @@ class RunOptions:
     """A `mapreduce run`'s decision: its batch plan is checked in pre-flight (`Session.run` runs it)."""
 
 
-def check_memory_store(store: Path) -> None:
-    """Refuse a `--memory` folder that holds no store (or a file that is not one), before a run
-    directory is made.
-
-    Why here and as a `UserError`: a mistyped path is a usage mistake (exit 2), not a run
-    failure, and the memory layer's own message speaks of its `--store` flag, which `ask` has not.
-    """
-    from amapreduce.memory.schema import DB_NAME, connect
-
-    if not (store / DB_NAME).is_file():
-        raise UserError(
-            f"--memory {str(store)!r} holds no experiential-memory store (no {DB_NAME} there). "
-            "Point --memory at a store folder (one made by `amapreduce memory import` or `memory add`), "
-            "or use --no-memory."
-        )
-    connect(store, create=False, readonly=True).close()  # an empty or foreign file: NotAMemoryStore, exit 2
-
-
 def _stop_ending(exc: BaseException) -> RunEnding:
     """How a run that raised `exc` (a manager's: smolagents' wrapper of a tool's or model's error) ended."""
     cause = find_cause(exc, RunCancelled, *RUN_STOPPING_ERRORS)
@@ -146,26 +126,6 @@ def _stop_ending(exc: BaseException) -> RunEnding:
     if cause is not None:
         return stop_ending(cause)
     return RunEnding(RunStatus.FAILED, f"manager failed: {exc}")
-
-
-@dataclass
-class _Ledger:
-    """The `mapreduce` tool's guards and what the run executed (changed under the session's lock)."""
-
-    calls: int = 0
-    planned: bool = False
-    executed: set[str] = field(default_factory=set)
-    shape: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-    """(columns, key columns) of the run's table, fixed by the first executed call."""
-    decisions: list[Decision] = field(default_factory=list)
-    filled: list[Decision] = field(default_factory=list)
-    """`decisions` as their tasks ran: a discovery's with the entities it found as its matrix
-    (what completeness is measured against; a discovery that found nothing asks for nothing)."""
-    results: list[MapReduceResult] = field(default_factory=list)
-    table: Table | None = None
-    kept: list[dict[str, Any]] = field(default_factory=list)
-    """An `ask`'s executions as `executed.json` keeps them."""
-    composed: bool = False
 
 
 class Session:
@@ -187,6 +147,8 @@ class Session:
         if settings.otel:  # before anything is made: without the `otel` extra this is a usage error
             telemetry.enable()
         if options.prior_provider is None and options.memory_store is not None:
+            from amapreduce.memory.schema import check_memory_store
+
             check_memory_store(options.memory_store)
         self.roles = options.roles or _default_roles(options)
         self.meter = options.meter or new_meter(settings)  # a bad price file is a usage error, before the directory
@@ -217,7 +179,7 @@ class Session:
         self.trace: Trace = NullTrace()
         self._wide_extra: dict[str, Any] | None = None
         self._lock = threading.Lock()
-        self._ledger = _Ledger()
+        self._ledger = Ledger()
         self._stack = contextlib.ExitStack()
         self._run: ActiveRun | None = None
         self._parts: RunParts | None = None
@@ -240,6 +202,14 @@ class Session:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Close the run; one left unfinished without an error is finished first, so every run
+        directory records how its run ended (`result.json`); one that raised records the failure."""
+        try:
+            if exc is None and self._run is not None and not self._run.finished:
+                self.finish()
+        except BaseException as error:
+            self._stack.__exit__(type(error), error, error.__traceback__)
+            raise
         self._stack.__exit__(exc_type, exc, tb)
 
     def _open(self) -> None:
@@ -283,6 +253,13 @@ class Session:
         return self._run
 
     @property
+    def progress(self) -> RunProgress:
+        """The run's live progress (once open): stage, batches, retries, provider retries."""
+        if self._progress is None:
+            raise RuntimeError("the session is not open: use `with Session(...) as session:`")
+        return self._progress
+
+    @property
     def parts(self) -> RunParts:
         """The run's connected parts (once open)."""
         if self._parts is None:
@@ -304,44 +281,8 @@ class Session:
 
     def admit(self, decision: Decision) -> tuple[Literal["plan", "execute"], tuple[str, str] | None]:
         """Count one `mapreduce` call of `decision`: its stage (the first call of an `ask` is the
-        plan stage), and (reason, message) when the guards refuse it (it is then not counted)."""
-        signature = json.dumps(decision.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
-        cap = self.settings.max_tool_calls
-        with self._lock:
-            ledger = self._ledger
-            stage: Literal["plan", "execute"] = "plan" if self._resuming is None and not ledger.planned else "execute"
-            if ledger.calls >= cap:
-                return stage, ("max_calls", (
-                    f"mapreduce may be called at most {cap} times per run and was already called "
-                    f"{ledger.calls} times. Finish with what the table has; missing cells stay empty."))
-            if stage == "execute" and signature in ledger.executed:
-                return stage, ("repeated_args", (
-                    "these exact arguments were already executed. To fill gaps, call mapreduce with a matrix of "
-                    "ONLY the rows still missing, or finish with the table as it is."))
-            if stage == "execute" and (mismatch := self._shape_mismatch(decision)) is not None:
-                return stage, ("other_columns", mismatch)
-            ledger.calls += 1
-            if stage == "plan":
-                ledger.planned = True
-            else:
-                ledger.executed.add(signature)
-                if ledger.shape is None:
-                    ledger.shape = (tuple(decision.columns), tuple(decision.resolved_key_columns))
-            return stage, None
-
-    def _shape_mismatch(self, decision: Decision) -> str | None:
-        """Why `decision`'s rows could not merge into the run's table (None: they can; columns
-        the table lacks are ignored when merging, so only the key columns must match)."""
-        if self._ledger.shape is None:
-            return None
-        columns, keys = self._ledger.shape
-        if tuple(decision.resolved_key_columns) == keys:
-            return None
-        return (
-            f"this run's table has columns {list(columns)} keyed by {list(keys)}; a follow-up must use the same "
-            f"key columns (this call is keyed by {list(decision.resolved_key_columns)}) so that its rows fill "
-            "the same table. Call mapreduce again with those key columns, or finish with the table as it is."
-        )
+        plan stage; a resumed run has none), and (reason, message) when the guards refuse it."""
+        return self._ledger.admit(decision, cap=self.settings.max_tool_calls, plan_stage=self._resuming is None)
 
     def prior_for(self, decision: Decision) -> Prior:
         """The plan stage's experiential prior Δ_q for `decision` (kept for `finish`).
@@ -391,44 +332,14 @@ class Session:
         return result, self._accumulate(decision, result)
 
     def _keep(self, decision: Decision, plan: BatchPlan | None) -> None:
-        """An `ask` keeps the decisions it executes, in order; from the first composed one on (with
-        an executor: from the first, since its wide executions are not journaled), it writes them
-        all to `executed.json` (atomically) before each runs, for a resume."""
-        if not self.options.kind.is_ask or self._resuming is not None:
-            return
-        from amapreduce.mapreduce.checkpoint import plan_manifest
-
-        with self._lock:
-            ledger = self._ledger
-            ledger.kept.append({"decision": decision.model_dump(mode="json"),
-                                "plan": None if plan is None else plan_manifest(plan)})
-            ledger.composed = ledger.composed or decision.composed or self.options.executor is not None
-            if ledger.composed:
-                with atomic_open(self._active.run_dir.path / EXECUTED_FILE) as handle:
-                    json.dump(ledger.kept, handle, ensure_ascii=False)
+        """An `ask` keeps the decisions it executes for a resume (`Ledger.keep`, `executed.json`)."""
+        if self.options.kind.is_ask and self._resuming is None:
+            self._ledger.keep(decision, plan, self._active.run_dir.path / EXECUTED_FILE,
+                              always=self.options.executor is not None)
 
     def _accumulate(self, decision: Decision, result: MapReduceResult) -> int:
-        """Record an execution and merge its rows into the run's table (delta follow-ups fill the
-        same rows; `admit` refused any whose rows could not merge). Returns the table's rows."""
-        filled = decision
-        if decision.discover is not None:
-            keys = [c for c in decision.resolved_matrix_columns if c is not None]
-            found = list({tuple(row.cells[k].value for k in keys): None for row in result.table.rows if all(
-                k in row.cells for k in keys)})
-            try:
-                filled = decision.with_matrix([list(k) for k in found]) if found else decision
-            except DecisionError:  # keys that differ only in spelling the fill merged: measure as given
-                filled = decision
-        with self._lock:
-            ledger = self._ledger
-            ledger.decisions.append(decision)
-            ledger.filled.append(filled)
-            ledger.results.append(result)
-            if ledger.table is None:
-                ledger.table = self.parts.engine.config.table_for(decision)
-            for row in result.table.rows:
-                ledger.table.merge_row(row)
-            return len(ledger.table)
+        """Record an execution and merge its rows into the run's one table; the table's rows."""
+        return self._ledger.record(decision, result, self.parts.engine.config.table_for)
 
     # -- the flows --------------------------------------------------------------------------------
 
@@ -443,8 +354,7 @@ class Session:
         manager = build_manager(self.models["manager"], [*parts.manager_tools, MapReduceTool(self)],
                                 max_steps=self.settings.manager_max_steps, max_batches=self.settings.max_batches,
                                 trace=self.trace)
-        assert self._progress is not None  # noqa: S101 - set by `_open`
-        self._progress.set_stage("manager")
+        self.progress.set_stage("manager")
         try:
             answer = manager.run(self.options.query)
         except AgentError as exc:
@@ -466,8 +376,7 @@ class Session:
             if self._wide and self.options.executor is not None and plan is not None:
                 return self.run_wide(decision, plan, self.options.executor)
         if decision.composed and self._resuming is None:
-            with atomic_open(self._active.run_dir.path / DECISION_FILE) as handle:
-                json.dump(decision.model_dump(mode="json"), handle, ensure_ascii=False)
+            write_json(self._active.run_dir.path / DECISION_FILE, decision.model_dump(mode="json"))
         try:
             self.execute(decision, plan)
         except RunCancelled:
@@ -541,62 +450,13 @@ class Session:
             "web": web,
         }
 
-    # -- resuming ---------------------------------------------------------------------------------
-
-    @classmethod
-    def resume(cls, path: Path, saved: RunJournal, settings: Settings, *, inner: InnerFactory | None = None,
-               web_tools: list[Tool] | None = None, show_progress: bool | None = None,
-               executor: Executor | None = None) -> RunOutcome:
-        """Finish the interrupted run in `path` (its journal: `saved`) in place, with `settings`
-        (the run's own: `session.resume.resume_settings`).
-
-        Raises:
-            UserError: the run stopped before anything was recorded to run again, or a file it kept is damaged.
-        """
-        from amapreduce.decision.model import Decision
-        from amapreduce.mapreduce.checkpoint import plan_from_manifest
-
-        kind = saved.first.command
-        options = RunOptions(kind=kind, query=saved.first.query, inner=inner, web_tools=web_tools,
-                             show_progress=show_progress, roles=("subagent", "extraction"))
-        if kind.is_ask:
-            executions = _saved_decisions(path, saved)
-            if not executions:
-                raise UserError(f"the run in {str(path)!r} stopped before the manager executed a decision, so there "
-                                "is nothing to resume; ask the question again.")
-            with cls(settings, options, resuming=(path, saved)) as session:
-                return session.replay(executions)
-        kept = path / DECISION_FILE
-        if kept.is_file():
-            try:
-                decision = Decision.parse(json.loads(kept.read_text(encoding="utf-8")))
-            except (OSError, ValueError) as exc:  # DecisionError is a UserError; JSON errors are ValueErrors
-                raise UserError(f"the run's {str(kept)!r} cannot be read ({exc}); start the run again.") from None
-            with cls(settings, options, resuming=(path, saved)) as session:
-                return session.run(decision)
-        wide = saved.wide
-        if wide is not None:  # a wide run on an executor: its chunks that came back are replayed, the rest run
-            if executor is None:
-                raise UserError(f"the run in {str(path)!r} ran in chunks on a cluster; resume it with its executor.")
-            with cls(settings, options, resuming=(path, saved)) as session:
-                return session.run_wide(Decision.parse(wide.decision), plan_from_manifest(wide.plan), executor,
-                                        saved=saved)
-        if not saved.executions:
-            raise UserError(f"the run in {str(path)!r} stopped before its decision was recorded; start it again.")
-        first = saved.executions[0]
-        with cls(settings, options, resuming=(path, saved)) as session:
-            return session.run(Decision.parse(first.decision), plan_from_manifest(first.plan))
-
     def run_wide(self, decision: Decision, plan: BatchPlan, executor: Executor, *,
                  saved: RunJournal | None = None) -> RunOutcome:
         """A `mapreduce run` of `decision`'s whole `plan` in chunks on `executor`, journaled in the
         run's journal (`saved`: the journal of the run resumed), and `finish`."""
         wide = executor.run_wide(decision, plan, self.settings, meter=self.meter, trace=self.trace,
                                  journal=self._active.journal, saved=saved.entries if saved is not None else ())
-        with self._lock:
-            self._ledger.decisions.append(decision)
-            self._ledger.filled.append(decision)
-            self._ledger.results.append(wide.result)
+        self._ledger.record(decision, wide.result, None)
         self._wide_extra = {"web": wide.web, "executor": {"kind": executor.spec.kind, "chunks": wide.chunks,
                                                           "finished": wide.finished}}
         return self.finish()
@@ -631,20 +491,3 @@ def _default_roles(options: RunOptions) -> tuple[str, ...]:
     manager = ("manager",) if options.kind.is_ask else ()
     memory = ("memory",) if options.kind.is_ask and options.memory_store is not None else ()
     return (*manager, "subagent", "extraction", *memory)
-
-
-def _saved_decisions(path: Path, saved: RunJournal) -> list[tuple[Decision, BatchPlan | None]]:
-    """The decisions a killed `ask` executed: `executed.json`'s when the run kept one, else the
-    journal's executions (each plain). Raises `UserError` when the file is damaged."""
-    from amapreduce.decision.model import Decision
-    from amapreduce.mapreduce.checkpoint import plan_from_manifest
-
-    kept = path / EXECUTED_FILE
-    if kept.is_file():
-        try:
-            entries = json.loads(kept.read_text(encoding="utf-8"))
-            return [(Decision.parse(e["decision"]), None if e["plan"] is None else plan_from_manifest(e["plan"]))
-                    for e in entries]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"the run's {str(kept)!r} cannot be read ({exc}); ask the question again.") from None
-    return [(Decision.parse(e.decision), plan_from_manifest(e.plan)) for e in saved.executions]

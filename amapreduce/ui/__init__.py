@@ -8,6 +8,7 @@ other host, CSRF-protected memory edits, URL paths confined to the served folder
 
 from __future__ import annotations
 
-from amapreduce.ui.app import UIConfig, bind, create_app, make_server, serve
+from amapreduce.ui.app import bind, create_app, make_server, serve
+from amapreduce.ui.config import UIConfig
 
 __all__ = ["UIConfig", "bind", "create_app", "make_server", "serve"]

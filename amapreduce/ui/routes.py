@@ -17,8 +17,10 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from amapreduce.ui import evaluation, memory, runs
-from amapreduce.ui.app import UIConfig
+import amapreduce.ui.evaluation as evaluation  # not `from amapreduce.ui`: its __init__ imports ui.app
+import amapreduce.ui.memory as memory
+import amapreduce.ui.runs as runs
+from amapreduce.ui.config import UIConfig
 from amapreduce.ui.security import MAX_FORM_BYTES, check_csrf, contained, parse_form
 
 __all__ = ["ROUTES"]

@@ -19,6 +19,7 @@ from amapreduce.session.rundir import RUN_STATES, list_runs, load_run
 from amapreduce.table.evidence import Evidence
 from amapreduce.table.render import to_jsonl
 from amapreduce.table.table import Cell, CellStatus, Row, Table
+from amapreduce.trace import read_trace
 from amapreduce.ui.timeline import Timeline, read_timeline
 
 __all__ = ["DOWNLOADS", "CellView", "RunView", "as_dict", "as_list", "download", "run_view", "runs_view"]
@@ -136,23 +137,10 @@ def _decision(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _plans(trace: Path) -> list[list[dict[str, Any]]]:
     """The batch plan of each execution (`run_start` events of the trace)."""
-    plans: list[list[dict[str, Any]]] = []
-    if not trace.is_file():
-        return plans
-    with trace.open(encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            if '"run_start"' not in line:
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict) and event.get("event") == "run_start":
-                plans.append([{"batch_id": b.get("batch_id"), "size": b.get("size"),
-                               "rows": ", ".join(str(i) for i in b.get("source_indices") or []),
-                               "rationale": b.get("rationale")}
-                              for b in event.get("batches") or [] if isinstance(b, dict)])
-    return plans
+    return [[{"batch_id": b.get("batch_id"), "size": b.get("size"),
+              "rows": ", ".join(str(i) for i in b.get("source_indices") or []), "rationale": b.get("rationale")}
+             for b in event.get("batches") or [] if isinstance(b, dict)]
+            for event in read_trace(trace, event="run_start")]
 
 
 def _usage(usage: object) -> list[dict[str, Any]]:

@@ -8,11 +8,12 @@ plain numbers, so the template only draws rectangles and the layout is testable.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from amapreduce.trace import read_trace
 
 __all__ = ["LABEL_WIDTH", "LANE_HEIGHT", "PLOT_WIDTH", "Bar", "Lane", "Mark", "Tick", "Timeline", "read_timeline"]
 
@@ -80,17 +81,8 @@ class Timeline:
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
-    """The trace's events, skipping lines that are not JSON objects (a line cut by a crash)."""
-    events: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict) and isinstance(event.get("ts"), int | float):
-                events.append(event)
-    return events
+    """The trace's events that carry a time (`trace.read_trace`)."""
+    return [event for event in read_trace(path) if isinstance(event.get("ts"), int | float)]
 
 
 def _number(value: object, default: float = 0.0) -> float:

@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from amapreduce.breaker import BreakerPolicy, CircuitBreaker, Outage
 from amapreduce.errors import ConfigError, RunError
-from amapreduce.web.backends.base import SearchBackend, make_backend
+from amapreduce.web.backends.base import SearchBackend
+from amapreduce.web.backends.registry import make_backend
 from amapreduce.web.cache import WebCache, normalize_url
 from amapreduce.web.corpus import CORPUS_SCHEME, CorpusIndex, split_corpus_url
 from amapreduce.web.fetch import FetchFailed, FetchLimits, fetch

@@ -12,8 +12,8 @@ shared retries, rate limit and circuit breaker), `SearchResult`, `BackendError` 
 
 from __future__ import annotations
 
-from amapreduce.web.backends.base import BackendError, RemoteBackend, SearchBackend, make_backend
-from amapreduce.web.backends.registry import available_backends, backend_spec
+from amapreduce.web.backends.base import BackendError, RemoteBackend, SearchBackend
+from amapreduce.web.backends.registry import available_backends, backend_spec, make_backend
 from amapreduce.web.models import SearchResult
 
 __all__ = [

@@ -1,13 +1,13 @@
 """The backend interface and its error, the rate limiting, retries and circuit breaker of remote
-backends, the shared HTTP/JSON plumbing of remote APIs, and `make_backend`, which builds a spec's
-backend with the factory its name is registered under (`registry`: built-ins and plug-ins alike).
+backends, and the shared HTTP/JSON plumbing of remote APIs. `registry.make_backend` builds a
+spec's backend with the factory its name is registered under (built-ins and plug-ins alike).
 
 Why here: every remote backend is spaced by the process-wide `SpacingLimiter` of its name
 (`amapreduce.ratelimit`) and retried by the one retry loop (`amapreduce._retry`) with the same
 capped, jittered, `Retry-After`-aware backoff as model calls; only the number of attempts differs.
 
-Outages. A backend built from settings (`make_backend`) also has the process-wide circuit breaker
-of its name (`amapreduce.breaker`, key `search:NAME`), the model providers' breaker: every search
+Outages. A backend built from settings (`registry.make_backend`) also has the process-wide circuit
+breaker of its name (`amapreduce.breaker`, key `search:NAME`), the model providers' breaker: every search
 attempt, retries included, is admitted by it and reports to it. A failure where the backend did
 not answer (`BackendError.outage`: connection or DNS error, timeout, 5xx) counts; anything else
 resets the count (results, *no* results, a 429, a refused key). After `search_breaker_failures`
@@ -52,7 +52,6 @@ __all__ = [
     "SearchBackend",
     "breaker_key",
     "http_json",
-    "make_backend",
     "search_breaker_policy",
     "search_unavailable",
 ]
@@ -136,7 +135,7 @@ class RemoteBackend(SearchBackend):
         retry: attempts and backoff for transient failures.
         timeout_s: HTTP timeout of one request.
         breaker: the policy of the backend's process-wide circuit breaker (None: no breaker;
-            `make_backend` gives the `search_breaker_*` settings' one). Like the limiter, every
+            `registry.make_backend` gives the `search_breaker_*` settings' one). Like the limiter, every
             backend of one `name` shares it, so they must all give the same policy.
         sleep, rng: injected by tests so retries neither wait nor vary.
     """
@@ -315,16 +314,3 @@ def http_json(
         raise BackendError(f"`{backend}` returned a non-JSON reply: {redact_secrets(response.text)[:200]!r}. "
                            "Check the backend URL.", backend=backend, transient=False) from exc
 
-
-def make_backend(spec: str, settings: Settings) -> SearchBackend:
-    """Build the backend a spec string names (`NAME` or `NAME:ARG`), built-in or plug-in, with the
-    factory registered for that name in the `amapreduce.search_backends` entry-point group
-    (`web.backends.registry`); a built-in remote one gets the `search_breaker_*` circuit breaker.
-
-    Raises:
-        ConfigError: unknown spec (the message lists the available backends), missing API key or
-            URL, a missing corpus index, or a plug-in that cannot be loaded.
-    """
-    from amapreduce.web.backends.registry import backend_from_spec
-
-    return backend_from_spec(spec, settings)

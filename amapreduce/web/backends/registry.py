@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from amapreduce._version import __version__
 from amapreduce.errors import ConfigError
+from amapreduce.web.backends.base import SearchBackend
 
 if TYPE_CHECKING:
     from amapreduce.settings import Settings
-    from amapreduce.web.backends.base import SearchBackend
 
 __all__ = [
     "BUILTIN_BACKENDS",
@@ -50,9 +50,9 @@ __all__ = [
     "BackendEntry",
     "BackendFactory",
     "available_backends",
-    "backend_from_spec",
     "backend_spec",
     "backend_specs",
+    "make_backend",
 ]
 
 ENTRY_POINT_GROUP = "amapreduce.search_backends"
@@ -203,16 +203,16 @@ def _fits(spec: str, name: str, arg: str) -> bool:
     return True  # a spec written another way says nothing about the argument
 
 
-def backend_from_spec(spec: str, settings: Settings) -> SearchBackend:
-    """Build the backend a spec string (`NAME` or `NAME:ARG`) names, with its registered factory.
+def make_backend(spec: str, settings: Settings) -> SearchBackend:
+    """Build the backend a spec string (`NAME` or `NAME:ARG`) names, built-in or plug-in, with the
+    factory registered for that name in the `amapreduce.search_backends` entry-point group; a
+    built-in remote one gets the `search_breaker_*` circuit breaker.
 
     Raises:
         ConfigError: unknown name or a spec its backend does not take (listing the available
-            backends), a missing key or URL, a plug-in that cannot be loaded or returns no
-            `SearchBackend`.
+            backends), a missing key or URL, a missing corpus index, a plug-in that cannot be
+            loaded or returns no `SearchBackend`.
     """
-    from amapreduce.web.backends.base import SearchBackend
-
     name, _, arg = spec.strip().partition(":")
     name = name.lower()
     entries = available_backends()

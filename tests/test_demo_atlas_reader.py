@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from amapreduce.demo.atlas import Observations, clean_cell, infobox, list_entries, plain_number, title_name
+from amapreduce.demo.atlas_reader import (
+    Observations,
+    clean_cell,
+    infobox,
+    list_entries,
+    plain_number,
+    title_name,
+)
 
 SEARCH_CALL = "Calling tools:\n[{'id': 'call_1', 'type': 'function', 'function': {'name': 'web_search', 'arguments': {'query': \"Cote d'Ivoire\", 'n': 5}}}]"
 RESULTS = "Observation:\n1. [Argentina — Sandbox Atlas](corpus://sandbox/countries/ar.html)\n   Argentina\n\n2. [Chile — Sandbox Atlas](corpus://sandbox/countries/cl.html)\n   Neighbours"

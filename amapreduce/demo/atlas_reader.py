@@ -1,9 +1,11 @@
-"""Reading the sandbox atlas through the tools' outputs: search results, pages, infoboxes, lists.
+"""The simulated model's reader of the sandbox atlas: search results, pages, infoboxes and lists,
+read out of the tools' outputs.
 
-Why a module of its own: the simulated model (manager, sub-agents, single-agent baseline) and
-the sandbox solvability test read the same pages the same way, so the parsing lives here once.
-Everything works on the *text* the `web_search`/`crawl_page` tools return (which is also what a
-real model would see), never on the HTML files behind the corpus.
+The atlas itself (its data, page paths and URLs) is `sandbox.atlas`; this module only reads it
+back the way a model would. Why a module of its own: the simulated model (manager, sub-agents,
+single-agent baseline) and the sandbox solvability test read the same pages the same way, so the
+parsing lives here once. Everything works on the *text* the `web_search`/`crawl_page` tools
+return (which is also what a real model would see), never on the HTML files behind the corpus.
 """
 
 from __future__ import annotations
