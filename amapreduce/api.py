@@ -237,7 +237,7 @@ def _executor(settings: Settings) -> Executor | None:
     """The executor `Settings.executor` names (`executor='ray'` or `AMAPREDUCE_EXECUTOR`), as the CLI's."""
     from amapreduce.cluster import executor_for
 
-    return executor_for(settings.executor)
+    return executor_for(settings.executor, source="executor=")
 
 
 def _returned(result: RunResult) -> RunResult:

@@ -234,7 +234,8 @@ class Settings(BaseModel):
     executor: str = "local"
     """Where wide work runs (`AMAPREDUCE_EXECUTOR`, `--executor`): `local` (this process), `ray` (a
     Ray instance here, or the one `RAY_ADDRESS` names) or `ray:ADDRESS` (a running cluster); read
-    by the CLI and the Python API alike (`cluster.executor_for`)."""
+    by the CLI and the Python API alike, and parsed where an executor is built
+    (`session.executor.parse_executor`, whose refusal names the flag or the variable it came from)."""
     mcp: Path | None = None
     """A JSON file of MCP servers, in Claude Desktop's `{"mcpServers": {...}}` format, whose tools
     every search sub-agent gets (`AMAPREDUCE_MCP`, `--mcp`; needs the `mcp` extra)."""
@@ -258,15 +259,6 @@ class Settings(BaseModel):
         """
         fields = (getattr(self, name) for name in type(self).model_fields)
         return (*(v.get_secret_value() for v in fields if isinstance(v, SecretStr)), *self._environ_secrets)
-
-    @field_validator("executor")
-    @classmethod
-    def _executor(cls, value: str) -> str:
-        text = value.strip()
-        if text in ("local", "ray") or (text.startswith("ray:") and text[4:].strip()):
-            return text
-        raise ValueError("use local, ray (a Ray instance on this machine) or ray:ADDRESS (a running cluster, "
-                         "e.g. ray:auto or ray:HOST:6379)")
 
     @field_validator("allowed_domains", "denied_domains", mode="before")
     @classmethod
@@ -303,7 +295,6 @@ def default_setting(name: str) -> Any:
 
 _FLAGS = {
     "search_backend": "--search",
-    "executor": "--executor",
     "max_cost_usd": "--max-cost",
     "crawl_max_chars": "--max-chars",
     "allowed_domains": "--allow-domain",

@@ -24,7 +24,7 @@ def ask(query: str, settings: Settings, **options: Any) -> RunOutcome:
         return session.ask()
 
 
-def run_decision(decision: Decision, settings: Settings, *, label: str = "decision", **options: Any) -> RunOutcome:
+def mapreduce_run(decision: Decision, settings: Settings, *, label: str = "decision", **options: Any) -> RunOutcome:
     """`amapreduce mapreduce run`'s session: `decision` checked in pre-flight, then run."""
     with Session(settings, RunOptions(kind=RunKind.MAPREDUCE_RUN, query=label, decision=decision, **options)) as session:
         return session.run()

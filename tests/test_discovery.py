@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sessions import offline_settings, run_decision, tool_session
+from sessions import mapreduce_run, offline_settings, tool_session
 from smolagents.models import ChatMessage
 from test_mapreduce_engine import FnSolver
 
@@ -385,7 +385,7 @@ def test_mapreduce_run_discovers_fills_records_and_resumes(tmp_path: Any) -> Non
                      "key_columns": ["City", "Country"], "merge": "model"},
     })
     inner = lambda role: FunctionModel(sim, model_id="sim/atlas")  # noqa: E731
-    outcome = run_decision(decision, settings, label="mayors", inner=inner, web_tools=[], show_progress=False)
+    outcome = mapreduce_run(decision, settings, label="mayors", inner=inner, web_tools=[], show_progress=False)
     assert outcome.status == "complete"
     assert [r["City"] for r in outcome.result.table.records()] == ["Saint Petersburg", "Oslo", "Bergen", "Moscow"]
     assert outcome.record["discovery"]["entities"] == 4 and outcome.record["discovery"]["merge_calls"] == 1

@@ -77,7 +77,7 @@ import json, sys
 import ray
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 from amapreduce.demo.model import SimulatedAtlasModel
-from amapreduce.run import ray_limits
+from amapreduce.cluster import limits as ray_limits
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 spent = []
 stop = ray_limits.ClusterLimiter.stop
@@ -347,7 +347,7 @@ class _InProcessTrials:
         return [(job, image, threading.Event()) for job in jobs]
 
     def result(self, handle: Any) -> Any:
-        from amapreduce.bench.trial import run_detached
+        from amapreduce.cluster.trials import run_detached
 
         job, image, cancelled = handle
         if self.interrupt and job.task_id == self.stopper and job.trial == 1:
@@ -377,7 +377,7 @@ def test_ctrl_c_cancels_the_remote_trials_still_running_and_keeps_the_finished_o
     from amapreduce.session.executor import parse_executor
 
     monkeypatch.setattr("amapreduce.cli.eval_run.executor_for",  # no Ray here: its extra is not checked
-                        lambda settings: None if settings.executor == "local" else RayExecutor(parse_executor(settings.executor)))
+                        lambda settings, flag: None if settings.executor == "local" else RayExecutor(parse_executor(settings.executor)))
     monkeypatch.setattr("amapreduce.cluster.trials.RayTrials", _InProcessTrials)
     monkeypatch.setattr(_InProcessTrials, "instances", [])
     ids = ["sbx_en_001", "sbx_en_005"]
@@ -405,9 +405,8 @@ def test_ctrl_c_cancels_the_remote_trials_still_running_and_keeps_the_finished_o
 def test_ctrl_c_in_a_local_evaluation_starts_no_further_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The local path stops the same way: the running trial is recorded, the next one never starts (it
     used to run every remaining trial of the started instances before exiting), and `--resume` finishes."""
-    from amapreduce.run import evaluate
-
     from amapreduce import journal
+    from amapreduce.bench import evaluate
 
     original, halt, halted = journal.JournalWriter.append, evaluate._TrialRunner.halt, threading.Event()
 
@@ -458,7 +457,7 @@ def test_executor_flag_and_variable_are_checked_before_anything_is_made(
 def test_nothing_imports_ray_unless_asked(tmp_path: Path) -> None:
     code = ("import sys\n"
             "import amapreduce.cli.app, amapreduce.cli.eval_run, amapreduce.bench.evaluate, amapreduce.cluster.trials\n"
-            "from amapreduce.cluster.trials import parse_executor\n"
+            "from amapreduce.session.executor import parse_executor\n"
             "assert parse_executor('ray:auto').address == 'auto'\n"
             "print('ray' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -14,8 +14,9 @@ from solvers import WorldSolver, world, world_decision
 from amapreduce.decision import Decision
 from amapreduce.errors import DecisionError, RunCancelled
 from amapreduce.llm.usage import Usage
-from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine, ProgressEvent
+from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
+from amapreduce.progress import ProgressEvent
 from amapreduce.table.table import CellStatus
 from amapreduce.trace import TraceWriter
 
@@ -253,7 +254,7 @@ def test_trace_and_progress(tmp_path: Path) -> None:
     assert {"prompt", "raw_output", "parsed_rows", "elapsed_s", "usage", "batch_id"} <= set(attempt)
     assert "[[E00" in attempt["prompt"] and attempt["parsed_rows"][0]["capital"].startswith("City")
     assert lines[-1]["summary"]["complete"] is True
-    assert [e.batches_done for e in events if e.kind == "batch_done"] == [1, 2, 3]
+    assert [e.done for e in events if e.kind == "batch_done"] == [1, 2, 3]
 
 
 def test_batch_cap_applies_to_the_map() -> None:

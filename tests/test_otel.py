@@ -35,8 +35,7 @@ from amapreduce.demo.run import run_demo
 from amapreduce.llm.messages import message_text
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.solver import SUBAGENT_NAME, SmolagentsSolver
-from amapreduce.session.journal import RunKind
-from amapreduce.session.lifecycle import start_run
+from amapreduce.session import RunOptions, Session
 from amapreduce.settings import Settings, load_settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply, final_answer, tool_call
@@ -397,10 +396,13 @@ def test_amapreduce_otel_sends_each_run_to_the_collector_the_otel_variables_name
     try:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
         monkeypatch.setenv("OTEL_SERVICE_NAME", "otel-test")
-        settings = load_settings({"AMAPREDUCE_OTEL": "1", "AMAPREDUCE_API_KEY": KEY}, runs_dir=tmp_path / "runs")
+        settings = load_settings({"AMAPREDUCE_OTEL": "1", "AMAPREDUCE_API_KEY": KEY, "AMAPREDUCE_MODEL": "m"},
+                                 runs_dir=tmp_path / "runs")
         assert settings.otel
-        with start_run(settings, kind=RunKind.ASK, query=f"what leaks {KEY}?") as run:
-            assert telemetry.active() and run.span is not telemetry.NO_SPAN
+        options = RunOptions(query=f"what leaks {KEY}?", inner=lambda role: FunctionModel(lambda m, i: "x"), web_tools=[],
+                             show_progress=False)
+        with Session(settings, options):  # its pre-flight turned tracing on; the run is one span
+            assert telemetry.active()
         telemetry.disable()  # flushes the batch of spans
     finally:
         server.shutdown()

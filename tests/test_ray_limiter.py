@@ -221,8 +221,7 @@ def test_a_worker_meter_holds_its_own_budget_and_the_clusters(monkeypatch: pytes
     """`ClusterMeter` checks the worker's own budget (an evaluation trial's `--max-tokens`, as a local
     trial's meter does) and then the cluster's spend against the run's budget; both in the one
     wording of a spent budget. A stand-in for Ray's `get` and the actor: no cluster needed."""
-    from amapreduce.run import ray_limits
-
+    from amapreduce.cluster import limits as ray_limits
     from amapreduce.errors import BudgetExceeded
     from amapreduce.llm.meter import Budget
     from amapreduce.llm.usage import Usage

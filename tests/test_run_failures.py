@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from sessions import ask as run_ask
-from sessions import run_decision
+from sessions import mapreduce_run
 
 from amapreduce.cli.app import main
 from amapreduce.decision.model import Decision
@@ -49,7 +49,7 @@ def test_a_setup_failure_creates_nothing(tmp_path: Path) -> None:
         raise RuntimeError(f"cannot build the {role} client")
 
     with pytest.raises(RuntimeError, match="cannot build the subagent client"):
-        run_decision(DECISION, load_settings({}, model="m", runs_dir=tmp_path / "runs"), label="capitals", inner=broken,
+        mapreduce_run(DECISION, load_settings({}, model="m", runs_dir=tmp_path / "runs"), label="capitals", inner=broken,
                      web_tools=[], show_progress=False)
     assert not (tmp_path / "runs").exists()
 
@@ -75,7 +75,7 @@ def test_mapreduce_run_stopped_by_a_refusing_provider_writes_a_failed_result(tmp
             raise ProviderRejected("401 wrong key", provider="x", failures=1, last_error="401")
 
     settings = load_settings({}, model="m", runs_dir=tmp_path / "runs")
-    outcome = run_decision(DECISION, settings, label="capitals", inner=lambda role: FunctionModel(lambda m, i: "x"),
+    outcome = mapreduce_run(DECISION, settings, label="capitals", inner=lambda role: FunctionModel(lambda m, i: "x"),
                            solver=Refusing(), web_tools=[], show_progress=False)
     saved = only_run(tmp_path / "runs")
     assert outcome.status == saved["status"] == "failed" and saved["kind"] == "mapreduce_run"

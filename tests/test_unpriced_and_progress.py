@@ -30,8 +30,9 @@ from amapreduce.llm.messages import message_text
 from amapreduce.llm.meter import Price, PriceTable, UsageMeter, format_cost
 from amapreduce.llm.retry import ProviderRetry
 from amapreduce.llm.usage import Usage
-from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine, ProgressEvent
+from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
+from amapreduce.progress import ProgressEvent
 from amapreduce.session.progress import RunProgress
 from amapreduce.session.rundir import list_runs
 from amapreduce.testing.openai_server import OpenAICompatibleServer
@@ -193,7 +194,7 @@ def plain_progress(fake: FakeTime, stream: io.StringIO, meter: UsageMeter | None
 
 
 def phase(name: str, done: int, total: int, kind: str = "phase") -> ProgressEvent:
-    return ProgressEvent(kind=kind, phase=name, batches_done=done, batches_total=total)
+    return ProgressEvent(kind=kind, phase=name, done=done, total=total)
 
 
 def test_without_a_terminal_progress_is_timestamped_lines_at_each_stage_and_at_most_every_10_s() -> None:

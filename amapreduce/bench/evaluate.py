@@ -47,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
@@ -65,7 +65,7 @@ from amapreduce.bench.journal import (
     EvalStarted,
     InstanceCommitted,
     TrialDone,
-    progress_line,
+    progress_event,
     results_document,
 )
 from amapreduce.bench.trial import (
@@ -78,6 +78,7 @@ from amapreduce.bench.trial import (
 )
 from amapreduce.errors import RunError, UserError
 from amapreduce.journal import JournalWriter, read_journal
+from amapreduce.progress import ProgressSink
 from amapreduce.trace import redact_secrets
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ def run_benchmark(
     simulated: SimulatedModels | None = None,
     memory_model: Any | None = None,
     resume: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: ProgressSink | None = None,
     remote: RemoteTrials | None = None,
 ) -> EvalRunOutcome:
     """Run (or resume) the evaluation `config` into `out`; see the module docstring.
@@ -163,7 +164,7 @@ def run_benchmark(
         simulated: the simulated models of an offline run (None: the settings' real models).
         memory_model: the memory's projection/distillation model when not simulated (None: raw hints).
         resume: continue the evaluation journaled in `out`.
-        progress: called with one line of progress text after every trial and commit.
+        progress: told of the evaluation's progress after every instance committed.
         remote: runs the trials elsewhere (`cluster.trials.RayTrials`); None: in threads here.
 
     Raises:
@@ -236,7 +237,7 @@ def run_benchmark(
 
 
 def _drive(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory | None, journal: JournalWriter,
-           state: _State, out: Path, parallel: int, progress: Callable[[str], None] | None) -> _Stop | None:
+           state: _State, out: Path, parallel: int, progress: ProgressSink | None) -> _Stop | None:
     """Start instances in task order (at most `parallel` uncommitted at once) and commit them in order;
     the first stop (budget or refusal) halts the runner and ends it once the started instances have
     settled (`_TrialRunner.halt`). Ctrl-C (or any error) halts it the same way, then propagates."""
@@ -273,7 +274,7 @@ def _close_sessions(sessions: dict[str, InstanceSession | None]) -> None:
 
 def _commit_in_order(config: EvalConfig, runner: _TrialRunner, memory: ExperientialMemory | None,
                      journal: JournalWriter, state: _State, out: Path, parallel: int,
-                     progress: Callable[[str], None] | None, pool: ThreadPoolExecutor,
+                     progress: ProgressSink | None, pool: ThreadPoolExecutor,
                      futures: dict[str, Future[list[TrialDone]]],
                      sessions: dict[str, InstanceSession | None]) -> _Stop | None:
     """`_drive`'s loop: start instances, commit each in task order; the first `_Stop` halts the runner."""
@@ -313,8 +314,8 @@ def _commit_in_order(config: EvalConfig, runner: _TrialRunner, memory: Experient
         committed += 1
         if progress is not None:
             with state.lock:
-                line = progress_line(config, list(state.trials.values()), len(state.committed), state.running)
-            progress(line)
+                event = progress_event(config, list(state.trials.values()), len(state.committed), state.running)
+            progress(event)
     return stopped
 
 

@@ -18,13 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from amapreduce.errors import UserError
 from amapreduce.journal import JournalEntry, read_journal
+from amapreduce.progress import ProgressEvent
 
 if TYPE_CHECKING:
     from amapreduce.evaluation.loaders import TaskSpec
     from amapreduce.evaluation.runner import EvalOptions
 
 __all__ = [
-    "progress_line",
+    "progress_event",
     "BENCHMARKS",
     "ENTRIES",
     "JOURNAL",
@@ -236,11 +237,10 @@ def results_document(config: EvalConfig, out: Path, tasks: Mapping[str, TaskSpec
     }
 
 
-def progress_line(config: EvalConfig, trials: list[TrialDone], committed: int, running: int) -> str:
-    """The evaluation's one line of progress: instances committed, trials finished and running, cost, mean Item F1."""
+def progress_event(config: EvalConfig, trials: list[TrialDone], committed: int, running: int) -> ProgressEvent:
+    """The evaluation's progress: instances committed of all, trials finished and running, cost, mean Item F1."""
     f1 = [float(t.metrics.get("f1_by_item") or 0.0) for t in trials]
-    mean = f"{sum(f1) / len(f1):.3f}" if f1 else "-"
-    cost = sum(t.cost_usd for t in trials)
-    return (f"tasks {committed}/{len(config.task_ids)} done, trials {len(trials)}/"
-            f"{len(config.task_ids) * config.trials} finished, {running} running, cost ${cost:.4f}, "
-            f"mean Item F1 {mean}")
+    return ProgressEvent(kind="committed", phase="evaluation", done=committed, total=len(config.task_ids), unit="tasks",
+                         data={"trials finished": f"{len(trials)}/{len(config.task_ids) * config.trials}",
+                               "running": running, "cost": f"${sum(t.cost_usd for t in trials):.4f}",
+                               "mean Item F1": f"{sum(f1) / len(f1):.3f}" if f1 else "-"})

@@ -59,7 +59,7 @@ def ask(
     )
     require_model(settings)
     store = memory_store_for(False if no_memory else memory, settings)
-    session = Session(settings, RunOptions(query=query, memory_store=store, executor=opt.executor_for(settings),
+    session = Session(settings, RunOptions(query=query, memory_store=store, executor=opt.executor_for(settings, executor),
                                            show_progress=None if not as_json else False))
     with session:
         outcome = session.ask()
@@ -74,12 +74,12 @@ def report_ask(
     One output contract for `ask` and for `runs resume` of an `ask` run."""
     from amapreduce.cli.output import counted, effort_text, hand_over
 
-    c = outcome.record["completeness"]
+    c, recorded = outcome.completeness, outcome.record["completeness"]
     hand_over(
         outcome, outcome.table, outcome.markdown, as_json=as_json,
-        fields={"query": outcome.record["query"], "rows": c["rows"], "missing_cells": c["missing_cells"], "completeness": c},
-        counts=f"{counted(c['rows'], 'row')}, {counted(c['missing_cells'], 'missing cell')}",
-        tail=f"; {effort_text(c)}; {outcome.meter.cost_text()}. Run directory: {outcome.run_dir.path}",
+        fields={"query": outcome.query, "rows": c.rows, "missing_cells": c.missing_cells, "completeness": recorded},
+        counts=f"{counted(c.rows, 'row')}, {counted(c.missing_cells, 'missing cell')}",
+        tail=f"; {effort_text(recorded)}; {outcome.meter.cost_text()}. Run directory: {outcome.run_dir.path}",
         out=out, csv_out=csv_out, evidence=evidence,
     )
 

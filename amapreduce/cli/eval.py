@@ -152,6 +152,7 @@ def score(
     from amapreduce.evaluation.runner import run_evaluation
     from amapreduce.evaluation.summary import render_per_task, render_summary
     from amapreduce.llm.factory import new_meter
+    from amapreduce.session.progress import RunProgress
     from amapreduce.settings import load_settings
 
     settings = load_settings(api_base=api_base)
@@ -185,14 +186,9 @@ def score(
         typer.echo(
             f"warning: {len(stray)} answer(s) match no task and are ignored, e.g. {stray[:3]}", err=True
         )
-    err = Console(stderr=True)
-
-    def progress(done: int, total: int) -> None:
-        if done == total or done % 25 == 0:
-            err.print(f"scored {done}/{total} tasks", highlight=False)
-
     try:
-        report = run_evaluation(task_specs, chosen, trials, gold_dir, options, progress=progress)
+        with RunProgress(None) as progress:
+            report = run_evaluation(task_specs, chosen, trials, gold_dir, options, progress=progress)
         judged = meter.total()
         document = report.to_json()
         if judged.requests:  # model judges were asked (not only the offline stand-ins or the cache)

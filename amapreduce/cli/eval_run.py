@@ -114,6 +114,7 @@ def run(
 
     from amapreduce.bench.evaluate import run_benchmark
     from amapreduce.bench.journal import read_eval_config
+    from amapreduce.session.progress import RunProgress
     from amapreduce.settings import load_settings
 
     if resume and resume_dir is not None and out is not None and resume_dir != out:
@@ -124,7 +125,7 @@ def run(
     if resume_dir is not None and not resume:
         raise UserError(f"unexpected argument {str(resume_dir)!r}; to continue an evaluation use --resume.")
     base = load_settings(model=model, api_base=api_base, workers=workers, otel=otel or None, executor=executor)
-    cluster = executor_for(base)  # Ray checked importable before anything is made
+    cluster = executor_for(base, executor)  # Ray checked importable before anything is made
     if benchmark is None:
         if not resume:
             raise UserError("--benchmark is required: widesearch, deepwidesearch or sandbox.")
@@ -156,7 +157,7 @@ def run(
             remote = stack.enter_context(RayTrials(cluster.spec.address))
         outcome = run_benchmark(config, out=folder, tasks=task_specs, settings=settings, options=options,
                                 tasks_parallel=tasks_parallel, simulated=simulated, memory_model=memory_model,
-                                resume=resume, progress=lambda line: err.print(line, markup=False), remote=remote)
+                                resume=resume, progress=stack.enter_context(RunProgress(None)), remote=remote)
     _print(outcome.results, outcome.status, outcome.reason, folder, as_json)
     if outcome.status == "failed":  # the provider refused a trial for good: one `error:` line, as every command
         typer.echo(f"error: evaluation stopped: {outcome.reason}", err=True)

@@ -128,7 +128,7 @@ def run(
     )
     require_model(settings)
     session = Session(settings, RunOptions(kind=RunKind.MAPREDUCE_RUN, query=Path(decision_file).stem, decision=decision,
-                                           executor=opt.executor_for(settings),
+                                           executor=opt.executor_for(settings, executor),
                                            show_progress=None if not as_json else False))
     with session:
         outcome = session.run()

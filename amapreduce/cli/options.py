@@ -62,13 +62,15 @@ EXECUTOR_HELP = ("Where the work runs: local (threads here), ray (a Ray instance
 ExecutorOpt = Annotated[str | None, typer.Option("--executor", metavar="local|ray[:ADDRESS]", help=EXECUTOR_HELP)]
 
 
-def executor_for(settings: Settings) -> Executor | None:
+def executor_for(settings: Settings, flag: str | None) -> Executor | None:
     """The run's executor from `Settings.executor` (the `--executor` flag, else `AMAPREDUCE_EXECUTOR`,
-    else local), Ray checked importable before anything is made (`cluster.executor_for`).
+    else local), Ray checked importable before anything is made (`cluster.executor_for`); a bad
+    value is refused naming the flag, or the variable when the flag was not given.
 
     Raises:
-        ConfigError: ray without the `ray` extra.
+        ConfigError: a value that is not local, ray or ray:ADDRESS, or ray without the `ray` extra.
     """
     from amapreduce.cluster import executor_for as build
+    from amapreduce.session.executor import EXECUTOR_VARIABLE
 
-    return build(settings.executor)
+    return build(settings.executor, source="--executor" if flag is not None else EXECUTOR_VARIABLE)

@@ -14,16 +14,17 @@ from amapreduce.session.executor import Executor, ExecutorSpec, parse_executor
 __all__ = ["RayExecutor", "executor_for"]
 
 
-def executor_for(spec: ExecutorSpec | str | None) -> Executor | None:
+def executor_for(spec: ExecutorSpec | str | None, *, source: str = "--executor") -> Executor | None:
     """The executor a spec names (`local`, `ray`, `ray:ADDRESS`, or a parsed one): None for local
-    (everything runs in this process), else a `RayExecutor` whose extra is checked.
+    (everything runs in this process), else a `RayExecutor` whose extra is checked. `source` is
+    where a text spec came from (the flag, the variable, the API's keyword), for the refusal.
 
     Raises:
         ConfigError: a value that is not local, ray or ray:ADDRESS, or ray without the `ray` extra.
     """
     if spec is None:
         return None
-    parsed = parse_executor(spec) if isinstance(spec, str) else spec
+    parsed = parse_executor(spec, source=source) if isinstance(spec, str) else spec
     if parsed.kind == "local":
         return None
     executor = RayExecutor(parsed)

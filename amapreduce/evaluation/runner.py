@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +29,7 @@ from amapreduce.evaluation.loaders import TaskSpec, load_gold
 from amapreduce.evaluation.preprocess import DateCache, DateContext
 from amapreduce.evaluation.score import METRIC_FIELDS, ScoreConfig, score_table
 from amapreduce.evaluation.summary import summarize
+from amapreduce.progress import ProgressEvent, ProgressSink
 
 __all__ = ["EvalOptions", "EvalReport", "Trial", "run_evaluation"]
 
@@ -87,7 +87,7 @@ def run_evaluation(
     gold_dir: Path,
     options: EvalOptions,
     *,
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressSink | None = None,
 ) -> EvalReport:
     """Score every (task, trial); a missing answer is the official zero ("response is None").
 
@@ -143,7 +143,7 @@ def run_evaluation(
             entries.append(entry)
         per_task[iid] = entries
         if progress is not None:
-            progress(done, len(task_ids))
+            progress(ProgressEvent(kind="scored", phase="scoring", done=done, total=len(task_ids), unit="tasks"))
     if cfg.dates.store is not None:
         cfg.dates.store.save()
     summary = summarize(per_task, metric_names(options.benchmark))

@@ -24,7 +24,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,12 +52,13 @@ from amapreduce.mapreduce.result import (
 from amapreduce.mapreduce.run_state import POLL_S, BatchJob, BatchState, EngineRun
 from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply
 from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps
+from amapreduce.progress import ProgressEvent
 from amapreduce.prompts import render_prompt
 from amapreduce.settings import DecisionAuthor, Settings, VerifyMode, default_setting
 from amapreduce.table.table import DEFAULT_MISSING_MARKERS, Table
 from amapreduce.trace import NullTrace, Trace, redact_secrets
 
-__all__ = ["EngineConfig", "MapReduceEngine", "ProgressEvent"]
+__all__ = ["EngineConfig", "MapReduceEngine"]
 
 
 class EngineConfig(BaseModel):
@@ -95,18 +95,6 @@ class EngineConfig(BaseModel):
         (the batch cap depends on it: see `Settings.batch_cap`)."""
         return cls(workers=settings.workers, max_attempts=settings.max_attempts, batch_timeout_s=settings.batch_timeout_s,
                    patch_rounds=settings.patch_rounds, max_batches=settings.batch_cap(decisions_by), verify=settings.verify)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProgressEvent:
-    """A progress notification (for rich progress bars or logs)."""
-
-    kind: str
-    """`phase`, `attempt` or `batch_done` (provider retries are `ProviderRetry` events of the models)."""
-    phase: str
-    batches_done: int
-    batches_total: int
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 class MapReduceEngine:
@@ -496,4 +484,4 @@ class MapReduceEngine:
 
     def _emit(self, kind: str, phase: str, done: int, total: int, **data: Any) -> None:
         if self._progress is not None:
-            self._progress(ProgressEvent(kind=kind, phase=phase, batches_done=done, batches_total=total, data=data))
+            self._progress(ProgressEvent(kind=kind, phase=phase, done=done, total=total, data=data))

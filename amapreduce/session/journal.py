@@ -36,6 +36,7 @@ from amapreduce.journal import JournalEntry, JournalWriter, read_journal
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.checkpoint import ENGINE_ENTRIES, BatchAttempt, ExecutionStarted
 from amapreduce.mapreduce.result import RunEnding, RunStatus
+from amapreduce.progress import ProgressEvent
 from amapreduce.settings import Settings
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
     "JOURNAL_NAME",
     "RERUN_SETTINGS",
     "RUN_ENTRIES",
-    "BatchProgress",
     "ChunkFinished",
     "ProcessRef",
     "RunEnded",
@@ -210,19 +210,6 @@ def open_run_journal(run_dir: Path) -> JournalWriter:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchProgress:
-    """Batches done of a run's executions: the map's of its plans, and patch batches seen."""
-
-    done: int
-    total: int
-    patch_done: int
-
-    def to_json(self) -> dict[str, int]:
-        """`batches_done`, `batches_total` (the map's) and `patch_batches_done`."""
-        return {"batches_done": self.done, "batches_total": self.total, "patch_batches_done": self.patch_done}
-
-
-@dataclass(frozen=True, kw_only=True)
 class RunJournal:
     """What a run directory's journal says."""
 
@@ -255,16 +242,17 @@ class RunJournal:
         """The run's `WideStarted` when it is a wide run on Ray."""
         return next((e for e in self.entries if isinstance(e, WideStarted)), None)
 
-    def progress(self) -> BatchProgress:
-        """Batches done so far over every execution (of a wide run: out of its whole plan, since
-        its chunks' executions are journaled only as they come back)."""
+    def progress(self) -> ProgressEvent:
+        """Map batches done so far over every execution (of a wide run: out of its whole plan, since
+        its chunks' executions are journaled only as they come back), and the patch batches done
+        (`data["patch_batches_done"]`)."""
         executions = self.executions
         done = {(a.execution, a.phase, a.batch_id) for a in self.entries if isinstance(a, BatchAttempt) and a.done}
         wide = self.wide
-        return BatchProgress(
-            done=sum(1 for _, phase, _ in done if phase == "map"),
+        return ProgressEvent(
+            kind="journaled", phase="map", done=sum(1 for _, phase, _ in done if phase == "map"),
             total=len(wide.plan["batches"]) if wide is not None else sum(len(e.plan["batches"]) for e in executions),
-            patch_done=sum(1 for _, phase, _ in done if phase != "map"),
+            data={"patch_batches_done": sum(1 for _, phase, _ in done if phase != "map")},
         )
 
 

@@ -32,9 +32,10 @@ if TYPE_CHECKING:
     from amapreduce.agents.mcp import McpToolbox
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.llm.models import ManagedModel
-    from amapreduce.mapreduce.engine import MapReduceEngine, ProgressEvent
+    from amapreduce.mapreduce.engine import MapReduceEngine
     from amapreduce.mapreduce.merge import Merger
     from amapreduce.mapreduce.solver import BatchSolver
+    from amapreduce.progress import ProgressEvent
     from amapreduce.trace import Trace
     from amapreduce.web.backends.base import SearchBackend
 

@@ -1,4 +1,5 @@
-"""Progress on stderr: stage, batches done/total, retries, tokens and cost.
+"""Progress on stderr, the one renderer of `ProgressEvent`s on a terminal and in logs: stage,
+work done/total, retries, tokens and cost (a run's); instances, trials and cost (an evaluation's).
 
 Progress goes to stderr so `--json` output on stdout stays exactly one JSON document. On a
 terminal it is a live rich bar. Without one (CI logs, pipes, `nohup`) a redrawn bar would be
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.llm.retry import ProviderRetry
-    from amapreduce.mapreduce.engine import ProgressEvent
+    from amapreduce.progress import ProgressEvent
 
 __all__ = ["LINE_INTERVAL_S", "ProgressMode", "RunProgress"]
 
@@ -37,13 +38,15 @@ ProgressMode = Literal["live", "lines", "off"]
 
 
 class RunProgress:
-    """Progress fed by engine events, provider retries and the run's usage meter.
+    """Progress fed by `ProgressEvent`s (an engine's, an evaluation's, a scoring's), provider
+    retries and, for a run, its usage meter.
 
     Pass the instance as the engine's progress callback and `on_provider_retry` as the models'
     retry callback (`build_parts(progress=..., on_provider_retry=...)`).
 
     Args:
-        meter: the run's usage meter (tokens and cost).
+        meter: the run's usage meter (tokens and cost); None: the events' own facts are shown
+            (an evaluation's, whose trials meter themselves).
         enabled: False shows nothing; True forces the live bar; None (default) picks the live bar
             when `stream` is a terminal and plain lines otherwise.
         stream: where progress goes (default: stderr).
@@ -56,7 +59,7 @@ class RunProgress:
 
     def __init__(
         self,
-        meter: UsageMeter,
+        meter: UsageMeter | None,
         *,
         enabled: bool | None = None,
         stream: TextIO | None = None,
@@ -84,6 +87,8 @@ class RunProgress:
         self._provider_retries = 0
         self._done: int | None = None
         self._total: int | None = None
+        self._unit = "batches"
+        self._event_facts: str = ""
         self._started = clock()
         self._last_line: float | None = None
         self._last_stage: str | None = None
@@ -149,14 +154,18 @@ class RunProgress:
             self._refresh()
 
     def __call__(self, event: ProgressEvent) -> None:
-        """Engine progress callback."""
+        """The progress callback: an engine's events (phases, attempts, batches) and any other
+        work's (`unit` other than batches: its facts are shown, and its last event gets a line)."""
         with self._lock:
             if event.kind == "attempt" and event.data.get("attempt", 1) > 1:
                 self._retries += 1
-            if event.kind in ("phase", "batch_done"):
+            other = event.unit != "batches"
+            if event.kind in ("phase", "batch_done") or other:
                 self.stage = event.phase
-                self._done, self._total = event.batches_done, event.batches_total
-            self._refresh()
+                self._done, self._total, self._unit = event.done, event.total, event.unit
+            if other:
+                self._event_facts = ", ".join(f"{name} {value}" for name, value in event.data.items())
+            self._refresh(last=other and event.done == event.total)
 
     def on_provider_retry(self, retry: ProviderRetry) -> None:
         """Models' retry callback: a provider call repeated (429, 5xx, ...), shown apart from
@@ -187,6 +196,8 @@ class RunProgress:
     def _facts(self) -> str:
         """Retries, tokens and cost; no cost before the first model call, when it is not yet
         known whether the run's models are priced ("$0.0000" would then read as a price)."""
+        if self.meter is None:
+            return self._event_facts
         total = self.meter.total()
         provider = f" · provider retries {self._provider_retries}" if self._provider_retries else ""
         cost = f" · {self.meter.cost_text()}" if total.requests else ""
@@ -196,17 +207,18 @@ class RunProgress:
         """One plain progress line (the lock held)."""
         now = self._clock()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self._wall()))
-        batches = f" · batches {self._done}/{self._total}" if self._total else ""
+        counts = f" · {self._unit} {self._done}/{self._total}" if self._total else ""
+        facts = f" · {facts}" if (facts := self._facts()) else ""
         elapsed = int(now - self._started)
-        self.stream.write(f"{stamp} {self.stage}{batches} · {self._facts()} · {elapsed}s elapsed\n")
+        self.stream.write(f"{stamp} {self.stage}{counts}{facts} · {elapsed}s elapsed\n")
         self.stream.flush()
         self._last_line, self._last_stage = now, self.stage
 
-    def _refresh(self) -> None:
+    def _refresh(self, *, last: bool = False) -> None:
         """Show the new state (the lock held): update the live bar, or write a line at a stage
-        change or when one is due."""
+        change, when one is due, or at the `last` event of a piece of work."""
         if self.mode == "lines":
-            if self._active and (self.stage != self._last_stage or self._due() <= 0):
+            if self._active and (last or self.stage != self._last_stage or self._due() <= 0):
                 self._write_line()
             return
         if self._progress is None:

@@ -111,7 +111,9 @@ def _journal_view(journal: RunJournal | None) -> dict[str, Any]:
     start) and its batches done/total."""
     if journal is None:
         return {}
-    view: dict[str, Any] = {"progress": journal.progress().to_json()}
+    progress = journal.progress()
+    view: dict[str, Any] = {"progress": {"batches_done": progress.done, "batches_total": progress.total,
+                                         **progress.data}}
     if journal.ended is None:
         state = journal.status()
         view.update(state=state, status=state)

@@ -24,7 +24,6 @@ Resuming (`session.resume.resume`): a session over a killed run's directory, jou
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -178,7 +177,6 @@ class Session:
             check_mcp_config(settings.mcp)
         self.trace: Trace = NullTrace()
         self._wide_extra: dict[str, Any] | None = None
-        self._lock = threading.Lock()
         self._ledger = Ledger()
         self._stack = contextlib.ExitStack()
         self._run: ActiveRun | None = None
@@ -238,8 +236,9 @@ class Session:
         if options.prior_provider is None and options.memory_store is not None:
             from amapreduce.memory import ExperientialMemory
 
-            self._prior_provider = ExperientialMemory(options.memory_store, model=self.models.get("memory"),
-                                                      readonly=True)
+            memory = ExperientialMemory(options.memory_store, model=self.models.get("memory"), readonly=True)
+            self._stack.callback(memory.close)
+            self._prior_provider = memory
 
     @property
     def run_dir(self) -> Path:
