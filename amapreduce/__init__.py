@@ -1,8 +1,9 @@
 """amapreduce: Agentic MapReduce for wide search.
 
 `amapreduce.ask(question, model=...)` answers a question with a table (`RunResult.to_pandas()`),
-`amapreduce.run_decision(decision, ...)` runs a decision you wrote (`amapreduce.api`); the
-engine's own parts are exported for building on them. The public API is listed in `__all__` and tested. Heavy names are imported lazily on first
+`amapreduce.run_decision(decision, ...)` runs a decision you wrote (`amapreduce.api`); each is one
+`Session` (`RunOptions` in, one `RunOutcome` out), which is exported for plugging in your own parts, and
+so are the engine's own parts, for building on them. The public API is listed in `__all__` and tested. Heavy names are imported lazily on first
 access so that `import amapreduce` (and `amapreduce --help`) stays fast.
 """
 
@@ -41,7 +42,11 @@ _LAZY: dict[str, str] = {
     "PriorProvider": "amapreduce.mapreduce.prior",
     "PriorRequest": "amapreduce.mapreduce.prior",
     "RunResult": "amapreduce.api",
+    "RunKind": "amapreduce.session.journal",
+    "RunOptions": "amapreduce.session.session",
+    "RunOutcome": "amapreduce.session.outcome",
     "RunStatus": "amapreduce.mapreduce.result",
+    "Session": "amapreduce.session.session",
     "SmolagentsSolver": "amapreduce.mapreduce.solver",
     "SolverReply": "amapreduce.mapreduce.solver",
     "Table": "amapreduce.table.table",
@@ -73,8 +78,12 @@ __all__ = [
     "PriorRequest",
     "RunCancelled",
     "RunError",
+    "RunKind",
+    "RunOptions",
+    "RunOutcome",
     "RunResult",
     "RunStatus",
+    "Session",
     "SmolagentsSolver",
     "SolverError",
     "SolverReply",

@@ -5,7 +5,8 @@ tool on a session whose sub-agents are a test's `BatchSolver`."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,21 @@ def tool_session(settings: Settings, solver: BatchSolver, **options: Any) -> Ite
     options = {"web_tools": [], "inner": unused_models, "show_progress": False, **options}
     with Session(settings, RunOptions(solver=solver, **options)) as session:
         yield session, MapReduceTool(session)
+
+
+def manager_then_subagents(decision: Mapping[str, Any], answer: Callable[[str], list[dict[str, Any]]]) -> Callable[..., Any]:
+    """A simulated model (deterministic code, not an LLM) for an `ask`: offered `mapreduce`, it plays
+    the manager (the plan stage with `decision`, the same call again to execute, then its final
+    answer, reading the tool's own output); otherwise a sub-agent, whose rows are `answer(its
+    sub-questions)` numbered by task."""
+    from amapreduce.llm.messages import message_text
+    from amapreduce.testing.scripted import final_answer, tool_call
+
+    def play(messages: list[Any], info: ModelInfo) -> Any:
+        text = "\n".join(message_text(m) for m in messages)
+        if "mapreduce" in info.tools:
+            return final_answer("Done.") if '"call_stage": "execute"' in text else tool_call("mapreduce", **decision)
+        rows = answer(text.rsplit("Sub-questions:", 1)[-1])
+        return final_answer(json.dumps([{"task": n, **row} for n, row in enumerate(rows, 1)]))
+
+    return play

@@ -8,8 +8,8 @@
   its `--help` lists every flag it uses, and the parser accepts its arguments.
 * Every relative link of the README names a file that exists.
 * Every guide the docs promise exists and is in `mkdocs.yml`'s nav, as is every other page; the CLI
-  reference (rendered by `docs/hooks/cli_help.py`) has a section for every command; and, when MkDocs
-  is installed (the `docs` extra), `mkdocs build --strict` passes.
+  reference (rendered by `docs/hooks/cli_help.py`) has a section for every command. The site itself
+  is built by CI with `mkdocs build --strict` after the tests (a broken link or page fails CI there).
 """
 
 from __future__ import annotations
@@ -293,20 +293,3 @@ def test_the_cli_reference_has_every_command_and_sub_command(repo_root: Path) ->
     assert "Exit codes: 0 complete; 3 incomplete" in " ".join(rendered.split())  # the epilogs are kept
     page = (repo_root / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
     assert _hook(repo_root).MARKER in page
-
-
-def test_the_docs_build_strictly(repo_root: Path, tmp_path: Path) -> None:
-    if importlib.util.find_spec("mkdocs") is None:
-        pytest.skip("MkDocs is not installed: pip install -e '.[docs]' (the dev extra has it)")
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=repo_root,
-        env={**_fresh_env(repo_root), "NO_MKDOCS_2_WARNING": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "WARNING" not in done.stderr, done.stderr[-4000:]
-    assert (tmp_path / "site" / "reference" / "cli" / "index.html").is_file()

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sessions import manager_then_subagents
 
 from amapreduce.cli.app import main
 from amapreduce.llm import factory
 from amapreduce.llm.guard import allow_model_requests
-from amapreduce.llm.messages import message_text
 from amapreduce.testing.openai_server import OpenAICompatibleServer
-from amapreduce.testing.scripted import FunctionModel, ModelInfo, final_answer, tool_call
+from amapreduce.testing.scripted import FunctionModel
 
 CAPITALS = {"France": "Paris", "Japan": "Tokyo"}
 DECISION = {
@@ -30,23 +30,16 @@ DECISION = {
 }
 
 
-def simulated(messages: list[Any], info: ModelInfo) -> Any:
-    """The manager (offered `mapreduce`) runs DECISION; a sub-agent answers each capital with a
-    quote from a page it never fetched: a quote the product's check finds `unverified`."""
-    text = "\n".join(message_text(m) for m in messages)
-    if "mapreduce" in info.tools:
-        if '"call_stage": "execute"' in text:
-            return final_answer("Done.")
-        return tool_call("mapreduce", **DECISION)
-    tasks = text.rsplit("Sub-questions:", 1)[-1]
-    rows = [{"country": c, "capital": v, "source": "https://atlas.example/capitals",
+def unverified_capitals(tasks: str) -> list[dict[str, Any]]:
+    """A sub-agent's rows: each capital asked, with a quote from a page it never fetched (a quote the
+    product's check finds `unverified`)."""
+    return [{"country": c, "capital": v, "source": "https://atlas.example/capitals",
              "quotes": {"capital": f"The capital of {c} is {v}."}} for c, v in CAPITALS.items() if f"capital of {c}?" in tasks]
-    return final_answer(json.dumps([{"task": n, **row} for n, row in enumerate(rows, 1)]))
 
 
 @pytest.fixture
 def server() -> Any:
-    with OpenAICompatibleServer(FunctionModel(simulated, model_id="sim-model")) as srv, allow_model_requests():
+    with OpenAICompatibleServer(FunctionModel(manager_then_subagents(DECISION, unverified_capitals), model_id="sim-model")) as srv, allow_model_requests():
         yield srv
 
 

@@ -13,7 +13,7 @@ looked like the model's fault. So when a tool raises one of `mapreduce.result.RU
 (the search backend's breaker gave up: `SearchUnavailable`; a provider down, or refusing the run's
 key or model: `ProviderRejected`; the budget spent) or
 the `mapreduce` tool's `RunCancelled`, `manager.run` raises an `AgentError` caused by it, and
-`session.ask` ends the run with that error's status and one-line reason (`failed` for an outage).
+`Session.ask` ends the run with that error's status and one-line reason (`failed` for an outage).
 """
 
 from __future__ import annotations
