@@ -14,12 +14,17 @@ only names that recipe once and walks JSON-shaped data.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-__all__ = ["REPLACEMENT", "is_clean", "scrub", "scrub_data"]
+__all__ = ["REPLACEMENT", "is_clean", "one_line", "scrub", "scrub_data"]
 
 REPLACEMENT = "\ufffd"
 """What an unencodable code point becomes (the Unicode replacement character)."""
+_LINE_BREAKS = re.compile(r"[ ]*[\t\n\v\f\r\x1c-\x1e\x85\u2028\u2029]+[ ]*")
+"""A run of what a one-line cell cannot hold: tab and every character `str.splitlines` breaks
+at (newline, carriage return, the other line and paragraph separators), with the ASCII spaces
+around it."""
 
 
 def is_clean(text: str) -> bool:
@@ -54,3 +59,11 @@ def scrub_data(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [scrub_data(v) for v in value]
     return value
+
+
+def one_line(text: str) -> str:
+    """`text` as one table cell: each run of tabs and line breaks (with the ASCII spaces around it)
+    becomes one space, and ASCII spaces at either end go. Every other character stays as written:
+    an ideographic space (U+3000), an en space (U+2002) or a no-break space (U+00A0) is part of
+    the value (the official scorer removes only ASCII spaces, so rewriting one changes a key)."""
+    return _LINE_BREAKS.sub(" ", text).strip(" ")

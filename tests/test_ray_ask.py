@@ -64,7 +64,7 @@ class _Simulated:
         with self.lock:
             self.subagent += 1
         asked = re.findall(r"code of (item\d{3})\?", text.rsplit("Sub-questions:", 1)[-1])
-        return final_answer(json.dumps([{"task": k + 1, "item": item, "code": "n/a" if item == "item005" else item.upper()}
+        return final_answer(json.dumps([{"task": k + 1, "item": item, "code": "" if item == "item005" else item.upper()}
                                         for k, item in enumerate(asked)]))
 
 

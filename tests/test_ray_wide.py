@@ -55,7 +55,7 @@ def _sub_agent(messages: list[Any], info: Any) -> Any:
     asked = _asked(messages)
     # item005 has no code anywhere (a missing cell, asked again in a patch round); the rest are found
     return final_answer(json.dumps([{"task": k + 1, "item": item, "region": region,
-                                     "code": "n/a" if item == "item005" else item.upper()}
+                                     "code": "" if item == "item005" else item.upper()}
                                     for k, (item, region) in enumerate(asked)]))
 
 

@@ -26,12 +26,15 @@ def test_upsert_merges_by_normalised_key_and_records_conflicts() -> None:
     assert t.rows[0].cells["name"].value == "Elon Musk"  # the first spelling is kept
 
 
-def test_rows_without_key_are_refused_and_markers_are_missing() -> None:
+def test_rows_without_key_are_refused_and_markers_are_asked_again() -> None:
     t = Table(["name", "worth"], ["name"])
     assert t.upsert({"name": "N/A", "worth": "1"}, task_index=0) is None
     row = t.upsert({"name": "Ada", "worth": "unknown"}, task_index=0)
-    assert row is not None and row.missing() == ["worth"]
-    assert t.missing_cells() == [(0, "worth")]
+    assert row is not None and row.to_ask() == ["worth"] and row.missing() == []
+    assert row.cells["worth"].status is CellStatus.MARKER and row.cells["worth"].value == "unknown"
+    assert t.missing_cells() == []
+    row = t.upsert({"name": "Ada", "worth": ""}, task_index=0)  # an explicit "not found" keeps the marker
+    assert row is not None and row.cells["worth"].value == "unknown"
 
 
 def test_merge_row_keeps_conflicts_and_ignores_foreign_columns() -> None:
@@ -75,10 +78,11 @@ cells = st.builds(lambda head, tail: head + tail, st.sampled_from("abcXYZéü北
 
 
 def expected_cell(value: str) -> str:
-    # What the official parser keeps: white space collapsed/stripped, none around an inner `|`.
+    # What the official parser keeps: every inner space as written (U+3000, U+00A0 ... included),
+    # none at the ends or around an inner `|`.
     import re
 
-    return re.sub(r"\s*\|\s*", "|", re.sub(r"`{3,}", "``", " ".join(value.split())))
+    return re.sub(r"\s*\|\s*", "|", re.sub(r"`{3,}", "``", value.strip()))
 
 
 @settings(max_examples=150, deadline=None)

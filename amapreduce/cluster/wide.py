@@ -390,7 +390,7 @@ def _merged(
                 origin=row.origin)
             for mapped, chunk in chunks for row in chunk.result.table.rows]
     for row in sorted(rows, key=lambda r: r.task_index):  # stable: a task's rows keep their order
-        table.merge_row(row)
+        table.merge_row(row, fill=False)
     table.sort_by_task()
     completeness = Completeness.of(table, [decision])  # tasks of chunks that never finished are short
     summary = RunSummary.combined(table, completeness, [c.result.summary for _, c in chunks])

@@ -479,7 +479,7 @@ class MapReduceEngine:
         table = self.config.table_for(decision)
         for i in sorted(tables):
             for row in tables[i].rows:
-                table.merge_row(row)
+                table.merge_row(row, fill=False)
         return table
 
     def _emit(self, kind: str, phase: str, done: int, total: int, **data: Any) -> None:

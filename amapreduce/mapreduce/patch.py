@@ -42,7 +42,7 @@ def build_patch(decision: Decision, table: Table, tables: dict[int, Table], roun
     work: list[WorkBatch] = []
     groups: dict[tuple[str, ...], list[Row]] = {}
     for row in table.rows:
-        lacking = tuple(c for c in names if c in row.missing())
+        lacking = tuple(c for c in names if c in row.to_ask())
         if lacking:
             groups.setdefault(lacking, []).append(row)
     for g, (lacking, rows) in enumerate(groups.items(), 1):

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -66,7 +65,7 @@ from typing import Any
 from pydantic_core import from_json
 
 from amapreduce._modeljson import loads, repair, slices, whole_and_fenced
-from amapreduce._text import scrub, scrub_data
+from amapreduce._text import one_line, scrub, scrub_data
 from amapreduce.decision.columns import normalize_key_name
 from amapreduce.table.evidence import Evidence
 
@@ -82,7 +81,6 @@ _LIST_WRAPPERS = ("rows", "results", "data", "items", "answer", "records", "tabl
 _TASK_KEYS = {normalize_key_name(k) for k in ("task", "task_id", "task_index", "task_number", "#")}
 _SOURCE_KEYS = [normalize_key_name(k) for k in ("source", "source_url", "url", "sources", "reference", "evidence_url")]
 _QUOTE_KEYS = {normalize_key_name(k) for k in ("quotes", "quote", "evidence")}
-_SPACES = re.compile(r"\s+")
 _OPENER = {"]": "[", "}": "{"}
 _CUT_OFF = "the reply was cut off before its first complete row"
 _TASK_DIGITS = 9
@@ -124,7 +122,8 @@ class ProjectedRow:
 
 
 def cell_text(value: Any) -> str:
-    """Turn one JSON value into a table cell (single line, no surrounding space).
+    """Turn one JSON value into a table cell: one line (`amapreduce._text.one_line`: tabs and line
+    breaks become a space, every other character, Unicode spaces included, stays as written).
 
     A value no cell can hold (nested deeper than the recursion limit, an integer beyond
     `str(int)`'s digit limit) is an empty cell: missing, and asked for again, never invented.
@@ -148,7 +147,7 @@ def _cell_text(value: Any) -> str:
         text = ", ".join(_cell_text(v) for v in value if v is not None)
     else:
         text = json.dumps(value, ensure_ascii=False, default=str)
-    return _SPACES.sub(" ", text).strip()
+    return one_line(text)
 
 
 def _nested_rows(payload: Mapping[str, Any], *, truncated: bool) -> ParsedReply | None:

@@ -94,7 +94,7 @@ def item_gaps(table: Table, item: WorkItem) -> str | None:
         row = _target(table, item)
         if row is None:
             return "no row yet"
-        lacking = [c for c in item.columns if c in row.missing()]
+        lacking = [c for c in item.columns if c in row.to_ask()]
         return f"still missing {', '.join(lacking)}" if lacking else None
     rows = [r for r in table.rows if all(normalize_value(r.cells[c].value) == normalize_value(v) for c, v in item.forced.items())]
     gaps = []
@@ -102,7 +102,7 @@ def item_gaps(table: Table, item: WorkItem) -> str | None:
     if len(rows) < need:
         gaps.append(f"{len(rows)} of {need} rows found" if rows else "no rows yet")
     for row in rows:
-        lacking = [c for c in item.columns if c in row.missing()]
+        lacking = [c for c in item.columns if c in row.to_ask()]
         if lacking:
             key = ", ".join(f"{k} = {row.cells[k].value}" for k in table.key_columns)
             gaps.append(f"row ({key}) is missing {', '.join(lacking)}")

@@ -4,7 +4,10 @@ The markdown is one ```` ```markdown ```` fenced table written for the official 
 parser (docs/scorer-rules.md §3), which splits lines on `|`, strips every cell and reads the
 result with `pandas.read_csv(sep="|")`. So:
 
-* a cell never holds a newline (collapsed to a space at projection time, and again here);
+* a cell never holds a newline or a tab (collapsed to a space at projection time, and again
+  here, by `amapreduce._text.one_line`); every other character is written as it is: a Unicode
+  space (U+3000, U+2002, U+00A0 ...) inside a value is part of it, since the official
+  normalisation deletes only ASCII spaces and a rewritten one would no longer match its key;
 * a run of three or more backticks becomes two: the official regex would end the
   ```` ```markdown ```` block at it and lose the rest of the table;
 * a cell holding `|` or starting with `"` is written CSV-quoted (`"a|b"`, inner `"` doubled),
@@ -20,18 +23,18 @@ import io
 import json
 import re
 
+from amapreduce._text import one_line
 from amapreduce.table.table import Table
 
 __all__ = ["markdown_cell", "to_csv", "to_jsonl", "to_markdown"]
 
 _SPACE_AROUND_PIPE = re.compile(r"\s*\|\s*")
 _FENCE_BREAKER = re.compile(r"`{3,}")
-_WS = re.compile(r"\s+")
 
 
 def markdown_cell(value: str) -> str:
     """One value as a markdown table cell that the WideSearch parser reads back."""
-    text = _FENCE_BREAKER.sub("``", _WS.sub(" ", value).strip())
+    text = _FENCE_BREAKER.sub("``", one_line(value).strip())
     if "|" in text or text.startswith('"'):
         text = _SPACE_AROUND_PIPE.sub("|", text)
         text = '"' + text.replace('"', '""') + '"'

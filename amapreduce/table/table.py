@@ -1,9 +1,20 @@
 """The reduced table: rows keyed by the key columns, each cell with a status, a source and evidence.
 
 This is the reducer of Agentic MapReduce, done in code (the reference let the manager LLM
-re-type the table). Rows are merged by normalised key: a later row fills cells the earlier one
-lacked; a different non-empty value for a filled cell keeps the first value and records the
-conflict, so nothing is silently overwritten or lost. A cell also keeps the quote its
+re-type the table). Rows are merged by normalised key: a later answer to the same sub-question
+(a retry, a patch round, a follow-up decision) fills cells the earlier one lacked; a different
+non-empty value for a filled cell keeps the first value and records the conflict, so nothing is
+silently overwritten or lost. Where two sub-questions of one decision yield the same key, the
+first row (matrix order) is kept as it is (`merge_row(..., fill=False)`, the engine's reduce):
+the official scorer keeps the first row of a duplicate key, so a table built from a gold table
+scores what the gold scores.
+
+A value is stored as written (`amapreduce._text.one_line`: only tabs and line breaks become a
+space). What counts as no answer: an empty or invisible value (the sub-agent's explicit "not
+found": a JSON null or `""`, what the prompt tells it to write). A value that merely reads like
+a marker (`Unknown`, `N/A`, ...: `DEFAULT_MISSING_MARKERS`) is held with the status `marker`:
+the engine asks for it again like a missing cell (`Row.to_ask`), a real value replaces it, and
+if the re-asks keep returning it, it stays the cell's value and the run is not incomplete for it. A cell also keeps the quote its
 sub-agent gave and that quote's `Evidence` (`table.evidence`); in a table made with
 `strict_evidence`, an `unverified` cell counts as missing, so a better-supported value replaces it.
 """
@@ -15,13 +26,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from amapreduce._text import one_line
 from amapreduce.table.evidence import Evidence
 from amapreduce.table.keys import is_blank, normalize_key, normalize_value
 
 __all__ = ["DEFAULT_MISSING_MARKERS", "MATRIX_SOURCE", "Cell", "CellStatus", "Row", "Table"]
 
 DEFAULT_MISSING_MARKERS = frozenset({"", "n/a", "unknown", "not found", "not available", "null", "?"})
-"""Values a sub-agent writes when it found nothing; they count as missing, not as answers."""
+"""Values that read like "nothing found". A cell holding one has the status `marker`: it is asked
+again like a missing cell, and kept as the answer when the re-asks return it again (the true
+value of a cell can be `Unknown` or `N/A`). A key cell holding one cannot place its row."""
 MATRIX_SOURCE = "task_matrix"
 """The source of a cell the task matrix fixed (not a sub-agent's answer)."""
 
@@ -32,6 +46,8 @@ class CellStatus(StrEnum):
     FOUND = "found"
     MISSING = "missing"
     CONFLICT = "conflict"
+    MARKER = "marker"
+    """The value reads like a marker (`Unknown`, `N/A`): asked again, and kept if it comes back."""
 
 
 @dataclass(kw_only=True)
@@ -77,9 +93,20 @@ class Row:
         """Columns whose cell is still missing (with `strict_evidence`, or `unverified`)."""
         return [c for c, cell in self.cells.items() if _counts_missing(cell, self.strict_evidence)]
 
+    def to_ask(self) -> list[str]:
+        """Columns a re-ask asks for: the missing cells and those holding a marker-looking value."""
+        return [c for c, cell in self.cells.items() if _is_open(cell, self.strict_evidence)]
+
 
 def _counts_missing(cell: Cell, strict_evidence: bool) -> bool:
-    return cell.status is CellStatus.MISSING or (strict_evidence and cell.evidence is Evidence.UNVERIFIED)
+    return cell.status is CellStatus.MISSING or (
+        strict_evidence and cell.status is not CellStatus.MARKER and cell.evidence is Evidence.UNVERIFIED
+    )
+
+
+def _is_open(cell: Cell, strict_evidence: bool) -> bool:
+    """Whether a later answer may still take the cell's place (missing, or a marker value)."""
+    return cell.status is CellStatus.MARKER or _counts_missing(cell, strict_evidence)
 
 
 class Table:
@@ -109,14 +136,18 @@ class Table:
                      strict_evidence=self.strict_evidence)
 
     def is_missing(self, value: str) -> bool:
-        """Whether `value` counts as no answer: a missing marker, or no visible character at all
-        (a zero-width space names no entity and answers nothing)."""
-        return value.strip().casefold() in self.missing_markers or is_blank(value)
+        """Whether `value` is no answer: no visible character at all (empty, a JSON null made
+        `""`, a zero-width space: it names no entity and answers nothing)."""
+        return is_blank(value)
+
+    def is_marker(self, value: str) -> bool:
+        """Whether `value` reads like a not-found marker (`Unknown`, `N/A`: `missing_markers`)."""
+        return value.strip().casefold() in self.missing_markers
 
     def key_of(self, values: Mapping[str, str]) -> tuple[str, ...] | None:
-        """The normalised key of `values`, or None when a key cell is empty."""
+        """The normalised key of `values`, or None when a key cell is empty or a marker."""
         raw = tuple(values.get(k, "") for k in self.key_columns)
-        if any(self.is_missing(v) for v in raw):
+        if any(self.is_missing(v) or self.is_marker(v) for v in raw):
             return None
         return normalize_key(raw)
 
@@ -135,6 +166,7 @@ class Table:
         quotes: Mapping[str, str | None] | None = None,
         evidence: Mapping[str, Evidence] | None = None,
         origin: str | None = None,
+        fill: bool = True,
     ) -> Row | None:
         """Add a row or merge it into the row with the same key.
 
@@ -146,6 +178,10 @@ class Table:
             quotes: per-column quote the sub-agent gave for the value.
             evidence: per-column result of checking that quote (default `no_evidence`).
             origin: the provenance of a new row (`Row.origin`); a merged row keeps its own.
+            fill: the values may fill the cells an existing row with the same key lacks (a later
+                answer to its sub-question). False: an existing row is kept as it is, a differing
+                value of a filled cell only recorded as a conflict (a duplicate key of another
+                sub-question: the first row wins, as in the official scorer).
 
         Returns:
             The row, or None when a key cell is empty (such a row cannot be placed).
@@ -155,17 +191,26 @@ class Table:
             return None
         row = self._by_key.get(key)
         if row is None:
+            fill = True
             row = Row(cells={c: Cell() for c in self.columns}, task_index=task_index, strict_evidence=self.strict_evidence,
                       origin=origin)
             self._by_key[key] = row
             self.rows.append(row)
         for column in self.columns:
-            value = values.get(column, "").strip()
-            if self.is_missing(value):
+            value = one_line(values.get(column, ""))
+            cell = row.cells[column]
+            if self.is_missing(value) or (not fill and _is_open(cell, self.strict_evidence)):
                 continue
             cell_source = (sources or {}).get(column, source)
             proof = (evidence or {}).get(column, Evidence.NO_EVIDENCE)
-            self._merge_cell(row.cells[column], value, cell_source, (quotes or {}).get(column), proof)
+            if self.is_marker(value):
+                if cell.status is CellStatus.MISSING:  # held, and asked again (`Row.to_ask`)
+                    cell.value, cell.status, cell.source = value, CellStatus.MARKER, cell_source
+                    cell.quote, cell.evidence = (quotes or {}).get(column), proof
+                continue  # a marker never replaces or contradicts a value
+            if cell.status is CellStatus.MARKER:
+                cell.status = CellStatus.MISSING  # a real value takes the marker's place
+            self._merge_cell(cell, value, cell_source, (quotes or {}).get(column), proof)
         return row
 
     def _merge_cell(
@@ -187,10 +232,12 @@ class Table:
                 cell.alternatives.append(value)
             cell.status = CellStatus.CONFLICT
 
-    def merge_row(self, row: Row) -> Row | None:
+    def merge_row(self, row: Row, *, fill: bool = True) -> Row | None:
         """Merge a row of another table, keeping its statuses, conflicts and origin.
 
         Columns this table lacks are ignored, so a delta follow-up with fewer columns merges too.
+        `fill=False` keeps a row already holding the key as it is (see `upsert`): the reduce of
+        one decision's sub-questions, where a duplicate key keeps its first row.
         """
         merged = self.upsert(
             {c: cell.value for c, cell in row.cells.items() if cell.status is not CellStatus.MISSING},
@@ -199,12 +246,15 @@ class Table:
             quotes={c: cell.quote for c, cell in row.cells.items()},
             evidence={c: cell.evidence for c, cell in row.cells.items()},
             origin=row.origin,
+            fill=fill,
         )
         if merged is not None:
             for column, cell in row.cells.items():
                 if column not in merged.cells:
                     continue
                 target = merged.cells[column]
+                if not fill and _is_open(target, self.strict_evidence):
+                    continue
                 for alt in cell.alternatives:  # values seen but not kept: never evidence for the cell
                     self._merge_cell(target, alt, cell.source, evidence=Evidence.UNVERIFIED)
         return merged
