@@ -15,6 +15,7 @@ import typer.main
 
 from amapreduce._version import __version__
 from amapreduce.cli.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ROOT_EXIT_CODES_HELP
+from amapreduce.cli.help import App
 from amapreduce.errors import AmapreduceError, RunError, UserError
 
 __all__ = ["app", "main", "run"]
@@ -31,12 +32,12 @@ _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
     ("amapreduce.cli.ui", "register", None, "Look at runs, tables, traces, memory and evaluations in a browser."),
 )
 
-app = typer.Typer(
+app = App(
     name="amapreduce",
     help="Agentic MapReduce for wide search: questions whose answer is a table over many entities.",
     epilog=ROOT_EXIT_CODES_HELP,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (typer's; shellingham loads only then)
     pretty_exceptions_enable=False,
 )
 

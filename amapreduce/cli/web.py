@@ -12,10 +12,12 @@ from typing import Annotated
 
 import typer
 
+from amapreduce.cli.help import App
+
 __all__ = ["register"]
 
-cache_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Inspect or clear the search/crawl cache.")
-corpus_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Build local corpus indexes.")
+cache_app = App(help="Inspect or clear the search/crawl cache.")
+corpus_app = App(help="Build local corpus indexes.")
 
 
 def _corpora(paths: list[Path] | None) -> dict[str, Path]:
