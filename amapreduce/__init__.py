@@ -9,6 +9,7 @@ access so that `import amapreduce` (and `amapreduce --help`) stays fast.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 from amapreduce._version import __version__
@@ -26,6 +27,10 @@ from amapreduce.errors import (
     UserError,
 )
 
+# A library prints nothing of its own accord: without a handler, Python's last resort writes every
+# warning of ours to stderr (in a notebook, a script). The command line shows them (`cli.app.main`).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
 # name -> module that defines it; imported on first attribute access.
 _LAZY: dict[str, str] = {
     "BatchPlan": "amapreduce.mapreduce.batching",
@@ -42,6 +47,7 @@ _LAZY: dict[str, str] = {
     "PriorRequest": "amapreduce.mapreduce.prior",
     "RunResult": "amapreduce.api",
     "RunStatus": "amapreduce.mapreduce.result",
+    "RunUsage": "amapreduce.api",
     "SmolagentsSolver": "amapreduce.mapreduce.solver",
     "SolverReply": "amapreduce.mapreduce.solver",
     "Table": "amapreduce.table.table",
@@ -75,6 +81,7 @@ __all__ = [
     "RunError",
     "RunResult",
     "RunStatus",
+    "RunUsage",
     "SmolagentsSolver",
     "SolverError",
     "SolverReply",
