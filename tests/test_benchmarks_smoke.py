@@ -15,14 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import BENCHMARK_DATA, BENCHMARK_DATA_MISSING
 
 REPO = Path(__file__).resolve().parents[1]
 ORACLE_DIR = REPO.parent / "shared" / "tools" / "oracle"
-
-
-def _data_dir() -> Path | None:
-    folder = os.environ.get("AMAPREDUCE_DATA_DIR")
-    return Path(folder) / "widesearch" if folder else None
 
 
 def _needs(script: str, tmp_path: Path) -> list[str]:
@@ -30,10 +26,9 @@ def _needs(script: str, tmp_path: Path) -> list[str]:
     if script == "bench_ray.py" and importlib.util.find_spec("ray") is None:
         pytest.skip("bench_ray.py needs Ray (pip install 'amapreduce[ray]')")
     if script == "bench_scorer.py":
-        data = _data_dir()
-        if data is None or not (data / "widesearch.jsonl").is_file():
-            pytest.skip("bench_scorer.py needs the WideSearch data: set AMAPREDUCE_DATA_DIR")
-        return ["--data", str(data)]
+        if BENCHMARK_DATA is None or not (BENCHMARK_DATA / "widesearch" / "widesearch.jsonl").is_file():
+            pytest.skip(f"bench_scorer.py needs the WideSearch data: {BENCHMARK_DATA_MISSING}")
+        return ["--data", str(BENCHMARK_DATA / "widesearch")]
     if script == "bench_oracle.py":
         if not (ORACLE_DIR / "oracle_server.py").is_file():
             pytest.skip(f"bench_oracle.py needs the oracle server in {ORACLE_DIR}")
