@@ -10,6 +10,7 @@ access so that `import amapreduce` (and `amapreduce --help`) stays fast.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 from amapreduce._version import __version__
@@ -26,6 +27,10 @@ from amapreduce.errors import (
     ToolError,
     UserError,
 )
+
+# A library prints nothing of its own accord: without a handler, Python's last resort writes every
+# warning of ours to stderr (in a notebook, a script). The command line shows them (`cli.app.main`).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY: dict[str, str] = {
@@ -46,6 +51,7 @@ _LAZY: dict[str, str] = {
     "RunOptions": "amapreduce.session.session",
     "RunOutcome": "amapreduce.session.outcome",
     "RunStatus": "amapreduce.mapreduce.result",
+    "RunUsage": "amapreduce.api",
     "Session": "amapreduce.session.session",
     "SmolagentsSolver": "amapreduce.mapreduce.solver",
     "SolverReply": "amapreduce.mapreduce.solver",
@@ -83,6 +89,7 @@ __all__ = [
     "RunOutcome",
     "RunResult",
     "RunStatus",
+    "RunUsage",
     "Session",
     "SmolagentsSolver",
     "SolverError",

@@ -54,12 +54,12 @@ if TYPE_CHECKING:
 
     from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
-    from amapreduce.llm.usage import Usage
     from amapreduce.session.executor import Executor
 
 __all__ = [
     "EVIDENCE_FIELDS",
     "RunResult",
+    "RunUsage",
     "ask",
     "ask_async",
     "run_decision",
@@ -130,6 +130,43 @@ def to_dataframe(table: Table, *, evidence: bool = False) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
+class RunUsage:
+    """A run's usage in the words of its `result.json` (`usage.total`) and of `--json`.
+
+    `cost_usd` is None when a model without a known price was used (listed in `unpriced_models`),
+    as `RunResult.cost_usd` and `result.json` say; the priced calls' sum is `priced_cost_usd`.
+    """
+
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    cost_usd: float | None
+    priced_cost_usd: float
+    unpriced_models: tuple[str, ...]
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def of(cls, meter: UsageMeter) -> RunUsage:
+        """The whole run's usage as `meter` counted it."""
+        total, unpriced = meter.total(), tuple(meter.unpriced())
+        return cls(requests=total.requests, prompt_tokens=total.input_tokens, completion_tokens=total.output_tokens,
+                   cached_tokens=total.cached_tokens, cost_usd=None if unpriced else total.cost_usd,
+                   priced_cost_usd=total.cost_usd, unpriced_models=unpriced)
+
+    def to_json(self) -> dict[str, Any]:
+        """`result.json`'s `usage.total`: `requests`, `prompt_tokens`, `completion_tokens`,
+        `cached_tokens`, `cost_usd` (null when unpriced)."""
+        return {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "cached_tokens": self.cached_tokens,
+                "cost_usd": self.cost_usd}
+
+
+@dataclass(frozen=True)
 class RunResult:
     """What `ask` or `run_decision` produced: the reduced table, how complete it is, what it cost,
     how the run ended and where its run directory is. A thin view of the run's `RunOutcome`
@@ -169,14 +206,14 @@ class RunResult:
         return self.outcome.meter
 
     @property
-    def usage(self) -> Usage:
-        """Requests, tokens and dollars of the whole run (the cost of unpriced models counts as $0;
-        see `cost_usd`)."""
-        return self.outcome.meter.total()
+    def usage(self) -> RunUsage:
+        """Requests, `prompt_tokens`, `completion_tokens`, cached tokens and dollars of the whole run,
+        named as in `result.json` (`cost_usd` None when a model without a known price was used)."""
+        return RunUsage.of(self.outcome.meter)
 
     @property
     def cost_usd(self) -> float | None:
-        """Dollars spent, or None when a model without a known price was used."""
+        """Dollars spent, or None when a model without a known price was used (`usage.cost_usd`)."""
         return self.outcome.meter.cost_usd()
 
     @property

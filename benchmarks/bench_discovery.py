@@ -4,7 +4,7 @@ The task is the sandbox's discovery-heavy `sbx_disc_001` (every city of at least
 inhabitants with its country and population: 321 cities named under three spellings on 58 list
 pages; `amapreduce.sandbox.discovery`). The model is the demo's simulated model (deterministic
 code, not an LLM) served on a loopback OpenAI-compatible endpoint, as `amapreduce demo --serve`
-serves it; each configuration runs `.venv/bin/amapreduce ask QUERY --model simulated --api-base
+serves it; each configuration runs `python -m amapreduce ask QUERY --model simulated --api-base
 URL --search corpus:INDEX --json` as a subprocess, so the run goes through the CLI, smolagents,
 the HTTP client and the endpoint. Two manager behaviours are compared:
 
@@ -29,7 +29,7 @@ simulated model answers instantly, so wall times are the framework's own overhea
 provider's latency.
 
 Run: `.venv/bin/python benchmarks/bench_discovery.py` (both modes, 8 workers); options:
-`--modes sequential,mapreduce --workers 16 --max-batches 100`. Nothing leaves loopback; run
+`--modes sequential,mapreduce --workers 16 --max-batches 100`; `--smoke` for the smallest run (CI runs it). Nothing leaves loopback; run
 directories are written to a temporary folder that is removed at the end (`--keep` keeps it).
 """
 
@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from _cli import REPO, amapreduce_command, checkout_environment
+
 TASK = "sbx_disc_001"
 
 
@@ -127,12 +128,13 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, world: Any, task: 
     from amapreduce.testing.openai_server import OpenAICompatibleServer
 
     calls = Calls()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMAPREDUCE_") and "proxy" not in k.lower()}
+    env = checkout_environment(
+        {k: v for k, v in os.environ.items() if not k.startswith("AMAPREDUCE_") and "proxy" not in k.lower()})
     env.update({"AMAPREDUCE_EXTRACTION_MODEL": "none", "AMAPREDUCE_RUNS_DIR": str(work / f"runs-{mode}"),
                 "AMAPREDUCE_CACHE_DIR": str(work / "cache"), "AMAPREDUCE_MAX_BATCHES": str(args.max_batches),
                 "OPENAI_API_KEY": "sk-local"})
     with OpenAICompatibleServer(recording_model(mode, calls), keep_requests=False) as server:
-        command = [str(REPO / ".venv" / "bin" / "amapreduce"), "ask", task.query, "--model", "simulated",
+        command = [*amapreduce_command(), "ask", task.query, "--model", "simulated",
                    "--api-base", server.base_url, "--search", f"corpus:{world.index_dir}", "--no-memory",
                    "--workers", str(args.workers), "--json"]
         start = time.perf_counter()
@@ -156,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batches", type=int, default=100, help="the plan cap (fill: 5 cities per sub-agent)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds one run may take")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (checks that it runs): the mapreduce mode alone, 16 workers")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.modes, args.workers = "mapreduce", 16
     sys.path.insert(0, str(REPO))
     from amapreduce.demo.run import load_sandbox_tasks
     from amapreduce.settings import Settings

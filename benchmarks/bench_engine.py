@@ -10,7 +10,8 @@ A bare `ThreadPoolExecutor` doing only the sleeps is measured in the same run as
 (`pool_s`): it shows what this machine allows at that moment, and `vs_pool` = pool_s / wall_s
 isolates the engine's own cost from machine load.
 
-Run: `.venv/bin/python benchmarks/bench_engine.py` (add `--quick` for a smaller grid).
+Run: `.venv/bin/python benchmarks/bench_engine.py` (add `--quick` for a smaller grid, `--smoke` for
+the smallest run, which CI runs).
 Targets (reported, not asserted): efficiency >= 0.9 at N=1000/workers=32; overhead <= 1 ms/batch.
 """
 
@@ -78,10 +79,12 @@ def run_pool(n: int, workers: int, latency: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N in {10, 100} only")
+    parser.add_argument("--smoke", action="store_true", help="N=10 only, one overhead run: checks that it runs")
     parser.add_argument("--latency-ms", type=float, default=20.0)
     args = parser.parse_args()
     latency = args.latency_ms / 1000
-    sizes = [10, 100] if args.quick else [10, 100, 1000]
+    sizes = [10] if args.smoke else [10, 100] if args.quick else [10, 100, 1000]
+    repeats = 1 if args.smoke else 5
     print(f"Scaling with a {args.latency_ms:g} ms scripted sub-agent (per_atom: batches = N)")
     print(f"{'N':>6} {'workers':>7} {'wall_s':>9} {'ideal_s':>9} {'efficiency':>10} {'pool_s':>9} {'vs_pool':>8}")
     for n in sizes:
@@ -90,11 +93,11 @@ def main() -> None:
             pool = run_pool(n, workers, latency)
             ideal = math.ceil(n / workers) * latency
             print(f"{n:>6} {workers:>7} {wall:>9.3f} {ideal:>9.3f} {ideal / wall:>10.3f} {pool:>9.3f} {pool / wall:>8.3f}")
-    print("\nEngine overhead per batch with zero latency (median of 5 runs)")
+    print(f"\nEngine overhead per batch with zero latency (median of {repeats} runs)")
     print(f"{'N':>6} {'workers':>7} {'wall_s':>9} {'ms/batch':>9}")
     for n in sizes:
         for workers in (1, 8, 32):
-            walls = [run_once(n, workers, 0.0) for _ in range(5)]
+            walls = [run_once(n, workers, 0.0) for _ in range(repeats)]
             wall = statistics.median(walls)
             print(f"{n:>6} {workers:>7} {wall:>9.4f} {wall / n * 1000:>9.3f}")
 

@@ -1,6 +1,7 @@
 """Does the experiential memory learn? The sandbox benchmark with memory on vs off, and the regret of what it learns.
 
     python benchmarks/bench_evolution.py [--trials 2] [--limit N] [--out DIR] [--encoder hashing]
+    python benchmarks/bench_evolution.py --smoke     # the smallest run, which CI runs
 
 1. Runs `amapreduce eval run --benchmark sandbox` (the library call behind it: `run_benchmark`) twice in
    this process, on the same tasks and seeds: with a fresh memory that learns, and with `--no-memory`.
@@ -87,13 +88,13 @@ def _halves(values: list[float]) -> tuple[float, float]:
 
 
 def _grid(ids: list[str], families: dict[str, str], tasks: dict[str, Any], world: Any, settings: Any,
-          out: Path) -> dict[str, dict[int, float]]:
+          out: Path, sizes: tuple[int, ...] = GRID) -> dict[str, dict[int, float]]:
     """Mean utility per family and fixed batch size."""
     from amapreduce.demo.run import score_answer
 
     weights = UtilityWeights(cost=benchmark_defaults("sandbox").cost_weight)
     by_family: dict[str, dict[int, list[float]]] = {}
-    for rows in GRID:
+    for rows in sizes:
         print(f"[grid] batch size {rows} ...", file=sys.stderr, flush=True)
         for iid in ids:
             model = SimulatedAtlasModel()
@@ -117,7 +118,13 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     parser.add_argument("--out", type=Path, default=None, help="keep the evaluation folders here")
     parser.add_argument("--encoder", default="hashing", help="encoder of the fresh memory store")
     parser.add_argument("--no-grid", action="store_true", help="skip the fixed-decision grid and the regret")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (checks that it runs): 2 tasks, 1 trial, a grid of one batch size")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.trials, args.limit = 1, 2
+    if args.limit is not None and args.limit < 2:
+        parser.error("--limit must be at least 2: the figures compare the first and the second half of the tasks")
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-evolution-"))
     base = load_settings(cache_dir=out / "cache")
     world = sandbox_world(base.cache_dir)
@@ -150,7 +157,7 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     if not args.no_grid:
         second_half = on["task_order"][len(on["task_order"]) // 2:]
         second = set(second_half)
-        grid = _grid(second_half, families, tasks, world, settings, out)  # the same tasks the learned decisions ran
+        grid = _grid(second_half, families, tasks, world, settings, out, GRID[:1] if args.smoke else GRID)  # the same tasks the learned decisions ran
         echo(f"{'family':<10}{'best fixed':>11}{'u best':>9}{'u learned':>11}{'regret %':>10}")
         regrets = {}
         for family, sizes in sorted(grid.items()):

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_memory.py                 # 1k, 10k, 100k records; distil at 10k
     .venv/bin/python benchmarks/bench_memory.py --sizes 1000 --distill-size 1000
+    .venv/bin/python benchmarks/bench_memory.py --smoke               # the smallest run (CI's smoke run)
 
 Vectors are synthetic (unit-norm, 384-d, clustered around 200 "topics"), inserted directly:
 embedding 100k questions with MiniLM would take minutes on 2 cores and is not what is measured.
@@ -35,6 +36,9 @@ DIM = 384
 TOPICS = 200
 PASS = {"score": 1, "f1_by_row": 1.0, "f1_by_item": 1.0}
 FAIL = {"score": 0, "f1_by_row": 0.2, "f1_by_item": 0.4}
+DECISION = DecisionSummary(rows=20, cols=3, strategy="per_atom", pattern="20x3 matrix; per_atom")
+SMOKE = ["--sizes", "500", "--queries", "20", "--updates", "20", "--distill-size", "500"]
+"""`--smoke`: the smallest size, to check that the script runs (CI runs it so)."""
 
 
 def synthetic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,14 +55,13 @@ def build(folder: Path, n: int, seed: int = 0) -> tuple[ExperientialMemory, np.n
     """A store of `n` records (30 % negative) and n/20 hints with 5 records of provenance each."""
     mem = ExperientialMemory(folder, encoder="hashing:384")
     vectors, topics = synthetic(n, seed)
-    decision = DecisionSummary(rows=20, cols=3, strategy="per_atom", pattern="20x3 matrix; per_atom")
     rng = random.Random(seed)
     t0 = time.perf_counter()
     for start in range(0, n, 1000):
         with mem.store.write() as conn:
             for i in range(start, min(n, start + 1000)):
                 ok = rng.random() > 0.3
-                rec = Record(id=f"r{i}", query=f"topic {topics[i]} question {i}", label=ok, decision=decision,
+                rec = Record(id=f"r{i}", query=f"topic {topics[i]} question {i}", label=ok, decision=DECISION,
                              metrics=PASS if ok else FAIL, task_id=f"t{i // 4}")
                 insert_record(conn, rec, vectors[i])
     insert_s = time.perf_counter() - t0
@@ -74,7 +77,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def bench_size(n: int, queries: int) -> dict[str, float]:
+def bench_size(n: int, queries: int, updates: int = 200) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         mem, vectors, insert_s = build(Path(tmp), n)
         qvecs, _ = synthetic(queries, seed=99)
@@ -86,9 +89,8 @@ def bench_size(n: int, queries: int) -> dict[str, float]:
 
         # Online updates (one transaction each, with the embedding of a short query).
         t0 = time.perf_counter()
-        updates = 200
         for i in range(updates):
-            mem.update(None, query=f"new question {i}", decision={}, metrics=PASS, auto_distill=False)
+            mem.update(None, query=f"new question {i}", decision=DECISION, metrics=PASS, auto_distill=False)
         update_ms = (time.perf_counter() - t0) / updates * 1000
 
         for q in qvecs[:5]:  # warm-up: builds the float16 copy once
@@ -147,14 +149,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--updates", type=int, default=200, help="online updates timed per size")
     parser.add_argument("--distill-size", type=int, default=10000, help="0 skips the distillation benchmark")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: " + " ".join(SMOKE))
     args = parser.parse_args(argv)
+    if args.smoke:
+        args = parser.parse_args([*(argv if argv is not None else sys.argv[1:]), *SMOKE])
     print(f"load average before the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
           "(figures scale with it; the numpy baseline is measured in the same run)")
     print(f"{'records':>8} {'insert/s':>9} {'update ms':>9} {'p50 ms':>7} {'p95 ms':>7} {'numpy p50':>9} "
           f"{'numpy p95':>9} {'p95 ratio':>9} {'rebuild s':>9} {'cache load s':>12}")
     for n in (int(s) for s in args.sizes.split(",")):
-        r = bench_size(n, args.queries)
+        r = bench_size(n, args.queries, args.updates)
         print(f"{r['n']:>8} {r['insert_per_s']:>9.0f} {r['update_ms']:>9.2f} {r['p50']:>7.2f} {r['p95']:>7.2f} "
               f"{r['base_p50']:>9.2f} {r['base_p95']:>9.2f} {r['p95'] / r['base_p95']:>9.2f} "
               f"{r['rebuild_s']:>9.2f} {r['cache_load_s']:>12.2f}", flush=True)

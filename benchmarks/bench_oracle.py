@@ -4,7 +4,7 @@
 smolagents, the HTTP client or process start-up. This benchmark measures the real path: it
 starts the oracle sub-agent server from `<repo>/../shared/tools/oracle/` (an OpenAI-compatible
 server on 127.0.0.1 that answers from a gold table with a fixed latency and seeded faults, see
-its README), generates the matching gold workload, and runs `.venv/bin/amapreduce mapreduce run
+its README), generates the matching gold workload, and runs `python -m amapreduce mapreduce run
 DECISION --model openai/oracle --api-base URL/v1 --json` as a subprocess for every configuration
 (strategy × workers × faults × seed), so each run goes through the CLI, smolagents and HTTP.
 
@@ -40,7 +40,6 @@ import math
 import os
 import re
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,8 +52,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from _cli import REPO, amapreduce_command, checkout_environment
+
 DEFAULT_ORACLE_DIR = REPO.parent / "shared" / "tools" / "oracle"
+
+SMOKE = ["--n", "4", "--workers", "2", "--strategies", "per_atom", "--faults", "off", "--latency-ms", "0"]
+"""`--smoke`: the smallest run, one start-up baseline (CI runs it so)."""
 
 FAULT_PROFILE: dict[str, float] = {
     "p_malformed": 0.15,
@@ -201,7 +204,7 @@ def oracle_server(
 def child_environment(work: Path, max_batches: int) -> dict[str, str]:
     """The amapreduce child's environment: no inherited amapreduce/provider settings, nothing off loopback."""
     dropped = ("AMAPREDUCE_", "OPENAI_", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(dropped)}
+    env = checkout_environment({k: v for k, v in os.environ.items() if not k.upper().startswith(dropped)})
     env.update(
         AMAPREDUCE_RUNS_DIR=str(work / "runs"),
         AMAPREDUCE_CACHE_DIR=str(work / "cache"),
@@ -217,7 +220,7 @@ def child_environment(work: Path, max_batches: int) -> dict[str, str]:
     return env
 
 
-def build_corpus(cli: str, work: Path) -> Path:
+def build_corpus(cli: list[str], work: Path) -> Path:
     """A one-page local corpus, so the sub-agents get a `web_search` tool that never leaves the machine."""
     docs = work / "corpus-docs"
     docs.mkdir()
@@ -225,17 +228,18 @@ def build_corpus(cli: str, work: Path) -> Path:
         "# Oracle benchmark corpus\n\nA placeholder page: the oracle sub-agent answers from its gold table.\n"
     )
     index = work / "corpus-index"
-    subprocess.run([cli, "corpus", "index", str(docs), "--out", str(index)], check=True, capture_output=True)
+    subprocess.run([*cli, "corpus", "index", str(docs), "--out", str(index)], check=True, capture_output=True,
+                   env=checkout_environment())
     return index
 
 
-def cli_accepts_max_batches(cli: str) -> bool:
+def cli_accepts_max_batches(cli: list[str]) -> bool:
     """Whether `mapreduce run` has a `--max-batches` flag (otherwise `AMAPREDUCE_MAX_BATCHES` does it)."""
     shown = subprocess.run(
-        [cli, "mapreduce", "run", "--help"],
+        [*cli, "mapreduce", "run", "--help"],
         capture_output=True,
         text=True,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**checkout_environment(), "COLUMNS": "200"},
     )
     return "--max-batches" in shown.stdout
 
@@ -276,7 +280,7 @@ class OneRun:
 
 def run_once(
     *,
-    cli: str,
+    cli: list[str],
     url: str,
     work: Path,
     decision: dict[str, Any],
@@ -297,7 +301,7 @@ def run_once(
     csv_path = work / f"{tag}.csv"
     batches_cap = len(decision["task_matrix"])
     command = [
-        cli,
+        *cli,
         "mapreduce",
         "run",
         str(decision_file),
@@ -357,7 +361,8 @@ def print_table(
     max_batches_how: str,
 ) -> None:
     print(
-        f"amapreduce mapreduce run as a subprocess of {args.cli} (CLI -> smolagents -> HTTP) against the oracle "
+        f"amapreduce mapreduce run as a subprocess of {args.cli or 'python -m amapreduce'} (CLI -> smolagents -> HTTP) "
+        "against the oracle "
         f"on 127.0.0.1; N={args.n}, {args.latency_ms:g} ms per call, seeds {args.seeds}; max batches via {max_batches_how}"
     )
     head = (
@@ -422,14 +427,18 @@ def main() -> None:
     )
     parser.add_argument("--server-python", default=sys.executable, help="interpreter for the oracle server")
     parser.add_argument(
-        "--cli", default=str(REPO / ".venv" / "bin" / "amapreduce"), help="the amapreduce executable"
+        "--cli", default=None, help="an amapreduce executable (default: python -m amapreduce, this checkout)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="the smallest run (checks that it runs): " + " ".join(SMOKE)
     )
     parser.add_argument(
         "--run-timeout-s", type=float, default=1800.0, help="a run still going after this is killed"
     )
     args = parser.parse_args()
-    if not Path(args.cli).exists():
-        args.cli = shutil.which("amapreduce") or args.cli
+    if args.smoke:
+        args = parser.parse_args([*sys.argv[1:], *SMOKE])
+    cli = [args.cli] if args.cli else amapreduce_command()
     if not (args.oracle_dir / "oracle_server.py").exists():
         raise SystemExit(f"no oracle_server.py in {args.oracle_dir} (pass --oracle-dir)")
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
@@ -439,7 +448,7 @@ def main() -> None:
         raise SystemExit("--strategies takes per_atom,open and --faults takes off,on")
     workload = load_workload(args.oracle_dir)
     seeds = list(range(1, args.seeds + 1))
-    max_batches_flag = cli_accepts_max_batches(args.cli)
+    max_batches_flag = cli_accepts_max_batches(cli)
     max_batches_how = "--max-batches" if max_batches_flag else "AMAPREDUCE_MAX_BATCHES"
 
     with tempfile.TemporaryDirectory(prefix="bench-oracle-") as tmp:
@@ -448,7 +457,7 @@ def main() -> None:
         gold_csv = work / "gold.csv"
         workload.write_gold(str(gold_csv), gold_rows)
         entities = [row[workload.KEY] for row in gold_rows]
-        index = build_corpus(args.cli, work)
+        index = build_corpus(cli, work)
         with oracle_server(args.oracle_dir, args.server_python, gold_csv, work, args.latency_ms) as url:
             calls_per_batch = int(http_json(f"{url}/config")["search_steps"]) + 1
 
@@ -456,7 +465,7 @@ def main() -> None:
                 return {**workload.decision(names, strategy, CHUNK_SIZE), "key_columns": [workload.KEY]}
 
             common = {
-                "cli": args.cli,
+                "cli": cli,
                 "url": url,
                 "work": work,
                 "workload": workload,
@@ -477,7 +486,7 @@ def main() -> None:
                         tag=f"baseline-{attempt}",
                         **common,
                     )
-                    for attempt in (1, 2)
+                    for attempt in ((1,) if args.smoke else (1, 2))
                 ),
                 key=lambda one: one.cpu_s,
             )

@@ -16,7 +16,8 @@ baseline / amapreduce. Tokens grow with the agent's context, which is why a sing
 carries every observation pays more per call than sub-agents that start fresh.
 
 Run: `.venv/bin/python benchmarks/bench_pipeline.py` (`--latency-ms 20 --workers 8`, `--tasks
-sbx_en_001,sbx_en_005` for a subset, `--json` for one JSON document).
+sbx_en_001,sbx_en_005` for a subset, `--json` for one JSON document, `--smoke` for the smallest run,
+which CI runs).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from amapreduce.llm.factory import new_meter
 from amapreduce.session import RunOptions, Session
 from amapreduce.settings import Settings
 from amapreduce.testing.scripted import SIMULATED_PRICES
+
+SMOKE_TASK = "sbx_en_031"
+"""The sandbox task with the fewest gold rows: `--smoke` runs it alone."""
 
 
 def _measure(model: SimulatedAtlasModel, started: float) -> dict[str, Any]:
@@ -74,7 +78,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8, help="amapreduce sub-agents in flight")
     parser.add_argument("--tasks", default="", help="comma-separated sandbox task ids (default: all)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"the smallest run: task {SMOKE_TASK}, no latency, no warm-up (checks that it runs)")
     args = parser.parse_args()
+    if args.smoke:
+        args.tasks, args.latency_ms = SMOKE_TASK, 0.0
     latency = args.latency_ms / 1000
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         base = Settings(cache_dir=Path(tmp) / "cache", runs_dir=Path(tmp) / "runs", workers=args.workers)
@@ -82,8 +90,8 @@ def main() -> None:
         settings = demo_settings(base, world.index_dir)
         chosen = [t.strip() for t in args.tasks.split(",") if t.strip()] or sorted(tasks)
         rows: list[dict[str, Any]] = []
-        for runner in (run_amapreduce, run_baseline):  # warm-up, not timed: imports, price map, caches
-            runner(tasks[chosen[0]], settings, 0.0)
+        for runner in () if args.smoke else (run_amapreduce, run_baseline):  # warm-up, not timed: imports,
+            runner(tasks[chosen[0]], settings, 0.0)  # price map, caches
         for task_id in chosen:
             task = tasks[task_id]
             for system, runner in (("amapreduce", run_amapreduce), ("baseline", run_baseline)):

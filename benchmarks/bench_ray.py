@@ -79,9 +79,10 @@ def _count_ray_calls() -> dict[str, int]:
     """Patch Ray's entry points in this (driver) process and the limiter actor's class so every
     Ray call is counted; the counts are filled in as the run goes."""
     import ray
-    from amapreduce.run import ray_limits
     from ray.actor import ActorClass, ActorMethod
     from ray.remote_function import RemoteFunction
+
+    from amapreduce.cluster import limits as ray_limits
 
     counts: dict[str, int] = {}
     lock = threading.Lock()
@@ -359,6 +360,10 @@ def bench_eval(trials: int, cpus: int, folder: Path) -> list[dict[str, Any]]:
     return results
 
 
+SMOKE = ["--rows", "20", "--workers", "2", "--cpus", "1", "--skip-eval", "--wide-modes", "local,tasks"]
+"""`--smoke`: 20 rows, the product path only, no evaluation (CI runs it so)."""
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--as-driver"]:
         sys.exit(_driver(sys.argv[2:]))
@@ -368,10 +373,13 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--skip-eval", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run (checks that it runs): " + " ".join(SMOKE))
     parser.add_argument("--wide-modes", default="local,tasks,actors",
                         help="wide-run modes, comma-separated: local, tasks (alias ray: the product path), "
                              "actors (an actor-pool prototype in this benchmark); local always runs first")
     args = parser.parse_args()
+    if args.smoke:
+        args = parser.parse_args([*sys.argv[1:], *SMOKE])
     modes = tuple(m.strip() for m in args.wide_modes.split(",") if m.strip())
     unknown = [m for m in modes if m not in WIDE_MODES]
     if unknown:

@@ -1,6 +1,6 @@
 """Wall time of the 200-task WideSearch gold pass with the exact judge, against a baseline.
 
-Usage: .venv/bin/python benchmarks/bench_scorer.py [--data ../shared/data/widesearch]
+Usage: .venv/bin/python benchmarks/bench_scorer.py [--data ../shared/data/widesearch] [--limit N | --smoke]
 
 Three timings, all on the same machine in the same run:
 
@@ -21,7 +21,6 @@ this pass on this machine (docs/scorer-rules.md §10); that figure is printed fo
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 OFFICIAL_SECONDS = 25.0
+SMOKE_TASKS = 3
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -111,10 +111,17 @@ def _baseline_task(task: Any, gold_frame: Any, text: str) -> tuple[float, float,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "widesearch")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    parser.add_argument("--smoke", action="store_true", help=f"the smallest run: {SMOKE_TASKS} tasks (checks that it runs)")
     args = parser.parse_args()
+    if args.smoke:
+        args.limit = SMOKE_TASKS
     tasks_file, gold_dir = args.data / "widesearch.jsonl", args.data / "widesearch_gold"
-
+    if not tasks_file.is_file():
+        raise SystemExit(f"no WideSearch data in {args.data} (pass --data DIR: the folder of widesearch.jsonl)")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import pandas as pd
+    from _cli import amapreduce_command, checkout_environment
 
     from amapreduce.evaluation.answer import norm_column, read_table_frame
     from amapreduce.evaluation.judges import ExactJudge, IdentityAligner
@@ -123,6 +130,7 @@ def main() -> int:
     from amapreduce.evaluation.score import ScoreConfig, score_table
 
     tasks = load_tasks(tasks_file, "widesearch")
+    tasks = dict(list(tasks.items())[: args.limit]) if args.limit else tasks
     answers = {iid: gold_as_markdown(load_gold(gold_dir, t)) for iid, t in tasks.items()}
 
     # dateparser loads its ~200 locales once per process (about 2 s) on the first string that
@@ -156,7 +164,7 @@ def main() -> int:
         for iid, text in answers.items():
             (pred / f"{iid}.md").write_text(text, encoding="utf-8")
         cmd = [
-            str(REPO / ".venv" / "bin" / "amapreduce"),
+            *amapreduce_command(),
             "eval",
             "score",
             "--tasks",
@@ -168,13 +176,12 @@ def main() -> int:
             "--out",
             str(Path(tmp) / "r.json"),
         ]
-        env = {**os.environ, "AMAPREDUCE_CACHE_DIR": str(Path(tmp) / "cache")}
+        env = {**checkout_environment(), "AMAPREDUCE_CACHE_DIR": str(Path(tmp) / "cache")}
         cli: list[float] = []
-        for _ in range(2):  # first with an empty date cache, then with the cache it wrote
+        for _ in range(1 if args.smoke else 2):  # first with an empty date cache, then with the cache it wrote
             start = time.perf_counter()
             subprocess.run(cmd, check=True, capture_output=True, env=env)
             cli.append(time.perf_counter() - start)
-        t_cli, t_cli_warm = cli
 
     n = len(tasks)
     print(
@@ -191,10 +198,7 @@ def main() -> int:
     print(
         f"amapreduce score_table (in-process):         {t_ours:6.2f} s   {t_baseline / t_ours:5.1f}x faster than baseline"
     )
-    for label, seconds in (
-        ("CLI, fresh process, cold", t_cli),
-        ("CLI, fresh process, date cache", t_cli_warm),
-    ):
+    for label, seconds in zip(("CLI, fresh process, cold", "CLI, fresh process, date cache"), cli, strict=False):
         print(
             f"amapreduce eval score ({label}): {seconds:6.2f} s   "
             f"{(t_baseline + t_warmup) / seconds:5.1f}x vs baseline + locale loading, "

@@ -2,7 +2,8 @@
 we ship, against bm25s measured in the same run), main-text extraction throughput on local pages,
 and crawl throughput through a local HTTP server cold against cached.
 
-Run: `.venv/bin/python benchmarks/bench_web.py` (add `--quick` for 2k documents).
+Run: `.venv/bin/python benchmarks/bench_web.py` (add `--quick` for 2k documents, `--smoke` for 200
+and 40 pages, the smallest run, which CI runs).
 Figures are printed, not asserted; ratios compare against a baseline from the same run so they
 survive a busy machine.
 """
@@ -152,13 +153,14 @@ def bench_crawl(pages: list[bytes]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2k documents instead of 10k")
+    parser.add_argument("--smoke", action="store_true", help="200 documents, 40 pages: checks that it runs")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = parser.parse_args(argv)
     rng = random.Random(7)
-    n_docs = 2_000 if args.quick else 10_000
+    n_docs = 200 if args.smoke else 2_000 if args.quick else 10_000
     docs = _synthetic_docs(n_docs, rng)
     queries = [" ".join(rng.choices(WORDS[:2000], k=3)) for _ in range(200)]
-    pages = [p.read_bytes() for p in sorted((WORLD_DIR / "pages").rglob("*.html"))]
+    pages = [p.read_bytes() for p in sorted((WORLD_DIR / "pages").rglob("*.html"))][: 40 if args.smoke else None]
     results: dict[str, Any] = {"documents": n_docs}
     results.update(bench_engines(docs, queries))
     results.update(bench_corpus(docs, queries))

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import pickle
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,43 @@ def test_a_dataframe_of_entities_goes_round_trip(served: OpenAICompatibleServer,
     found = amapreduce.run_decision(decision, **_endpoint(served, world)).to_pandas()
     pd.testing.assert_frame_equal(found[entities.columns], entities, check_dtype=False)
     assert found.values.tolist() == EXPECTED
+
+
+@contextmanager
+def no_logging_configured(name: str) -> Iterator[list[str]]:
+    """As in a notebook or a script: no handler on the root logger (pytest's own are taken off for
+    the block), so a record no handler takes would reach Python's last resort, stderr. Yields the
+    messages logger `name` logs (seen by a filter, which is not a handler)."""
+    saved, seen, logger = logging.root.handlers[:], [], logging.getLogger(name)
+
+    def keep(record: logging.LogRecord) -> bool:
+        seen.append(record.getMessage())
+        return True
+
+    logging.root.handlers.clear()
+    logger.addFilter(keep)
+    try:
+        yield seen
+    finally:
+        logger.removeFilter(keep)
+        logging.root.handlers[:] = saved
+
+
+def test_usage_speaks_result_json_and_a_price_warning_is_logged_not_printed(
+    served: OpenAICompatibleServer, world: Any, notebook: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with no_logging_configured("amapreduce.llm.meter") as logged:
+        r = amapreduce.run_decision(DECISION, max_cost=1.0, **_endpoint(served, world))  # a budget the served
+    assert capfd.readouterr() == ("", "")  # model has no price for: the warning is a log record, not output
+    assert any("has no known price" in message for message in logged)
+    usage = r.usage
+    assert usage.to_json() == r.record["usage"]["total"]  # result.json's words: prompt_/completion_tokens
+    assert usage.requests == served.request_count and usage.prompt_tokens > 0 and usage.completion_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert not hasattr(usage, "input_tokens") and not hasattr(usage, "output_tokens")
+    # Unpriced: the run's cost is unknown, and both ways of asking say so.
+    assert usage.cost_usd is None and r.cost_usd is None and usage.priced_cost_usd == 0.0
+    assert usage.unpriced_models == tuple(r.record["usage"]["unpriced_models"]) != ()
 
 
 def test_from_dataframe_writes_cells_as_text_and_refuses_what_it_cannot_place() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,22 @@ def test_mapreduce_run_json_shows_an_unpriced_model_as_unpriced(
     document = json.loads(capsys.readouterr().out)
     assert code == 0 and document["rows"] == 3
     assert document["usage"]["cost_usd"] is None and document["usage"]["unpriced_models"] == ["my-local-model"]
+
+
+def test_the_command_line_shows_the_price_warning_the_python_api_only_logs(
+    unpriced_server: OpenAICompatibleServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The package logs through a NullHandler (the API prints nothing, tests/test_api.py); a command
+    puts its warnings on stderr while it runs, and only then."""
+    code = main(["ask", "Capitals of France, Japan and Kenya?", "--model", "my-local-model", "--api-base",
+                 unpriced_server.base_url, "--no-memory", "--max-cost", "1", "--json"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 0
+    assert [line for line in err if "has no known price" in line] == [
+        "model 'my-local-model' has no known price, so its calls count as $0 and the cost budget of $1 cannot stop "
+        "them; give its price in the JSON file named by AMAPREDUCE_PRICES_FILE "
+        '(e.g. {"my-local-model": {"input": 2.5e-07, "output": 2e-06}}) or use --max-tokens.']
+    assert [type(h) for h in logging.getLogger("amapreduce").handlers] == [logging.NullHandler]  # none left behind
 
 
 # -- point 4: progress without a terminal; one meaning of "retries" ----------------------------

@@ -42,6 +42,11 @@ def test_search_text_output(world: Any, capsys: pytest.CaptureFixture[str]) -> N
     assert capsys.readouterr().out.startswith("1. [Kenya — Sandbox Atlas](corpus://sandbox/countries/ke.html)")
 
 
+def test_search_takes_the_run_commands_flag_name_too(world: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", "Kenya", "--search", f"corpus:{world.index_dir}", "-n", "1"]) == 0
+    assert capsys.readouterr().out.startswith("1. [Kenya — Sandbox Atlas](corpus://sandbox/countries/ke.html)")
+
+
 def test_search_with_missing_key_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["search", "x", "--backend", "serper"]) == 2
     err = capsys.readouterr().err

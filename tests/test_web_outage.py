@@ -123,6 +123,22 @@ def test_a_refused_connection_counts_and_every_backend_of_a_name_shares_the_brea
         second.search("q", 3)
 
 
+def test_an_outage_names_the_flag_that_searches_offline(refused_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The advice names `--search` (every run command's flag; `amapreduce search` takes it too), not `--backend`."""
+    once = NO_JITTER.model_copy(update={"max_retries": 0})
+    searxng = SearxngBackend(f"http://127.0.0.1:{refused_port}", min_interval_s=0.0, sleep=lambda s: None,
+                             breaker=policy(5), retry=once)
+    with pytest.raises(BackendError) as refused:
+        searxng.search("q", 3)
+    FakeDDGS.calls = []
+    FakeDDGS.script = [ddgs.exceptions.DDGSException(ConnectionError("[Errno -3] Temporary failure in name resolution"))]
+    monkeypatch.setattr(ddgs, "DDGS", FakeDDGS)
+    with pytest.raises(BackendError) as offline:
+        DdgsBackend(min_interval_s=0.0, sleep=lambda s: None, breaker=policy(5), retry=once).search("q", 3)
+    for err in (refused.value, offline.value):
+        assert "`--search corpus:INDEX`" in str(err) and "--backend" not in str(err)
+
+
 def test_no_results_and_rate_limits_are_answers_that_reset_the_count() -> None:
     replies: list[Any] = [503, {"results": []}, 503, 429, 503, {"results": []}, 503, 503]
     with LocalServer({"/search": scripted(replies)}) as api:

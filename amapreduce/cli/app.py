@@ -8,13 +8,17 @@ module imports only typer at module level (heavy libraries load inside the comma
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import typer
 import typer.main
 
 from amapreduce._version import __version__
 from amapreduce.cli.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ROOT_EXIT_CODES_HELP
+from amapreduce.cli.help import App
 from amapreduce.errors import AmapreduceError, RunError, UserError
 
 __all__ = ["app", "main", "run"]
@@ -31,12 +35,12 @@ _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
     ("amapreduce.cli.ui", "register", None, "Look at runs, tables, traces, memory and evaluations in a browser."),
 )
 
-app = typer.Typer(
+app = App(
     name="amapreduce",
     help="Agentic MapReduce for wide search: questions whose answer is a table over many entities.",
     epilog=ROOT_EXIT_CODES_HELP,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (typer's; shellingham loads only then)
     pretty_exceptions_enable=False,
 )
 
@@ -78,6 +82,32 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+class _StderrHandler(logging.Handler):
+    """Our warnings on the current `sys.stderr`, the message alone (as Python's last resort shows them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - logging's own contract: a handler never raises
+            self.handleError(record)
+
+
+@contextmanager
+def _warnings_on_stderr() -> Iterator[None]:
+    """The package's warnings reach stderr while a command runs (the package itself has a
+    NullHandler: the Python API prints nothing)."""
+    logger = logging.getLogger("amapreduce")
+    handler = _StderrHandler()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI with `argv` (default: `sys.argv[1:]`) and return the exit code.
 
@@ -89,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else argv
     try:
-        result = command.main(args=args, prog_name="amapreduce", standalone_mode=False)
+        with _warnings_on_stderr():
+            result = command.main(args=args, prog_name="amapreduce", standalone_mode=False)
     except typer.Exit as exc:
         return int(getattr(exc, "exit_code", getattr(exc, "code", 0)) or 0)
     except (typer.Abort, KeyboardInterrupt):

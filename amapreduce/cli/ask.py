@@ -10,13 +10,14 @@ import typer
 
 from amapreduce.cli import options as opt
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
+from amapreduce.cli.help import App
 
 if TYPE_CHECKING:
     from amapreduce.session.outcome import RunOutcome
 
 __all__ = ["register", "runs_app"]
 
-runs_app = typer.Typer(no_args_is_help=True, add_completion=False)
+runs_app = App()
 
 
 def ask(

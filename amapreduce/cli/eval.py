@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from amapreduce.cli.eval_options import score_options
+from amapreduce.cli.help import App
 from amapreduce.errors import RunError, UserError
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["app"]
 
-app = typer.Typer(no_args_is_help=True, add_completion=False)
+app = App()
 
 _PER_TASK_ROWS = 30
 """Runs with at most this many tasks also print one row per task."""

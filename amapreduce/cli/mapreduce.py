@@ -14,13 +14,14 @@ import typer
 
 from amapreduce.cli import options as opt
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
+from amapreduce.cli.help import App
 
 if TYPE_CHECKING:
     from amapreduce.session.outcome import RunOutcome
 
 __all__ = ["app", "report_run"]
 
-app = typer.Typer(no_args_is_help=True, add_completion=False)
+app = App()
 
 MAX_BATCHES_HELP = (
     "Refuse a batch plan with more batches than this (default: AMAPREDUCE_MAX_BATCHES, else no cap: "

@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from amapreduce.cli.help import App
+
 if TYPE_CHECKING:
     from amapreduce.memory import ExperientialMemory, MemoryStore
     from amapreduce.settings import Settings
 
 __all__ = ["app"]
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="Inspect, search, prune and distil the experiential memory.")
+app = App(help="Inspect, search, prune and distil the experiential memory.")
 
 StoreOpt = typer.Option(None, "--store", metavar="PATH", help="Store folder (default: memory_store/default).")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")

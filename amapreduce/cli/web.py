@@ -12,10 +12,12 @@ from typing import Annotated
 
 import typer
 
+from amapreduce.cli.help import App
+
 __all__ = ["register"]
 
-cache_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Inspect or clear the search/crawl cache.")
-corpus_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Build local corpus indexes.")
+cache_app = App(help="Inspect or clear the search/crawl cache.")
+corpus_app = App(help="Build local corpus indexes.")
 
 
 def _corpora(paths: list[Path] | None) -> dict[str, Path]:
@@ -51,8 +53,9 @@ def _list_backends(as_json: bool) -> None:
 def search(
     query: Annotated[str | None, typer.Argument(help="What to search for.")] = None,
     backend: Annotated[str | None, typer.Option(
-        "--backend", help="ddgs | searxng:URL | serper | tavily | corpus:INDEX, or an installed plug-in's "
-        "NAME[:ARG] (see --list-backends; default: settings)."
+        "--backend", "--search", help="ddgs | searxng:URL | serper | tavily | corpus:INDEX, or an installed "
+        "plug-in's NAME[:ARG] (see --list-backends; default: settings). --search is the same flag, named as "
+        "on the run commands."
     )] = None,
     n: Annotated[int, typer.Option("-n", "--n", help="Number of results.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of results.")] = False,
@@ -158,7 +161,7 @@ def corpus_index(
     )] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
 ) -> None:
-    """Index folders of documents for `--backend corpus:INDEX`."""
+    """Index folders of documents for `--search corpus:INDEX`."""
     import time
 
     from amapreduce.web.corpus import build_corpus_index
@@ -169,7 +172,7 @@ def corpus_index(
         typer.echo(manifest.model_dump_json())
     else:
         typer.echo(f"indexed {manifest.documents} documents into {out} as corpus://{manifest.name}/ "
-                   f"in {time.perf_counter() - start:.2f} s; search with --backend corpus:{out}")
+                   f"in {time.perf_counter() - start:.2f} s; search with --search corpus:{out}")
 
 
 def register(app: typer.Typer) -> None:

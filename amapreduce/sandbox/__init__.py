@@ -34,7 +34,7 @@ class SandboxWorld(BaseModel):
     pages_dir: Path
     """The HTML pages (indexed as `corpus://sandbox/<path>`)."""
     index_dir: Path
-    """The corpus index: use it as `--backend corpus:<index_dir>`."""
+    """The corpus index: use it as `--search corpus:<index_dir>`."""
     tasks_file: Path
     """WideSearch-format task lines (`instance_id`, `query`, `evaluation`, `language`)."""
     gold_dir: Path

@@ -294,7 +294,7 @@ def http_json(
     except httpx.HTTPError as exc:
         raise BackendError(
             f"`{backend}` is unreachable ({type(exc).__name__}: {redact_secrets(str(exc))}). Check the network, or use "
-            "`--backend corpus:INDEX` to search a local index offline.",
+            "`--search corpus:INDEX` to search a local index offline.",
             backend=backend, transient=True, outage=True,
         ) from exc
     status = response.status_code

@@ -48,7 +48,7 @@ def _key(name: str, settings: Settings) -> str:
     if key is None or not key.get_secret_value():
         env = name.upper() + "_API_KEY"
         raise ConfigError(f"backend `{name}` needs an API key, got none. Set {env} (or AMAPREDUCE_{env}), "
-                          "or use the free default `--backend ddgs`.")
+                          "or use the free default `--search ddgs`.")
     return key.get_secret_value()
 
 

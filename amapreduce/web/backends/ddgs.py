@@ -41,7 +41,7 @@ class DdgsBackend(RemoteBackend):
                 return []
             # Every engine failed (offline, DNS): an outage for the breaker. A rate limit is not one.
             raise BackendError(
-                f"`ddgs` search failed: {exc}. Check the network, or use `--backend corpus:INDEX` offline.",
+                f"`ddgs` search failed: {exc}. Check the network, or use `--search corpus:INDEX` offline.",
                 backend=self.name, transient=True, outage=True,
             ) from exc
         results: list[SearchResult] = []
