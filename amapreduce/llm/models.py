@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from smolagents.models import ChatMessage, Model
 
+from amapreduce import telemetry
 from amapreduce.errors import ConfigError, ProviderUnavailable
 from amapreduce.llm.breaker import BreakerPolicy, is_outage, record_answer, shared_breaker, unreachable
 from amapreduce.llm.messages import estimate_tokens, message_text, without_secrets
@@ -334,7 +335,8 @@ class ManagedModel(Model):
             state.ticket = self.limiter.acquire(estimate) if self.limiter is not None else None
             state.attempts += 1
             try:
-                reply = self.inner.generate(
+                reply = telemetry.traced_generate(  # the simulated models' calls are LLM spans too
+                    self.inner,
                     messages,
                     stop_sequences=stop_sequences,
                     response_format=response_format,
