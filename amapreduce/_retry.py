@@ -83,7 +83,8 @@ def retry_loop(
         policy: backoff and attempt limits.
         classify: None for a permanent error, else why it may pass.
         give_up: the exception to raise for a permanent error (`transient` None) or after the
-            last attempt; it receives the error and the number of attempts made.
+            last attempt; it receives the error and the number of attempts made (returning the
+            error itself re-raises it unchanged).
         sleep, rng: injectable for tests.
         on_retry: told (attempt, why, delay) before each backoff.
     """
@@ -94,7 +95,10 @@ def retry_loop(
         except Exception as exc:  # noqa: BLE001 - classified; permanent errors go to give_up at once
             transient = classify(exc)
             if transient is None or attempt == policy.max_retries:
-                raise give_up(exc, attempt + 1, transient) from exc
+                failure = give_up(exc, attempt + 1, transient)
+                if failure is exc:
+                    raise
+                raise failure from exc
             backoff = min(policy.max_delay_s, policy.base_delay_s * 2**attempt)
             backoff *= 1 + rng.uniform(-policy.jitter, policy.jitter)
             if transient.retry_after_s is not None:

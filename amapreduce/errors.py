@@ -37,6 +37,7 @@ __all__ = [
     "ConfigError",
     "DecisionError",
     "ProviderRejected",
+    "ProviderUnreachable",
     "ProviderUnavailable",
     "RunCancelled",
     "RunError",
@@ -146,6 +147,17 @@ class ProviderRejected(ProviderUnavailable):
     """
 
     status: int | None
+
+
+class ProviderUnreachable(ProviderRejected):
+    """A model provider that has not answered once in this process cannot be connected to: its host
+    is unknown (DNS), nothing listens there (refused), the TLS handshake fails, the proxy refuses, or
+    the connection times out. A setup problem, not an outage: the run stops `failed` at its first
+    attempt with the host and the cause, instead of retrying connection errors for most of a minute
+    and then advising about rate limits. `status` is None (no HTTP answer); `host` is `host:port`.
+    """
+
+    host: str
 
 
 class RunCancelled(RunError):

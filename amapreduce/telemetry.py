@@ -65,6 +65,7 @@ __all__ = [
     "redacting_exporter",
     "retrieval_documents",
     "span",
+    "traced_generate",
 ]
 
 INSTALL_HINT = "pip install 'amapreduce[otel]'"
@@ -123,6 +124,17 @@ def _attributes(attributes: Mapping[str, Any] | None) -> dict[str, AttributeValu
     return out
 
 
+def _shown(attributes: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
+    """Our spans' attributes, cleaned (`_attributes`) and masked as openinference masks its own:
+    `OPENINFERENCE_HIDE_INPUTS` / `_OUTPUTS` (and the other `OPENINFERENCE_HIDE_*`) hide a run's
+    question, table and retrieved hints as they hide a model's messages."""
+    cleaned, state = _attributes(attributes), _state
+    if state is None:
+        return cleaned
+    masked = {key: state.config.mask(key, value, externalize=False) for key, value in cleaned.items()}
+    return {key: value for key, value in masked.items() if value is not None}
+
+
 class SpanHandle:
     """One of our spans; `NO_SPAN` (every method does nothing) while tracing is off, so call
     sites never test whether tracing is on."""
@@ -136,12 +148,12 @@ class SpanHandle:
     def set(self, attributes: Mapping[str, Any]) -> None:
         """Add attributes (redacted; None values skipped)."""
         if self._span is not None:
-            self._span.set_attributes(_attributes(attributes))
+            self._span.set_attributes(_shown(attributes))
 
     def event(self, name: str, attributes: Mapping[str, Any]) -> None:
         """Add a timestamped event (redacted attributes)."""
         if self._span is not None:
-            self._span.add_event(name, _attributes(attributes))
+            self._span.add_event(name, _shown(attributes))
 
     def fail(self, exc: BaseException) -> None:
         """Mark the span failed by `exc`: status ERROR and an `exception` event, both with the
@@ -190,10 +202,12 @@ class _Tracing:
     """What `enable` set up: our tracer, its provider (shut down by `disable` when ours), and
     openinference's instrumentor."""
 
-    def __init__(self, tracer: Tracer, provider: TracerProvider | None, instrumentor: Any) -> None:
+    def __init__(self, tracer: Tracer, provider: TracerProvider | None, instrumentor: Any, config: Any) -> None:
         self.tracer = tracer
         self.owned_provider = provider
         self.instrumentor = instrumentor
+        self.config = config
+        """openinference's `TraceConfig` (`_redacting_config`), which our spans are masked by too."""
 
 
 _state: _Tracing | None = None
@@ -221,7 +235,7 @@ def span(
 def _current_span(state: _Tracing, name: str, attributes: Mapping[str, Any] | None, kind: str) -> Iterator[SpanHandle]:
     from opentelemetry.trace import Status, StatusCode, use_span
 
-    started = state.tracer.start_span(name, attributes=_attributes({SPAN_KIND: kind, **(attributes or {})}))
+    started = state.tracer.start_span(name, attributes=_shown({SPAN_KIND: kind, **(attributes or {})}))
     handle = SpanHandle(started)
     with use_span(started, end_on_exit=True, record_exception=False, set_status_on_exception=False):
         try:
@@ -239,7 +253,7 @@ def open_span(name: str, attributes: Mapping[str, Any] | None = None, *, kind: s
     state = _state
     if state is None:
         return NO_SPAN
-    return SpanHandle(state.tracer.start_span(name, attributes=_attributes({SPAN_KIND: kind, **(attributes or {})})))
+    return SpanHandle(state.tracer.start_span(name, attributes=_shown({SPAN_KIND: kind, **(attributes or {})})))
 
 
 class SpanGroup:
@@ -334,9 +348,9 @@ def enable(*, exporter: SpanExporter | None = None, tracer_provider: AnyTracerPr
             provider = trace_api.get_tracer_provider()
         else:
             provider = owned = _own_provider(exporter)
-        instrumentor = SmolagentsInstrumentor()
-        instrumentor.instrument(tracer_provider=provider, config=_redacting_config())
-        _state = _Tracing(provider.get_tracer(_TRACER_NAME), owned, instrumentor)
+        instrumentor, config = SmolagentsInstrumentor(), _redacting_config()
+        instrumentor.instrument(tracer_provider=provider, config=config)
+        _state = _Tracing(provider.get_tracer(_TRACER_NAME), owned, instrumentor, config)
 
 
 def disable() -> None:
@@ -448,3 +462,16 @@ def redacting_exporter(inner: SpanExporter) -> SpanExporter:
             return bool(inner.force_flush(timeout_millis))
 
     return _Redacting()
+
+
+def traced_generate(model: Any, *args: Any, **kwargs: Any) -> Any:
+    """`model.generate(*args, **kwargs)`, an LLM span as openinference makes for smolagents' own
+    models when tracing is on and `model`'s class is not one it instruments (it wraps the classes
+    smolagents exports: a simulated model's calls would otherwise leave no LLM span)."""
+    state = _state
+    generate = getattr(type(model), "generate", None)
+    if state is None or type(generate).__module__.startswith("wrapt"):  # off, or traced by openinference
+        return model.generate(*args, **kwargs)
+    from openinference.instrumentation.smolagents._wrappers import _ModelWrapper
+
+    return _ModelWrapper(tracer=state.instrumentor._tracer)(model.generate, model, args, kwargs)

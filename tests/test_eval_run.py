@@ -185,6 +185,30 @@ def test_kill_9_then_resume_repeats_no_trial_and_no_commit(mode: str, after: int
         assert log[after - 1]["reason"] == "already committed"
 
 
+@pytest.mark.parametrize(("kill_after", "flags"), [(1, []), (0, ["--encoder", "hashing"])])
+def test_the_same_command_plus_resume_continues_the_evaluation(kill_after: int, flags: list[str], tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first run creates its store (recording the default or given encoder); the same command
+    plus `--resume` asks for the same evaluation, after a SIGKILL or after it completed."""
+    args = ["eval", "run", "--benchmark", "sandbox", "--limit", "2", "--trials", "1", "--memory", "st",
+            "--out", "ev", *flags, "--json"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMAPREDUCE_")}
+    env.update(AMAPREDUCE_MEMORY_ENCODER="hashing", AMAPREDUCE_ENV_FILE=os.devnull)
+    proc = subprocess.run([sys.executable, "-c", KILLER, "trial", str(kill_after), *args], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == (-signal.SIGKILL if kill_after else 0), proc.stderr[-2000:]
+    assert (tmp_path / "st").is_dir()  # the store the first run created
+    first = [(e["task_id"], e["trial"]) for e in _journal(tmp_path / "ev") if e["type"] == "trial_done"]
+    assert len(first) == (kill_after or 2)
+    monkeypatch.setenv("AMAPREDUCE_MEMORY_ENCODER", "hashing")
+    assert main([*args, "--resume"]) == 0, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "complete" and doc["tasks"] == 2 and doc["memory"]["records_after"] == 2
+    done = [(e["task_id"], e["trial"]) for e in _journal(tmp_path / "ev") if e["type"] == "trial_done"]
+    assert done[: len(first)] == first and len(done) == len(set(done)) == 2  # nothing finished was rerun
+
+
 def test_eval_run_through_a_real_client_and_http(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--model/--api-base`: the real OpenAI client path (smolagents' OpenAIModel, HTTP on loopback) for
     every role, the memory's included; the server's model is the simulated one (code, not an LLM)."""

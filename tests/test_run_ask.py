@@ -4,6 +4,9 @@ talks HTTP to an OpenAI-compatible server on 127.0.0.1 whose replies come from a
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,36 @@ def test_mapreduce_run_cli_json(server: OpenAICompatibleServer, tmp_path: Path, 
     assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs"), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)["runs"]
     assert listed[0]["kind"] == "mapreduce_run" and listed[0]["rows"] == 3
+
+
+NO_LITELLM = r"""
+import json, sys
+from amapreduce.cli.app import main
+code = main(sys.argv[1:])
+from amapreduce.llm.meter import PriceTable
+price = PriceTable().price("openai/gpt-4o-mini")  # LiteLLM's bundled map, read as a file
+print(json.dumps({"code": code, "litellm": sorted(m for m in sys.modules if m.split(".")[0] == "litellm")[:3],
+                  "priced": price is not None and price.input > 0}))
+"""
+
+
+def test_an_api_base_run_never_imports_litellm(server: OpenAICompatibleServer, tmp_path: Path) -> None:
+    """`--api-base` uses the OpenAI client, not LiteLLM: importing it (seconds of CPU) before the
+    first call would only delay the run; prices still come from LiteLLM's bundled map."""
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(DECISION), encoding="utf-8")
+    from amapreduce.sandbox import sandbox_world
+
+    index = sandbox_world(cache_dir=tmp_path / "cache").index_dir
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AMAPREDUCE_", "OPENAI_"))}
+    env.update(AMAPREDUCE_RUNS_DIR=str(tmp_path / "runs"), AMAPREDUCE_API_KEY=SECRET, AMAPREDUCE_ENV_FILE=os.devnull,
+               AMAPREDUCE_SEARCH_BACKEND=f"corpus:{index}", AMAPREDUCE_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", NO_LITELLM, "mapreduce", "run", str(path), "--model", "sim-model",
+                           "--api-base", server.base_url, "--json"], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen == {"code": 0, "litellm": [], "priced": True}, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[0])["rows"] == 3 and len(server.requests) >= 3
 
 
 def test_runs_list_prints_queries_verbatim(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -80,7 +80,9 @@ def _clipping(tool: Tool, limit: int, stop: _RunStop) -> Tool:
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         try:
-            out = tool(*args, **kwargs)
+            if not tool.is_initialized:
+                tool.setup()
+            out = tool.forward(*args, **kwargs)  # not `tool(...)`: the agent's call of the copy is the one tool span
         except Exception as exc:
             stop.note(exc)
             raise

@@ -149,8 +149,9 @@ def execute_trial(job: TrialJob, *, runs_dir: Path, simulated: SimulatedModels |
         meter = new_meter(settings, prices_by_prefix=prices)
     started = time.perf_counter()
     try:
-        session = Session(settings, RunOptions(kind=RunKind.EVAL, query=job.query, task_id=job.task_id, inner=inner,
-                                               meter=meter, prior_provider=prior_provider, show_progress=False))
+        session = Session(settings, RunOptions(kind=RunKind.EVAL, query=job.query, task_id=job.task_id, trial=job.trial,
+                                               inner=inner, meter=meter, prior_provider=prior_provider,
+                                               show_progress=False))
         with session:
             outcome = session.ask()
     except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (status failed) and never committed

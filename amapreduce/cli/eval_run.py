@@ -134,7 +134,7 @@ def run(
             raise UserError(f"--resume: {folder} holds no evaluation to continue.")
         config = saved
     else:
-        config = _config(benchmark, folder, base, tasks=tasks, gold_dir=gold_dir, ids=ids, limit=limit, trials=trials,
+        config = _config(benchmark, folder, base, resumed=read_eval_config(folder) if resume else None, tasks=tasks, gold_dir=gold_dir, ids=ids, limit=limit, trials=trials,
                          search=search, memory=memory, no_memory=no_memory, no_learn=no_learn, encoder=encoder,
                          judge=judge, align=align, reference_date=reference_date, max_cost=max_cost)
     settings, simulated, memory_model = _wiring(config, base)
@@ -168,10 +168,16 @@ def run(
         raise typer.Exit(code)
 
 
-def _config(benchmark: str, folder: Path, settings: Settings, *, tasks: Path | None, gold_dir: Path | None,
+def _config(benchmark: str, folder: Path, settings: Settings, *, resumed: EvalConfig | None, tasks: Path | None, gold_dir: Path | None,
             ids: str | None, limit: int | None, trials: int, search: str | None, memory: Path | None,
             no_memory: bool, no_learn: bool, encoder: str | None, judge: str | None, align: str,
             reference_date: str | None, max_cost: float | None) -> EvalConfig:
+    """The evaluation the flags ask for; `resumed`: the one the folder holds, for `--resume`.
+
+    The encoder is recorded only when the store is new. On a resume of the same command, the store
+    the first run created exists now: it is judged as the first run found it (new when that run
+    recorded an encoder), so the same command plus `--resume` asks for the same evaluation.
+    """
     from amapreduce.bench.journal import EvalConfig, benchmark_defaults
     from amapreduce.evaluation.loaders import load_tasks
     from amapreduce.memory.schema import DB_NAME
@@ -189,9 +195,12 @@ def _config(benchmark: str, folder: Path, settings: Settings, *, tasks: Path | N
     specs = load_tasks(tasks_file, "deepwidesearch" if benchmark == "deepwidesearch" else "widesearch")
     chosen = _chosen_ids(list(specs), ids, limit)
     store = None if no_memory else (memory or folder / "memory")
-    if encoder is not None and store is not None and (store / DB_NAME).exists():
+    created = (resumed is not None and resumed.encoder is not None and store is not None
+               and resumed.memory_store == str(store.resolve()))  # this evaluation's first run made the store
+    is_new = store is not None and (created or not (store / DB_NAME).exists())
+    if encoder is not None and store is not None and not is_new:
         raise UserError(f"--encoder applies to a new store; {store} exists and keeps its own encoder.")
-    new_encoder = None if store is None or (store / DB_NAME).exists() else (encoder or settings.memory_encoder)
+    new_encoder = (encoder or settings.memory_encoder) if is_new else None
     if new_encoder is not None:  # an unknown encoder is refused now, not after DIR and its store exist
         from amapreduce.llm.embed import get_encoder
 

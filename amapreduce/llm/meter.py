@@ -15,9 +15,11 @@ such a model under `max_cost_usd` logs one warning naming `AMAPREDUCE_PRICES_FIL
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -38,6 +40,8 @@ __all__ = [
     "check_budget",
     "format_cost",
     "format_recorded_cost",
+    "litellm_folder",
+    "litellm_model_map",
     "litellm_offline",
     "load_price_overrides",
 ]
@@ -71,14 +75,43 @@ def litellm_offline() -> None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
-@functools.cache
-def _litellm_prices() -> Mapping[str, Any]:
-    litellm_offline()
+LITELLM_MAP_FILE = "model_prices_and_context_window_backup.json"
+"""The model map (prices, context windows) LiteLLM ships and loads offline, in its package folder."""
+
+
+def litellm_folder() -> Path | None:
+    """LiteLLM's package folder, found without importing LiteLLM; None without the `litellm` extra."""
     try:
-        import litellm
-    except ImportError:
+        spec = importlib.util.find_spec("litellm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def litellm_model_map() -> Mapping[str, Any]:
+    """LiteLLM's model map: `litellm.model_cost` once something imported LiteLLM (a LiteLLM model's
+    run), else the map it bundles, read as a file. Why not `import litellm`: the import costs
+    seconds of CPU before the first call of a run that uses no LiteLLM model (an `--api-base` run)."""
+    table = getattr(sys.modules.get("litellm"), "model_cost", None)
+    return table if isinstance(table, Mapping) else _bundled_model_map()
+
+
+@functools.cache
+def _bundled_model_map() -> Mapping[str, Any]:
+    folder = litellm_folder()
+    if folder is None:
         return {}
-    return dict(litellm.model_cost)
+    try:
+        data = json.loads((folder / LITELLM_MAP_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # a LiteLLM that keeps its map elsewhere: ask LiteLLM itself
+        log.debug("LiteLLM's bundled model map %s is unreadable; importing litellm", folder / LITELLM_MAP_FILE)
+        litellm_offline()
+        import litellm
+
+        data = litellm.model_cost
+    return dict(data) if isinstance(data, Mapping) else {}
 
 
 def load_price_overrides(path: Path) -> dict[str, Price]:
@@ -143,7 +176,7 @@ class PriceTable:
                 return price
         if not self.use_litellm:
             return None
-        prices = _litellm_prices()
+        prices = litellm_model_map()
         for key in (model_id, bare):
             entry = prices.get(key)
             if isinstance(entry, Mapping) and entry.get("input_cost_per_token") is not None:
@@ -156,10 +189,10 @@ class PriceTable:
 
     def preload(self) -> None:
         """Load LiteLLM's price map now if this table falls back to it. A run calls this before it
-        fans out, so the first priced call does not import litellm (about a second of CPU) inside
-        a worker thread while the other workers wait on the import lock."""
+        fans out, so the first priced call does not parse it inside a worker thread while the
+        other workers wait."""
         if self.use_litellm:
-            _litellm_prices()
+            litellm_model_map()
 
     def cost(self, model_id: str, usage: Usage) -> float | None:
         """Dollars for `usage` on `model_id`, or None when the price is unknown."""

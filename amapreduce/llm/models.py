@@ -33,8 +33,9 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from smolagents.models import ChatMessage, Model
 
+from amapreduce import telemetry
 from amapreduce.errors import ConfigError, ProviderUnavailable
-from amapreduce.llm.breaker import BreakerPolicy, is_outage, shared_breaker
+from amapreduce.llm.breaker import BreakerPolicy, is_outage, record_answer, shared_breaker, unreachable
 from amapreduce.llm.messages import estimate_tokens, message_text, without_secrets
 from amapreduce.llm.meter import UsageMeter, litellm_offline
 from amapreduce.llm.retry import (
@@ -188,8 +189,10 @@ def _inner_model(spec: ModelSpec) -> Model:
         )
     litellm_offline()
     try:
+        import litellm
         from smolagents import LiteLLMModel
 
+        litellm.suppress_debug_info = True  # its "Give Feedback / Get Help" lines on stdout with every mapped error
         return LiteLLMModel(
             model_id=spec.model_id, api_key=key, num_retries=0, timeout=spec.timeout_s, retry=False, **_sampling(spec)
         )
@@ -315,6 +318,8 @@ class ManagedModel(Model):
         estimate = sum(estimate_tokens(message_text(m)) for m in messages)
         state = _Call()
         breaker = self.breaker
+        what = f"{self.role} model {self.model_id!r}"
+        provider = self.provider or what
         pause = self._sleep or time.sleep
 
         def admit() -> None:  # before the first request and before each retry
@@ -330,7 +335,8 @@ class ManagedModel(Model):
             state.ticket = self.limiter.acquire(estimate) if self.limiter is not None else None
             state.attempts += 1
             try:
-                reply = self.inner.generate(
+                reply = telemetry.traced_generate(  # the simulated models' calls are LLM spans too
+                    self.inner,
                     messages,
                     stop_sequences=stop_sequences,
                     response_format=response_format,
@@ -341,6 +347,10 @@ class ManagedModel(Model):
                 state.error = exc  # a failed request keeps its ticket: the provider counted it
                 if breaker is not None:
                     breaker.record(state.probe, self._describe(exc) if is_outage(exc) else None)
+                record_answer(provider, exc)
+                never_reached = unreachable(exc, what=what, provider=provider)
+                if never_reached is not None:  # a setup problem: said at once, not retried for a minute
+                    raise never_reached from exc
                 raise
             except BaseException:
                 if breaker is not None:
@@ -348,6 +358,7 @@ class ManagedModel(Model):
                 raise
             if breaker is not None:
                 breaker.record(state.probe, None)
+            record_answer(provider)
             return reply
 
         def retried(attempt: int, transient: Transient, delay_s: float) -> None:
@@ -365,8 +376,7 @@ class ManagedModel(Model):
         try:
             admit()
             reply = call_with_retries(
-                call, what=f"{self.role} model {self.model_id!r}", policy=self.retry, on_retry=retried,
-                sleep=pause_then_admit, provider=self.provider,
+                call, what=what, policy=self.retry, on_retry=retried, sleep=pause_then_admit, provider=self.provider,
             )
         except (ModelCallError, ProviderUnavailable) as exc:
             self._write(

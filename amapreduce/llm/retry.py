@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 from amapreduce._retry import RetryPolicy, Transient, parse_retry_after, retry_loop
-from amapreduce.errors import ProviderRejected, RunError
+from amapreduce.errors import ProviderRejected, ProviderUnavailable, RunError
 from amapreduce.trace import redact_secrets
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "Transient",
     "call_with_retries",
     "classify",
+    "http_status",
     "rejected_status",
     "rejection",
 ]
@@ -89,7 +90,8 @@ def _retry_after(exc: BaseException) -> float | None:
     return parse_retry_after(headers) if headers else None
 
 
-def _status(exc: BaseException) -> int | None:
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status `exc` carries (on itself or its response), None when the provider never answered."""
     for owner in (exc, getattr(exc, "response", None)):
         code = getattr(owner, "status_code", None)
         if isinstance(code, int):
@@ -103,7 +105,7 @@ def _named(exc: BaseException, *names: str) -> bool:
 
 def classify(exc: BaseException) -> Transient | None:
     """Whether `exc` is worth retrying (and how long the server wants us to wait)."""
-    status = _status(exc)
+    status = http_status(exc)
     if status == 429 or _named(exc, "RateLimitError"):
         return Transient(kind="rate_limit", retry_after_s=_retry_after(exc))
     if (status is not None and status >= 500) or _named(exc, "InternalServerError", "ServiceUnavailableError"):
@@ -153,7 +155,7 @@ def rejected_status(exc: BaseException) -> int | None:
     code = getattr(exc, "code", None)
     if _named(exc, *_THIS_REQUEST_ONLY) or (isinstance(code, str) and code in _THIS_REQUEST_CODES):
         return None
-    status = _status(exc)
+    status = http_status(exc)
     if status is not None:
         return status if status in REJECTION_ADVICE else None
     return next((named for name, named in _REJECTION_TYPES.items() if _named(exc, name)), None)
@@ -198,12 +200,15 @@ def call_with_retries(
     provider's key in a `ProviderRejected` (default: `what`).
 
     Raises:
-        ProviderRejected: the provider refused the request for good (`rejected_status`); not retried.
+        ProviderRejected: the provider refused the request for good (`rejected_status`), or `call` raised
+            a `ProviderUnavailable` itself (re-raised as it is); not retried.
         ModelCallError: another permanent error (immediately) or the last transient one.
         The original exception is chained as `__cause__`; messages never hold a registered secret.
     """
 
     def give_up(exc: Exception, attempts: int, transient: Transient | None) -> RunError:
+        if isinstance(exc, ProviderUnavailable):  # the call's own verdict (`llm.breaker.unreachable`): as raised
+            return exc
         if transient is None:
             refused = rejection(exc, what=what, provider=provider or what)
             if refused is not None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.util
 import logging
 import os
 import re
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from amapreduce.llm.messages import estimate_tokens
+from amapreduce.llm.meter import litellm_folder
 from amapreduce.llm.usage import Usage
 
 __all__ = ["TokenCounter", "encoding_for_model"]
@@ -68,13 +68,8 @@ def encoding_for_model(model_id: str | None) -> str:
 
 def _bundled_dir() -> Path | None:
     """LiteLLM's folder of tokenizer files, found without importing LiteLLM; None without the extra."""
-    try:
-        spec = importlib.util.find_spec("litellm")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"
+    folder = litellm_folder()
+    return None if folder is None else folder / "litellm_core_utils" / "tokenizers"
 
 
 def _bundled_file(folder: Path, name: str) -> Path:

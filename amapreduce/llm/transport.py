@@ -15,6 +15,13 @@ module wraps httpcore's own sync backend so each stream sets the option before r
 `HTTPTransport` does not take a backend, so `QuickAckTransport` replaces its pool with the same
 pool built on the wrapped backend. On systems without `TCP_QUICKACK` (macOS, Windows) the
 client is httpx's plain one.
+
+Proxies. httpx reads HTTP_PROXY / HTTPS_PROXY / ALL_PROXY / NO_PROXY only when it builds the
+transport itself (`allow_env_proxies = trust_env and transport is None`), so a client given this
+transport used to go direct behind a proxy. `openai_http_client` mounts the environment's proxies
+itself, read by httpx's own helper (`httpx._utils.get_environment_proxies`, the map httpx's default
+client builds): a proxied URL goes through an `httpx.HTTPTransport(proxy=...)` as with the SDK's
+default client, a direct one (NO_PROXY, or no proxy set) through the quick-ACK transport.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from typing import Any
 import httpcore
 import httpx
 
-__all__ = ["QUICKACK", "QuickAckBackend", "QuickAckStream", "QuickAckTransport", "openai_http_client"]
+__all__ = ["QUICKACK", "QuickAckBackend", "QuickAckStream", "QuickAckTransport", "environment_proxy_mounts",
+           "openai_http_client"]
 
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 """The socket option (Linux only); None where the system has none."""
@@ -107,4 +115,14 @@ def openai_http_client() -> httpx.Client:
 
     if QUICKACK is None:
         return DefaultHttpxClient()
-    return DefaultHttpxClient(transport=QuickAckTransport(limits=DEFAULT_CONNECTION_LIMITS))
+    return DefaultHttpxClient(transport=QuickAckTransport(limits=DEFAULT_CONNECTION_LIMITS),
+                              mounts=environment_proxy_mounts(DEFAULT_CONNECTION_LIMITS))
+
+
+def environment_proxy_mounts(limits: httpx.Limits) -> dict[str, httpx.BaseTransport | None]:
+    """httpx's mounts for the environment's proxies, as its default client builds them: a proxy
+    transport per proxied URL pattern, None (the client's own transport) for each NO_PROXY entry."""
+    from httpx._utils import get_environment_proxies
+
+    return {pattern: None if url is None else httpx.HTTPTransport(proxy=httpx.Proxy(url), limits=limits)
+            for pattern, url in get_environment_proxies().items()}

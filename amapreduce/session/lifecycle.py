@@ -157,9 +157,10 @@ class ActiveRun:
 
 
 @contextlib.contextmanager
-def start_run(settings: Settings, *, kind: RunKind, query: str, meter: UsageMeter) -> Iterator[ActiveRun]:
+def start_run(settings: Settings, *, kind: RunKind, query: str, meter: UsageMeter, task_id: str | None = None,
+              trial: int | None = None) -> Iterator[ActiveRun]:
     """Open a run: a new run directory under `settings.runs_dir`, named after `query`, metered by
-    `meter`; on the way out, close the directory.
+    `meter`; on the way out, close the directory. `task_id` and `trial` (an evaluation's) label its span.
 
     If the body raises before `ActiveRun.finish` wrote `result.json`, a `failed` one is written
     (see `ActiveRun.record_failure`) and the exception is re-raised.
@@ -172,7 +173,7 @@ def start_run(settings: Settings, *, kind: RunKind, query: str, meter: UsageMete
         kind=kind, query=query, run_dir=run_dir, meter=meter, started=started, journal=journal,
         checkpoint=Checkpoint(journal),
     )
-    with _recorded(run, resumed=False):
+    with _recorded(run, resumed=False, labels=telemetry.ours(task_id=task_id, trial=trial)):
         yield run
 
 
@@ -209,12 +210,12 @@ def _saved_usage(saved: RunJournal) -> dict[str, Usage]:
 
 
 @contextlib.contextmanager
-def _recorded(run: ActiveRun, *, resumed: bool) -> Iterator[ActiveRun]:
+def _recorded(run: ActiveRun, *, resumed: bool, labels: Mapping[str, object] | None = None) -> Iterator[ActiveRun]:
     """Record a failure of the body in `result.json` and the journal; close the run's files. All
     of it inside the run's span, whose session is the run directory (a resume is a new trace of
     the same session)."""
     shown = {telemetry.INPUT_VALUE: run.query, telemetry.SESSION_ID: run.run_dir.path.name,
-             **telemetry.ours(kind=run.kind, run_dir=str(run.run_dir.path), resumed=resumed)}
+             **telemetry.ours(kind=run.kind, run_dir=str(run.run_dir.path), resumed=resumed), **(labels or {})}
     with telemetry.span("amapreduce.run", shown) as run.span:
         try:
             yield run
@@ -231,6 +232,7 @@ def _mark_ending(span: telemetry.SpanHandle, ending: RunEnding, meter: UsageMete
     interrupted run also sets the span's status to ERROR (it ended without raising)."""
     total = meter.total()
     span.set(telemetry.ours(status=ending.label, error=ending.error, rows=rows, requests=total.requests,
-                            tokens=total.total_tokens, cost_usd=total.cost_usd))
+                            tokens=total.total_tokens, cost_usd=meter.cost_usd(),  # None (absent): unpriced
+                            unpriced_models=meter.unpriced() or None))
     if ending.status in (RunStatus.FAILED, RunStatus.INTERRUPTED):
         span.error(ending.label if ending.error is None else f"{ending.label}: {ending.error}")

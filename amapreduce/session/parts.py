@@ -206,16 +206,9 @@ def context_window_for(settings: Settings, model_id: str | None) -> int:
 def _litellm_context_window(model_id: str) -> int | None:
     """`max_input_tokens` of LiteLLM's bundled model info for `model_id` (with or without its
     provider prefix); None without the `litellm` extra or for a model it does not know."""
-    from amapreduce.llm.meter import litellm_offline
+    from amapreduce.llm.meter import litellm_model_map
 
-    litellm_offline()  # the bundled map: importing litellm must not fetch one
-    try:
-        import litellm
-    except ImportError:
-        return None
-    table = getattr(litellm, "model_cost", None)
-    if not isinstance(table, Mapping):
-        return None
+    table = litellm_model_map()
     for key in (model_id, model_id.split("/", 1)[-1]):
         info = table.get(key)
         if isinstance(info, Mapping):

@@ -93,7 +93,9 @@ class RunOptions:
     query: str = ""
     """The question (or the label a `mapreduce run` is named by)."""
     task_id: str | None = None
-    """A benchmark instance id, passed to the memory."""
+    """A benchmark instance id, passed to the memory (and set on the run's span, as `trial` is)."""
+    trial: int | None = None
+    """Which trial of the instance an evaluation runs (1-based), for the run's span."""
     inner: InnerFactory | None = None
     """Replaces provider clients (the offline demo's simulated model)."""
     web_tools: list[Tool] | None = None
@@ -220,7 +222,7 @@ class Session:
             run = self._stack.enter_context(resume_run(path, saved, settings, meter=self.meter))
         else:
             run = self._stack.enter_context(start_run(settings, kind=options.kind, query=options.query,
-                                                      meter=self.meter))
+                                                      meter=self.meter, task_id=options.task_id, trial=options.trial))
         self._run, self.trace = run, run.run_dir.trace
         progress = self._stack.enter_context(RunProgress(self.meter, enabled=options.show_progress))
         self._progress = progress
