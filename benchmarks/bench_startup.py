@@ -79,7 +79,10 @@ def _baseline(env: dict[str, str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (each: one baseline, one run)")
+    parser.add_argument("--smoke", action="store_true", help="smallest size: one repetition")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeat = 1
     first_call: list[float] = []
     baselines: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:

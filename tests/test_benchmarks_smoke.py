@@ -1,6 +1,6 @@
 """Every script in `benchmarks/` has a smallest size (`--smoke`), and the quick ones run at HEAD here,
 as subprocesses. The others (`bench_pipeline`, `bench_evolution`, `bench_oracle`, `bench_discovery`,
-`bench_ray`: 10-50 s each even at their smallest, mostly process start-up, a sandbox index or Ray)
+`bench_ray`, `bench_startup`: 10-50 s each even at their smallest, mostly process start-up, a sandbox index or Ray)
 are run by hand with `--smoke`: the suite's time is CI's.
 
 Figures are never asserted (speed is measured by the scripts, not by tests): a run passes when it
