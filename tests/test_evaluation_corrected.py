@@ -1,7 +1,8 @@
-"""`--corrected`: each fixed bug (B1, B2, B5, B6, B11, B12) changes the score it should, and is counted."""
+"""`--corrected`: each fixed bug (B1, B2, B5, B6, B11, B12, B13) changes the score it should, and is counted."""
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 from amapreduce.evaluation.judges import ExactJudge, IdentityAligner
 from amapreduce.evaluation.loaders import GoldTable, TaskSpec, gold_as_markdown, load_gold, load_tasks
 from amapreduce.evaluation.preprocess import DateContext
-from amapreduce.evaluation.score import ScoreConfig, TableResult, score_table
+from amapreduce.evaluation.score import ScoreConfig, TableResult, explain_corrections, score_table
+from amapreduce.sandbox import WORLD_DIR
 
 FENCE = "```"
 
@@ -167,3 +169,81 @@ def test_b11_fallback_ignores_prose_pipes() -> None:
     assert extract_table_text("x | y\n\nno pipes here", corrected=True) is None  # fewer than 4 pipes
     text = "|---|---|\n| h1 | h2 |\n| 1 | 2 |"
     assert extract_table_text(text, corrected=True) == "h1|h2\n1|2"
+
+
+LABEL = "B13 cells read as text like the other table's column"
+
+
+@pytest.fixture(scope="module")
+def calling_codes() -> tuple[TaskSpec, list[list[str]]]:
+    task = load_tasks(WORLD_DIR / "tasks.jsonl", "widesearch")["sbx_en_003"]
+    with (WORLD_DIR / "gold" / "sbx_en_003.csv").open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0][3] == "Calling Code" and rows[1][3].startswith("+")
+    return task, rows
+
+
+def test_b13_one_made_up_calling_code_costs_only_its_row(calling_codes: tuple[TaskSpec, list[list[str]]]) -> None:
+    task, rows = calling_codes
+    n = len(rows) - 1
+    official, fixed = both(task, WORLD_DIR / "gold", lambda gold: table(gold, rows[1:], rows[0]))
+    assert official.score == fixed.score == 1.0 and fixed.corrections[LABEL] == 0
+
+    wrong = [list(r) for r in rows]
+    wrong[1][3] = "Zorblat"  # the answer's column now reads as text: `+213`, the gold's `213`
+    official, fixed = both(task, WORLD_DIR / "gold", lambda gold: table(gold, wrong[1:], wrong[0]))
+    assert official.f1_by_row == 0.0 and official.joined == n
+    assert official.f1_by_item == pytest.approx(0.75)  # the whole calling-code column misses
+    assert fixed.f1_by_row == pytest.approx((n - 1) / n)
+    assert fixed.f1_by_item == pytest.approx((4 * n - 1) / (4 * n))
+    assert fixed.corrections[LABEL] == n  # every gold calling code read back as written
+    assert "B13" in explain_corrections({LABEL: n})
+
+
+def test_b13_gold_text_column_against_an_all_number_answer(tmp_path: Path) -> None:
+    """The reverse: the gold's column is text (`+1-868`), the answer's reads as numbers."""
+    task = TaskSpec.model_validate(
+        {
+            "instance_id": "t",
+            "evaluation": {
+                "unique_columns": ["country"],
+                "required": ["country", "callingcode", "year"],
+                "eval_pipeline": {
+                    "country": {"preprocess": ["norm_str"], "metric": ["exact_match"]},
+                    "callingcode": {"preprocess": ["norm_str"], "metric": ["exact_match"]},
+                    "year": {"preprocess": ["norm_str"], "metric": ["exact_match"]},
+                },
+            },
+        }
+    )
+    (tmp_path / "t.csv").write_text(
+        "Country,Calling Code,Year\nBrazil,+55,2019\nFrance,+33,\nTrinidad,+1-868,2001\n", encoding="utf-8"
+    )
+    rows = [["Brazil", "+55", "2019"], ["France", "+33", "2020"], ["Trinidad", "+1868", "2001"]]
+    official, fixed = both(task, tmp_path, lambda gold: table(gold, rows))
+    assert official.f1_by_row == 0.0  # `55` vs `+55`; and the years `2019` vs `2019.0` (B1)
+    assert fixed.f1_by_row == pytest.approx(1 / 3)  # Brazil; France's year and the `+1868` differ
+    assert fixed.corrections[LABEL] == 3  # the answer's three codes; years are numbers on both sides
+    assert fixed.corrections["B1 cells rendered as integers"] == 0  # the answer's years were integers
+
+
+def test_b13_reconcile_column_rules() -> None:
+    from amapreduce.evaluation.answer import reconcile_column
+
+    nums, text = ["55", "nan"], ["+55", "nan"]
+    assert reconcile_column(nums, "number", text, ["+55", "x"], "text", None) == (text, ["+55", "x"], 1)
+    assert reconcile_column(["x"], "text", None, ["7"], "number", ["007"]) == (["x"], ["007"], 1)
+    assert reconcile_column(nums, "number", text, ["55.0"], "number", ["55.0"]) == (nums, ["55.0"], 0)
+    assert reconcile_column(nums, "number", text, ["nan"], "other", None) == (nums, ["nan"], 0)
+
+
+def test_b13_text_reading_keeps_the_b1_rendering_of_a_float_written_as_such() -> None:
+    from io import StringIO
+
+    from amapreduce.evaluation.answer import read_table_cells
+
+    cells = read_table_cells(StringIO("k,v\na,-32.0\nb,+7\nc,\nd,0.50\n"), corrected=True)
+    assert cells.kinds == ["text", "number"]
+    assert cells.cells[1] == ["-32", "7", "nan", "0.5"]
+    assert cells.as_text == [None, ["-32", "+7", "nan", "0.50"]]
+    assert read_table_cells(StringIO("k,v\na,1\n")).as_text is None  # only read corrected

@@ -137,7 +137,7 @@ def score(
     corrected: Annotated[
         bool,
         typer.Option(
-            "--corrected", help="Fix bugs B1, B2, B5, B6, B11, B12 (not comparable to published numbers)."
+            "--corrected", help="Fix bugs B1, B2, B5, B6, B11, B12, B13 (not comparable to published numbers)."
         ),
     ] = False,
     details: Annotated[

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from io import BytesIO, StringIO
 from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce._text import scrub
@@ -38,6 +39,7 @@ __all__ = [
     "parse_answer_table",
     "read_table_cells",
     "read_table_frame",
+    "reconcile_column",
 ]
 
 Benchmark = Literal["widesearch", "deepwidesearch"]
@@ -196,12 +198,20 @@ class CellTable:
         cells: one list of `str` cells per column, all the same length.
         b1_changed: cells the B1 fix rendered differently (only with `corrected`).
         b12_cells: cells kept with a literal leading quote (only with `corrected`).
+        kinds: per column, how pandas read it: "number" (int or float with a value), "text",
+            or "other" (bool, or every cell NA); None when not read `corrected`.
+        as_text: per column read as numbers, its cells read as text: as written (NA still
+            "nan") where the number reading changed them (`+55` read `55`), else as rendered
+            (so `-32.0` keeps its B1 rendering `-32`); None for other columns, and when not
+            read `corrected`. The B13 fix (`reconcile_column`) needs them.
     """
 
     columns: list[str]
     cells: list[list[str]]
     b1_changed: int = 0
     b12_cells: int = 0
+    kinds: list[str] | None = None
+    as_text: list[list[str] | None] | None = None
 
     @property
     def n_rows(self) -> int:
@@ -219,26 +229,84 @@ class CellTable:
         return frame
 
 
-def _cells(frame: pd.DataFrame, *, corrected: bool) -> CellTable:
-    """Per column: keep the inferred dtype's rendering, then `str` every cell (pandas 2 style)."""
+def _cells(frame: pd.DataFrame, *, corrected: bool, text: pd.DataFrame | None = None) -> CellTable:
+    """Per column: keep the inferred dtype's rendering, then `str` every cell (pandas 2 style).
+
+    `text` is the same table read with `dtype=object` (corrected mode): the cells as written,
+    kept for the columns pandas read as numbers (B13).
+    """
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
     cells: list[list[str]] = []
+    kinds: list[str] = []
+    as_text: list[list[str] | None] = []
     changed = 0
-    for _, series in frame.items():  # by position: duplicate labels are fine
+    for i, (_, series) in enumerate(frame.items()):  # by position: duplicate labels are fine
         values = series.tolist()
         legacy = [legacy_str(v) for v in values]
+        out = legacy
         if corrected:
-            fixed = [corrected_str(v) for v in values]
-            changed += sum(1 for a, b in zip(legacy, fixed, strict=True) if a != b)
-            legacy = fixed
-        cells.append(legacy)
-    return CellTable([str(c) for c in frame.columns], cells, b1_changed=changed)
+            out = [corrected_str(v) for v in values]
+            changed += sum(1 for a, b in zip(legacy, out, strict=True) if a != b)
+        cells.append(out)
+        if text is None:
+            continue
+        kind = "other" if is_bool_dtype(series.dtype) or not series.notna().any() else (
+            "number" if is_numeric_dtype(series.dtype) else "text")
+        kinds.append(kind)
+        if kind != "number":
+            as_text.append(None)
+            continue
+        # the text a cell loses to the number reading (`+55` read `55`) comes back; a cell the
+        # number reading renders as written (`-32.0`) keeps its B1 rendering (`-32`)
+        written = [legacy_str(v) for v in text.iloc[:, i].tolist()]
+        as_text.append([w if w != old else new for w, old, new in zip(written, legacy, out, strict=True)])
+    if text is None:
+        return CellTable([str(c) for c in frame.columns], cells, b1_changed=changed)
+    return CellTable([str(c) for c in frame.columns], cells, b1_changed=changed, kinds=kinds, as_text=as_text)
+
+
+def reconcile_column(
+    a: list[str], a_kind: str, a_text: list[str] | None, b: list[str], b_kind: str, b_text: list[str] | None
+) -> tuple[list[str], list[str], int]:
+    """B13 fix: read one column of two tables (gold and answer) the same way.
+
+    Why: pandas decides per table and column whether a column holds numbers, so one word in
+    the answer's `+55` column keeps its `+55` text while the all-numeric gold column reads `55`,
+    and no row of the column matches. Here a column is read as numbers only when it reads as
+    numbers on both sides; when one side reads it as numbers and the other as text, the number
+    side takes back the text its cells lost (`CellTable.as_text`). Both sides numbers, both
+    text, or a side with no value (or booleans): unchanged.
+
+    Returns:
+        Both columns and how many cells changed.
+    """
+    if a_kind == "number" and b_kind == "text" and a_text is not None:
+        return a_text, b, sum(1 for x, y in zip(a, a_text, strict=True) if x != y)
+    if b_kind == "number" and a_kind == "text" and b_text is not None:
+        return a, b_text, sum(1 for x, y in zip(b, b_text, strict=True) if x != y)
+    return a, b, 0
+
+
+def _read(source: Any, *, corrected: bool, **options: Any) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """`pd.read_csv(source, **options)`; corrected, the same source read as text too (B13)."""
+    import pandas as pd
+
+    if not corrected:
+        return pd.read_csv(source, **options), None
+    if hasattr(source, "read"):  # a stream is read twice
+        data = source.read()
+        source = BytesIO(data) if isinstance(data, bytes) else StringIO(data)
+    frame = pd.read_csv(source, **options)
+    if hasattr(source, "seek"):
+        source.seek(0)
+    return frame, pd.read_csv(source, dtype=object, **options)
 
 
 def read_table_cells(source: Any, *, corrected: bool = False) -> CellTable:
     """Read a CSV file with plain `pd.read_csv` (the official gold loader) into a `CellTable`."""
-    import pandas as pd
-
-    return _cells(pd.read_csv(source), corrected=corrected)
+    frame, text = _read(source, corrected=corrected)
+    return _cells(frame, corrected=corrected, text=text)
 
 
 def read_table_frame(source: Any, *, corrected: bool = False) -> pd.DataFrame:
@@ -260,7 +328,6 @@ def parse_answer_table(
 ) -> CellTable | None:
     """`extract_answer_dataframe` without building a DataFrame (the scorer's fast path)."""
     import csv
-    from io import StringIO
 
     import pandas as pd
 
@@ -269,16 +336,16 @@ def parse_answer_table(
         return None
     try:
         if corrected:
-            frame = pd.read_csv(StringIO(table), sep="|", quoting=csv.QUOTE_NONE)
+            frame, written = _read(StringIO(table), corrected=True, sep="|", quoting=csv.QUOTE_NONE)
         else:
-            frame = pd.read_csv(StringIO(table), sep="|")
+            frame, written = _read(StringIO(table), corrected=False, sep="|")
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
         raise AnswerParseError(
             f"the answer's table cannot be read as `|`-separated values: {str(exc).strip()}. "
             f"Check for a stray `|` inside a cell or an empty table."
         ) from exc
     keep = [not str(c).startswith("Unnamed") for c in frame.columns]
-    out = _cells(frame.loc[:, keep], corrected=corrected)
+    out = _cells(frame.loc[:, keep], corrected=corrected, text=None if written is None else written.loc[:, keep])
     out.columns = [norm_column(c) for c in out.columns]
     if corrected:
         out.b12_cells = sum(1 for col in out.cells for v in col if v.startswith('"'))

@@ -165,9 +165,11 @@ class GoldTable:
         columns: normalised header names, in `required` order.
         cells: one list of `str` cells per column (column-major), before deduplication.
         raw_headers: the CSV's own header names (for rendering the gold as an answer).
+        kinds, as_text: how pandas read each column and, for number columns, the cells as
+            written (`CellTable`); only when loaded `corrected` (the B13 fix needs them).
     """
 
-    __slots__ = ("cells", "columns", "raw_headers")
+    __slots__ = ("as_text", "cells", "columns", "kinds", "raw_headers")
 
     def __init__(
         self,
@@ -176,8 +178,12 @@ class GoldTable:
         raw_headers: list[str],
         *,
         cells: list[list[str]] | None = None,
+        kinds: list[str] | None = None,
+        as_text: list[list[str] | None] | None = None,
     ) -> None:
         self.columns = columns
+        self.kinds = kinds
+        self.as_text = as_text
         self.cells = cells if cells is not None else [list(col) for col in zip(*(rows or []), strict=True)]
         if not self.cells:
             self.cells = [[] for _ in columns]
@@ -193,7 +199,8 @@ def load_gold(gold_dir: Path, task: TaskSpec, *, corrected: bool = False) -> Gol
     """Read `<gold_dir>/<instance_id>.csv` like the official loader (plain `pd.read_csv`).
 
     Args:
-        corrected: B1 fix: render integral floats as integers ("2019" not "2019.0").
+        corrected: B1 fix: render integral floats as integers ("2019" not "2019.0"); keep what
+            the B13 fix needs (how each column was read, number columns as written).
 
     Raises:
         UserError: the file is missing or unreadable, or lacks a required column.
@@ -224,6 +231,8 @@ def load_gold(gold_dir: Path, task: TaskSpec, *, corrected: bool = False) -> Gol
         None,
         [raw_headers[i] for i in index],
         cells=[table.cells[i] for i in index],
+        kinds=None if table.kinds is None else [table.kinds[i] for i in index],
+        as_text=None if table.as_text is None else [table.as_text[i] for i in index],
     )
 
 

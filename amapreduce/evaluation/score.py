@@ -13,7 +13,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from amapreduce.evaluation.answer import AnswerParseError, CellTable, extract_table_text, parse_answer_table
+from amapreduce.evaluation.answer import (
+    AnswerParseError,
+    CellTable,
+    extract_table_text,
+    parse_answer_table,
+    reconcile_column,
+)
 from amapreduce.evaluation.judges import Aligner, ColumnJudge
 from amapreduce.evaluation.loaders import ColumnRule, GoldTable, TaskSpec
 from amapreduce.evaluation.metrics import MetricSet
@@ -39,6 +45,7 @@ _BUG_EFFECTS = {
     "B6": "partial dates take today's month or year",
     "B11": "tables and numbers are read by the first fence or first number only",
     "B12": "a cell starting with a quote loses its quotes",
+    "B13": "one word in a column of numbers keeps that table's whole column as text (`+55` is not `55`)",
 }
 """What each official bug does to a score, in a clause (docs/scorer-rules.md, "Known bugs")."""
 
@@ -67,7 +74,7 @@ class ScoreConfig:
         judge: scores `llm_judge` columns.
         aligner: maps response headers and keys to the gold's (`primary_key_preprocess`).
         dates: the date reference (pin it for reproducible `norm_date`/`date_near`).
-        corrected: apply the B1, B2, B5, B6, B11, B12 fixes.
+        corrected: apply the B1, B2, B5, B6, B11, B12, B13 fixes.
         default_criterion: `number_near` tolerance when a column has none (DeepWideSearch fix
             of D2); None keeps the official `TypeError`.
         normalize_pipeline_keys: pass `eval_pipeline` keys through `norm_column` (fix of D3).
@@ -230,6 +237,8 @@ def _score_frame(
         raise _EvaluatorError(f"KeyError: {missing_keys[0]!r} (unique column not required)")
     resp = [list(frame.cells[columns.index(c)]) for c in required]
     gold_cols = [list(col) for col in gold.cells]
+    if cfg.corrected:
+        _read_columns_alike(frame, [columns.index(c) for c in required], gold, resp, gold_cols, result)
     key_idx = [required.index(c) for c in unique]
     raw_unique = 0
     if not cfg.corrected:
@@ -364,6 +373,20 @@ def _score_frame(
         result.details = detail_records(
             required, unique, resp, gold_cols, before_map, pairs, scores, messages, resp_keys, gold_keys
         )
+
+
+def _read_columns_alike(
+    frame: CellTable, order: list[int], gold: GoldTable, resp: list[list[str]], gold_cols: list[list[str]],
+    result: TableResult,
+) -> None:
+    """B13 fix: a column read as numbers on one side and as text on the other is text on both."""
+    if frame.kinds is None or frame.as_text is None or gold.kinds is None or gold.as_text is None:
+        return
+    for ci, fi in enumerate(order):
+        resp[ci], gold_cols[ci], changed = reconcile_column(
+            resp[ci], frame.kinds[fi], frame.as_text[fi], gold_cols[ci], gold.kinds[ci], gold.as_text[ci]
+        )
+        result.corrections["B13 cells read as text like the other table's column"] += changed
 
 
 def _count_preprocess_changes(cfg: ScoreConfig, name: str, values: list[str], result: TableResult) -> None:
