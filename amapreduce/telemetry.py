@@ -219,6 +219,13 @@ def active() -> bool:
     return _state is not None
 
 
+def hides_inputs() -> bool:
+    """True while tracing is on with `OPENINFERENCE_HIDE_INPUTS`: span attributes that would
+    quote a run's question in other words (the run folder's name, made from it) are left out."""
+    state = _state
+    return state is not None and bool(state.config.hide_inputs)
+
+
 def span(
     name: str, attributes: Mapping[str, Any] | None = None, *, kind: str = CHAIN
 ) -> contextlib.AbstractContextManager[SpanHandle]:

@@ -14,6 +14,7 @@ not LLMs), in process (the demo, the sandbox evaluation) or behind the loopback 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from amapreduce import telemetry
 from amapreduce.cli.app import main
 from amapreduce.demo.run import run_demo
+from amapreduce.session.rundir import slugify
 from amapreduce.settings import Settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from tests.test_cli_exit_codes import Items, serving, workdir  # noqa: F401 - `workdir`: an autouse fixture
@@ -110,6 +112,9 @@ def test_openinference_hide_inputs_and_outputs_hide_our_question_and_table(
     assert root.attributes["input.value"] == root.attributes["output.value"] == "__REDACTED__"
     text = all_text(finished)
     assert not [t for t in text if QUESTION in t]
+    slug = slugify(QUESTION)  # the run folder's name: not the session id, not a path on any span
+    assert len(slug) > 10 and not [t for t in text if slug[:12] in t]
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{10}", str(root.attributes["session.id"]))
     table_row = str(out["table_markdown"]).splitlines()[3]  # a row of the answer: in no span
     assert table_row.startswith("|") and not [t for t in text if table_row in t]
 

@@ -214,8 +214,11 @@ def _recorded(run: ActiveRun, *, resumed: bool, labels: Mapping[str, object] | N
     """Record a failure of the body in `result.json` and the journal; close the run's files. All
     of it inside the run's span, whose session is the run directory (a resume is a new trace of
     the same session)."""
-    shown = {telemetry.INPUT_VALUE: run.query, telemetry.SESSION_ID: run.run_dir.path.name,
-             **telemetry.ours(kind=run.kind, run_dir=str(run.run_dir.path), resumed=resumed), **(labels or {})}
+    hidden = telemetry.hides_inputs()  # the folder's name is a slug of the question
+    shown = {telemetry.INPUT_VALUE: run.query,
+             telemetry.SESSION_ID: run.run_dir.opaque_name if hidden else run.run_dir.path.name,
+             **telemetry.ours(kind=run.kind, run_dir=None if hidden else str(run.run_dir.path), resumed=resumed),
+             **(labels or {})}
     with telemetry.span("amapreduce.run", shown) as run.span:
         try:
             yield run

@@ -14,6 +14,7 @@ after its last start (its process lives, or is gone), else its `RunStatus` (`com
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -73,6 +74,14 @@ class RunDir:
                 n += 1
                 continue
             return cls(path)
+
+    @property
+    def opaque_name(self) -> str:
+        """The folder's name with the question's slug replaced by a digest of the whole name:
+        `20261127-161530-3f9a0c2e1b`, unique per folder and the same on every resume, but saying
+        nothing of the question (the session id of a trace that hides its inputs)."""
+        name = self.path.name
+        return f"{name[:15]}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
 
     def write_table(self, markdown: str, csv_text: str) -> None:
         """Write `table.md` and `table.csv`."""
