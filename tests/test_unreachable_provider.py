@@ -15,6 +15,7 @@ policy is kept, so a retried connection error would take far longer than the bou
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -119,3 +120,29 @@ def test_once_the_provider_has_answered_a_connection_error_is_an_outage_again() 
     record_answer("127.0.0.1:1", openai.RateLimitError("slow down", response=httpx.Response(429, request=request),
                                                         body=None))
     assert unreachable(refused, what="m", provider="127.0.0.1:1") is None
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-5-mini", "anthropic/claude-3-5-haiku-latest"])
+def test_a_litellm_model_without_its_key_is_refused_before_the_run(
+    model: str, workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Was: LiteLLM reports the missing key as an HTTP 500 on each call, so the run retried it for about
+    a minute and ended `failed`. Now the pre-flight refuses it: exit 2, the variable named, no run folder."""
+    for name in ("AMAPREDUCE_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AMAPREDUCE_ENV_FILE", os.devnull)  # no .env key either
+    assert main(["ask", "What is the capital of France?", "--model", model, "--json"]) == 2
+    captured = capsys.readouterr()
+    variable = "OPENAI_API_KEY" if model.startswith("openai/") else "ANTHROPIC_API_KEY"
+    assert f"needs an API key and none is set: export {variable}" in captured.err and captured.out == ""
+    assert not (workdir / "runs").exists()
+
+
+def test_a_local_litellm_provider_that_takes_no_key_is_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ollama names `OLLAMA_API_BASE` (it has a default), not a key: nothing to refuse before the run."""
+    from amapreduce.llm.models import ModelSpec, build_model
+    from amapreduce.llm.meter import UsageMeter
+
+    monkeypatch.delenv("AMAPREDUCE_API_KEY", raising=False)
+    model = build_model(ModelSpec(model_id="ollama/llama3"), role="subagent", meter=UsageMeter())
+    assert model.model_id == "ollama/llama3"

@@ -193,6 +193,8 @@ def _inner_model(spec: ModelSpec) -> Model:
         from smolagents import LiteLLMModel
 
         litellm.suppress_debug_info = True  # its "Give Feedback / Get Help" lines on stdout with every mapped error
+        if key is None:
+            _require_provider_key(litellm, spec.model_id)
         return LiteLLMModel(
             model_id=spec.model_id, api_key=key, num_retries=0, timeout=spec.timeout_s, retry=False, **_sampling(spec)
         )
@@ -201,6 +203,21 @@ def _inner_model(spec: ModelSpec) -> Model:
             f"model {spec.model_id!r} needs LiteLLM: pip install 'amapreduce[litellm]' "
             "(or use --api-base with an OpenAI-compatible server)."
         ) from exc
+
+
+def _require_provider_key(litellm: Any, model_id: str) -> None:
+    """Refuse, before any call, a LiteLLM model whose provider takes nothing but an API key when
+    no key is set (LiteLLM would report each call as an HTTP 500 and the run would retry it for a
+    minute). Providers that can authenticate otherwise (a local Ollama, AWS or Google credentials,
+    Azure's endpoint settings) name other variables among the missing ones and are left to LiteLLM.
+
+    Raises:
+        ConfigError: the provider's key variable is unset.
+    """
+    missing = list(litellm.validate_environment(model=model_id).get("missing_keys") or [])
+    if missing and all(name.endswith("_API_KEY") for name in missing):
+        names = " or ".join(missing)
+        raise ConfigError(f"model {model_id!r} needs an API key and none is set: export {names} (or AMAPREDUCE_API_KEY).")
 
 
 def _field(obj: Any, name: str) -> Any:
