@@ -20,7 +20,7 @@ from amapreduce.llm.transport import (
     QuickAckBackend,
     QuickAckStream,
     QuickAckTransport,
-    openai_http_client,
+    chat_http_client,
 )
 
 pytestmark = pytest.mark.skipif(QUICKACK is None, reason="TCP_QUICKACK is Linux-only; elsewhere the client is httpx's own")
@@ -86,8 +86,8 @@ def two_piece_server() -> Iterator[str]:
         server.server_close()
 
 
-def test_the_openai_client_talks_through_quickack_connections(two_piece_server: str) -> None:
-    with openai_http_client() as client:
+def test_the_chat_client_talks_through_quickack_connections(two_piece_server: str) -> None:
+    with chat_http_client() as client:
         assert isinstance(client._transport, QuickAckTransport)
         assert isinstance(client._transport._pool._network_backend, QuickAckBackend)
         for _ in range(3):  # one kept-alive connection, several replies
@@ -96,7 +96,7 @@ def test_the_openai_client_talks_through_quickack_connections(two_piece_server: 
 
 def test_models_on_an_api_base_use_it() -> None:
     model = build_model(ModelSpec(model_id="m", api_base="http://127.0.0.1:9/v1"), role="subagent", meter=UsageMeter())
-    assert isinstance(model.inner.client._client._transport, QuickAckTransport)
+    assert isinstance(model.inner.client._http._transport, QuickAckTransport)
 
 
 class _ForwardProxy(BaseHTTPRequestHandler):

@@ -202,14 +202,13 @@ def sub_agent(messages, info):
 assert "litellm" not in sys.modules
 model = ManagedModel(FunctionModel(sub_agent, model_id="openai/gpt-4o-mini"), role="subagent", meter=UsageMeter())
 solver = SmolagentsSolver(model=model, tools=[lookup_capital], max_steps=4)
-from smolagents import OpenAIModel
-assert "openai.resources.chat" not in sys.modules
-client = OpenAIModel(model_id="m", api_base="http://127.0.0.1:9/v1", api_key="x")  # never called
-SmolagentsSolver(model=ManagedModel(client, role="subagent", meter=UsageMeter()))
+from amapreduce.llm.models import ModelSpec, build_model
+client = build_model(ModelSpec(model_id="m", api_base="http://127.0.0.1:9/v1"), role="subagent", meter=UsageMeter())
+SmolagentsSolver(model=client)  # an --api-base model: never called
 built = set(sys.modules)
 d = Decision.parse({{"task_matrix": [["France"]], "template": "Capital of __0__", "json_schema": ["country", "capital"]}})
 result = MapReduceEngine(solver, config=EngineConfig(workers=4)).run(d)
-print(json.dumps({{"records": result.table.records(), "at_build": sorted(m for m in built if m in ("litellm", "torch", "openai.resources.chat")),
+print(json.dumps({{"records": result.table.records(), "at_build": sorted(m for m in built if m in ("litellm", "torch", "openai")),
                   "during_run": sorted(set(sys.modules) - built)}}))
 """
 
@@ -222,12 +221,11 @@ def test_a_run_imports_nothing_heavy_in_its_worker_threads(repo_root: Path) -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["records"] == [{"country": "France", "capital": "Paris"}]
-    # What the first call would import is imported when the solver is built, before the fan-out:
-    # the OpenAI client's chat resources. LiteLLM is not imported at all by a run that uses no LiteLLM
-    # model: the meter reads the price map LiteLLM ships as a file.
-    assert report["at_build"] == ["openai.resources.chat"]
+    # Neither the openai SDK (an --api-base model's client is `amapreduce.llm.chat_client`) nor LiteLLM
+    # is imported by a run that uses no LiteLLM model: the meter reads the price map LiteLLM ships as a file.
+    assert report["at_build"] == []
     # torch (which smolagents imports to check a structured answer for a tensor) is never imported.
-    heavy = [m for m in report["during_run"] if m.split(".")[0] in {"torch", "litellm", "jinja2", "yaml"}]
+    heavy = [m for m in report["during_run"] if m.split(".")[0] in {"torch", "litellm", "openai", "jinja2", "yaml"}]
     assert heavy == [] and "torch" not in report["at_build"]
 
 
@@ -241,7 +239,7 @@ def test_building_a_solver_on_an_openai_compatible_model_sends_nothing() -> None
     with OpenAICompatibleServer(FunctionModel(lambda messages, info: "hi")) as server:
         meter = UsageMeter()
         client = OpenAIModel(model_id="m", api_base=server.base_url, api_key="x")
-        SmolagentsSolver(model=ManagedModel(client, role="subagent", meter=meter))  # warms the SDK offline
+        SmolagentsSolver(model=ManagedModel(client, role="subagent", meter=meter))
         assert server.requests == [] and meter.total().requests == 0
 
 

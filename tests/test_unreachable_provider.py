@@ -140,8 +140,8 @@ def test_a_litellm_model_without_its_key_is_refused_before_the_run(
 
 def test_a_local_litellm_provider_that_takes_no_key_is_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ollama names `OLLAMA_API_BASE` (it has a default), not a key: nothing to refuse before the run."""
-    from amapreduce.llm.models import ModelSpec, build_model
     from amapreduce.llm.meter import UsageMeter
+    from amapreduce.llm.models import ModelSpec, build_model
 
     monkeypatch.delenv("AMAPREDUCE_API_KEY", raising=False)
     model = build_model(ModelSpec(model_id="ollama/llama3"), role="subagent", meter=UsageMeter())

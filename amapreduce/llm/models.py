@@ -170,14 +170,12 @@ def _inner_model(spec: ModelSpec) -> Model:
     if spec.api_base:
         from smolagents import OpenAIModel
 
-        from amapreduce.llm.transport import openai_http_client
+        from amapreduce.llm.chat_client import ChatCompletionsClient
 
         return OpenAIModel(
             model_id=spec.model_id,
-            api_base=spec.api_base,
-            api_key=key or NO_KEY,
-            # `openai_http_client`: no 40 ms delayed-ACK stall per call on servers that write a reply in two pieces.
-            client_kwargs={"max_retries": 0, "timeout": spec.timeout_s, "http_client": openai_http_client()},
+            # our lean client, not the openai SDK's: smolagents builds the request and reads the reply
+            client=ChatCompletionsClient(base_url=spec.api_base, api_key=key or NO_KEY, timeout_s=spec.timeout_s),
             flatten_messages_as_text=spec.flatten_messages,
             retry=False,  # smolagents' own retryer would sleep ~60 s on a 429 beneath our policy
             **_sampling(spec),

@@ -18,9 +18,9 @@ client is httpx's plain one.
 
 Proxies. httpx reads HTTP_PROXY / HTTPS_PROXY / ALL_PROXY / NO_PROXY only when it builds the
 transport itself (`allow_env_proxies = trust_env and transport is None`), so a client given this
-transport used to go direct behind a proxy. `openai_http_client` mounts the environment's proxies
+transport used to go direct behind a proxy. `chat_http_client` mounts the environment's proxies
 itself, read by httpx's own helper (`httpx._utils.get_environment_proxies`, the map httpx's default
-client builds): a proxied URL goes through an `httpx.HTTPTransport(proxy=...)` as with the SDK's
+client builds): a proxied URL goes through an `httpx.HTTPTransport(proxy=...)` as with httpx's
 default client, a direct one (NO_PROXY, or no proxy set) through the quick-ACK transport.
 """
 
@@ -33,8 +33,8 @@ from typing import Any
 import httpcore
 import httpx
 
-__all__ = ["QUICKACK", "QuickAckBackend", "QuickAckStream", "QuickAckTransport", "environment_proxy_mounts",
-           "openai_http_client"]
+__all__ = ["CONNECTION_LIMITS", "QUICKACK", "QuickAckBackend", "QuickAckStream", "QuickAckTransport",
+           "chat_http_client", "environment_proxy_mounts"]
 
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 """The socket option (Linux only); None where the system has none."""
@@ -106,17 +106,19 @@ class QuickAckTransport(httpx.HTTPTransport):
         pool.close()
 
 
-def openai_http_client() -> httpx.Client:
-    """The `http_client` for an `openai.OpenAI` client: the OpenAI SDK's defaults (its timeout,
-    connection limits and redirects, `openai.DefaultHttpxClient`) on a `QuickAckTransport`, or
-    the SDK's plain default client where the system has no `TCP_QUICKACK`."""
-    from openai import DefaultHttpxClient
-    from openai._constants import DEFAULT_CONNECTION_LIMITS
+CONNECTION_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""Connections to one endpoint: as many as a wide fan-out's workers (the openai SDK's defaults)."""
 
+
+def chat_http_client() -> httpx.Client:
+    """The httpx client for an OpenAI-compatible endpoint (`amapreduce.llm.chat_client`): connection
+    limits for a wide fan-out, redirects followed, on a `QuickAckTransport` with the environment's
+    proxies mounted; httpx's plain client (which reads the proxies itself) where the system has no
+    `TCP_QUICKACK`."""
     if QUICKACK is None:
-        return DefaultHttpxClient()
-    return DefaultHttpxClient(transport=QuickAckTransport(limits=DEFAULT_CONNECTION_LIMITS),
-                              mounts=environment_proxy_mounts(DEFAULT_CONNECTION_LIMITS))
+        return httpx.Client(limits=CONNECTION_LIMITS, follow_redirects=True)
+    return httpx.Client(transport=QuickAckTransport(limits=CONNECTION_LIMITS),
+                        mounts=environment_proxy_mounts(CONNECTION_LIMITS), follow_redirects=True)
 
 
 def environment_proxy_mounts(limits: httpx.Limits) -> dict[str, httpx.BaseTransport | None]:

@@ -10,8 +10,8 @@ done once, when the solver is built, before the engine fans out: the sub-agent's
 is ours (`prompts/search_agent.yaml`, rendered once instead of smolagents' long default prompt
 compiled by Jinja for every agent), smolagents' remaining templates are parsed once, the agents
 share one silent logger and one `final_answer` tool, the LiteLLM price map a metered model needs
-is loaded up front, and one chat completion goes through the openai SDK offline, to a canned
-reply, so the SDK builds its pydantic types once. Work left for the first attempt would run in
+is loaded up front (an `--api-base` model's client is ours, `amapreduce.llm.chat_client`, with no
+types to build on first use). Work left for the first attempt would run in
 every worker thread of the first wave at once, holding the import lock or the GIL while the
 other workers wait.
 """
@@ -28,12 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import httpx
-import openai
 import yaml
-from smolagents import FinalAnswerTool, Model, OpenAIModel, ToolCallingAgent
+from smolagents import FinalAnswerTool, Model, ToolCallingAgent
 from smolagents.memory import ActionStep
-from smolagents.models import get_tool_json_schema
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.utils import AgentError, AgentMaxStepsError
 
@@ -139,25 +136,6 @@ class _SearchAgent(ToolCallingAgent):  # type: ignore[misc,unused-ignore]  # smo
         return self._rendered_system_prompt
 
 
-def _warm_openai_sdk(tool: Tool) -> None:
-    """One offline chat completion through the openai SDK, shaped like a sub-agent's (messages,
-    a tool, a tool-call reply), answered by httpx's `MockTransport`: nothing leaves the process.
-    The SDK builds its pydantic request and reply types on first use, which would otherwise
-    happen in every worker thread of the first wave at once."""
-    reply = {
-        "id": "warm-up", "object": "chat.completion", "created": 0, "model": "warm-up",
-        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call-1", "type": "function", "function": {"name": tool.name, "arguments": '{"answer": "[]"}'}},
-        ]}}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    }
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, json=reply))
-    client = openai.OpenAI(base_url="http://127.0.0.1/v1", api_key="warm-up", max_retries=0, http_client=httpx.Client(transport=transport))
-    client.chat.completions.create(
-        model="warm-up", messages=[{"role": "user", "content": "warm-up"}], tools=[get_tool_json_schema(tool)], tool_choice="required",
-    )
-
-
 @functools.cache
 def _collect_start_up_garbage() -> None:
     """One full garbage collection, once per process, before the fan-out.
@@ -172,17 +150,13 @@ def _collect_start_up_garbage() -> None:
     gc.collect()
 
 
-def _load_what_calls_need(model: Model | Callable[[], Model], final_answer: Tool) -> None:
+def _load_what_calls_need(model: Model | Callable[[], Model]) -> None:
     """Do now what a managed model's first call would do inside every worker thread of the first
-    wave: load the meter's LiteLLM price map, and for an OpenAI-compatible model import the
-    client's chat resources and send one completion through the openai SDK offline; then collect
-    the start-up garbage (`_collect_start_up_garbage`)."""
+    wave: load the meter's price map; then collect the start-up garbage
+    (`_collect_start_up_garbage`)."""
     if not isinstance(model, ManagedModel):
         return
     model.meter.prices.preload()
-    if isinstance(model.inner, OpenAIModel):
-        _ = model.inner.client.chat.completions
-        _warm_openai_sdk(final_answer)
     _collect_start_up_garbage()
 
 
@@ -217,7 +191,7 @@ class SmolagentsSolver:
         self._prompt_templates: PromptTemplates = {**_smolagents_templates(), "system_prompt": self.system_prompt}
         self._final_answer = _TextFinalAnswerTool()
         self._logger = AgentLogger(level=LogLevel.OFF)
-        _load_what_calls_need(model, self._final_answer)
+        _load_what_calls_need(model)
 
     def _resolve_model(self) -> Model:
         return self._model if isinstance(self._model, Model) else self._model()
