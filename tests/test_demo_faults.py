@@ -23,9 +23,9 @@ def test_draws_depend_on_seed_key_and_try_only() -> None:
 
 def test_call_faults_look_like_provider_failures() -> None:
     plan = FaultPlan(rate=1.0, retry_after_s=0.05)
-    import openai
+    from amapreduce.llm.chat_client import RateLimitError
 
-    with pytest.raises(openai.RateLimitError) as caught:
+    with pytest.raises(RateLimitError) as caught:
         plan.apply("rate_limit")
     transient = classify(caught.value)
     assert transient is not None and transient.kind == "rate_limit" and transient.retry_after_s == 0.05

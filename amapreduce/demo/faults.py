@@ -34,14 +34,17 @@ class SimulatedFailure(RunError):
 
 
 def rate_limit_error(retry_after_s: float) -> Exception:
-    """An `openai.RateLimitError` (HTTP 429) carrying a `Retry-After` header, as a provider sends."""
+    """A `RateLimitError` (HTTP 429) carrying a `Retry-After` header, as an `--api-base` provider's
+    client raises it (`amapreduce.llm.chat_client`)."""
     import httpx
-    import openai
+
+    from amapreduce.llm.chat_client import RateLimitError
 
     response = httpx.Response(
-        429, headers={"retry-after": f"{retry_after_s:g}"}, request=httpx.Request("POST", "http://127.0.0.1/v1")
+        429, headers={"retry-after": f"{retry_after_s:g}"}, json={"error": {"message": "rate limited (simulated fault)"}},
+        request=httpx.Request("POST", "http://127.0.0.1/v1/chat/completions"),
     )
-    return openai.RateLimitError("rate limited (simulated fault)", response=response, body=None)
+    return RateLimitError(response)
 
 
 @dataclass(frozen=True)
