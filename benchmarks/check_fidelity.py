@@ -22,7 +22,7 @@ normalisation), since no one table can repeat both; such a task is listed, never
 
 Run: `PYTHONPATH=. .venv/bin/python benchmarks/check_fidelity.py --data ../shared/data`
 (`--benchmark widesearch|deepwidesearch|both`, `--strategies per_atom,open`, `--ids ws_en_001,...`,
-`--limit N`). Prints, per benchmark and strategy: tasks lossless / total, cells lost, and per
+`--limit N`; `--smoke` for the smallest run). Prints, per benchmark and strategy: tasks lossless / total, cells lost, and per
 failing task the cause (the cells that differ, and how the run ended).
 """
 
@@ -288,7 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strategies", default="per_atom,open", help="per_atom and/or open (chunk_size 5)")
     parser.add_argument("--ids", default=None, help="comma-separated instance ids (default: all)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (checks that it runs): --benchmark widesearch --strategies per_atom --limit 3")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.benchmark, args.strategies, args.limit = "widesearch", "per_atom", 3
     if not args.data.is_dir():
         parser.error(f"--data {args.data} is not a folder")
     benchmarks: list[Benchmark] = ["widesearch", "deepwidesearch"] if args.benchmark == "both" else [args.benchmark]
