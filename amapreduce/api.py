@@ -67,7 +67,7 @@ __all__ = [
     "to_dataframe",
 ]
 
-EVIDENCE_FIELDS = ("status", "source", "quote", "evidence")
+EVIDENCE_FIELDS = ("status", "source", "quote", "evidence", "confidence")
 """What `to_dataframe(evidence=True)` adds after each output column `c`: the columns `c status`
 (`found`, `missing` or `conflict`), `c source` (the URL, `task_matrix`, or None), `c quote` (the
 verbatim text the sub-agent quoted, or None) and `c evidence` (`verified`, `unverified` or
@@ -102,9 +102,10 @@ def to_dataframe(table: Table, *, evidence: bool = False) -> pd.DataFrame:
     """`table` as a pandas DataFrame: one column per output column, its rows in the table's
     order (matrix order), each cell its text as found, None for a missing cell.
 
-    With `evidence=True`, each output column `c` is followed by `c status`, `c source`, `c quote`
-    and `c evidence` (`EVIDENCE_FIELDS`), so a filter such as `df[df["Capital evidence"] ==
-    "unverified"]` finds the cells to check by hand.
+    With `evidence=True`, each output column `c` is followed by `c status`, `c source`, `c quote`,
+    `c evidence` and `c confidence` (`EVIDENCE_FIELDS`; the confidence a float in [0, 1],
+    `table.cell_confidence`), so a filter such as `df[df["Capital evidence"] == "unverified"]` or
+    `df.sort_values("Capital confidence")` finds the cells to check by hand.
 
     Raises:
         UserError: an evidence column's name is also an output column's (`Capital` and
@@ -117,16 +118,19 @@ def to_dataframe(table: Table, *, evidence: bool = False) -> pd.DataFrame:
     taken = sorted({n for n in names if names.count(n) > 1})
     if taken:
         raise UserError(f"the evidence columns would repeat the table's column(s) {taken}; use evidence=False.")
-    data: list[list[str | None]] = []
+    data: list[list[str | float | None]] = []
     for row in table.rows:
-        line: list[str | None] = []
+        line: list[str | float | None] = []
         for column in table.columns:
             cell = row.cells[column]
             line.append(None if cell.status is CellStatus.MISSING else cell.value)
             if evidence:
-                line += [str(cell.status), cell.source, cell.quote, str(cell.evidence)]
+                line += [str(cell.status), cell.source, cell.quote, str(cell.evidence), cell.confidence]
         data.append(line)
-    return pd.DataFrame(data, columns=names, dtype=object)
+    frame = pd.DataFrame(data, columns=names, dtype=object)
+    for column in table.columns if evidence else ():
+        frame[f"{column} confidence"] = frame[f"{column} confidence"].astype(float)
+    return frame
 
 
 @dataclass(frozen=True)

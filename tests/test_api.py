@@ -113,8 +113,12 @@ def test_run_decision_takes_a_dict_or_a_path_and_shows_the_evidence(
     assert from_path.run_dir.name.endswith("europe") and from_dict.run_dir.name.endswith("decision")
     evidence = from_dict.to_pandas(evidence=True)
     assert list(evidence.columns) == [
-        f"{c}{f}" for c in ("Country", "Capital", "Population") for f in ("", " status", " source", " quote", " evidence")
+        f"{c}{f}" for c in ("Country", "Capital", "Population")
+        for f in ("", " status", " source", " quote", " evidence", " confidence")
     ]
+    # a verified quote 0.9 (more where a later reply agreed), an entity the matrix gave 1.0: floats, to sort by
+    assert evidence["Capital confidence"].dtype == float and min(evidence["Capital confidence"]) >= 0.9
+    assert set(evidence["Country confidence"]) == {1.0}
     assert set(evidence["Capital status"]) == {"found"}
     # The simulated sub-agent quotes the page line it read; the quote is checked against the fetched page.
     assert set(evidence["Capital evidence"]) == {"verified"} and set(evidence["Country evidence"]) == {"no_evidence"}

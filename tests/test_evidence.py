@@ -208,16 +208,18 @@ def test_json_csv_and_jsonl_carry_quote_and_evidence() -> None:
     table = _table()
     cells = table.to_json()["rows"][0]["cells"]
     assert cells["capital"] == {"value": "Bergen", "status": "found", "source": "u1", "quote": "Capital | Bergen",
-                                "evidence": "unverified"}
+                                "evidence": "unverified", "confidence": 0.3}
     assert cells["country"]["quote"] is None and cells["country"]["evidence"] == "no_evidence"
     assert to_csv(table) == "country,capital\nNorway,Bergen\n"
     assert to_csv(table, evidence=True).splitlines() == [
-        "country,country quote,country evidence,capital,capital quote,capital evidence",
-        "Norway,,no_evidence,Bergen,Capital | Bergen,unverified",
+        "country,country quote,country evidence,country confidence,capital,capital quote,capital evidence,"
+        "capital confidence",
+        "Norway,,no_evidence,1,Bergen,Capital | Bergen,unverified,0.3",  # the country: given by the task matrix
     ]
     line = json.loads(to_jsonl(table, with_status=True))
     assert line["_quotes"] == {"capital": "Capital | Bergen"}
     assert line["_evidence"] == {"country": "no_evidence", "capital": "unverified"}
+    assert line["_confidence"] == {"country": 1.0, "capital": 0.3}
 
 
 def test_verify_setting_is_checked() -> None:

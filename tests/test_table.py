@@ -54,7 +54,7 @@ def test_csv_and_jsonl() -> None:
     assert list(csv.reader(io.StringIO(to_csv(t)))) == [["a", "b"], ['say "hi", ok', ""]]
     line = json.loads(to_jsonl(t, with_status=True))
     assert line == {"a": 'say "hi", ok', "b": "", "_missing": ["b"], "_conflicts": {}, "_sources": ["https://s"],
-                    "_quotes": {}, "_evidence": {"a": "no_evidence"}}
+                    "_quotes": {}, "_evidence": {"a": "no_evidence"}, "_confidence": {"a": 0.6}}
 
 
 def test_backtick_fence_in_a_cell_cannot_end_the_table() -> None:
@@ -110,3 +110,35 @@ def test_missing_cells_read_like_empty_gold_cells() -> None:
     frame = extract_answer_dataframe(to_markdown(t))
     assert frame is not None
     assert frame.values.tolist() == [["France", "Paris"], ["Atlantis", "nan"]]
+
+
+def test_a_cells_confidence_follows_the_documented_rule() -> None:
+    """`cell_confidence`: nothing 0, the matrix's 1, else by the quote's evidence, halved by a conflict,
+    at most 0.5 for a marker, raised by each later reply that gave the same value (issue 27 point 4)."""
+    from amapreduce.table.evidence import Evidence
+    from amapreduce.table.table import Cell, CellStatus, cell_confidence
+
+    found = CellStatus.FOUND
+    assert cell_confidence(Cell()) == 0.0
+    assert cell_confidence(Cell(value="Oslo", status=found, source="task_matrix")) == 1.0
+    assert [cell_confidence(Cell(value="Oslo", status=found, evidence=e))
+            for e in (Evidence.VERIFIED, Evidence.NO_EVIDENCE, Evidence.UNVERIFIED)] == [0.9, 0.6, 0.3]
+    assert cell_confidence(Cell(value="Oslo", status=CellStatus.CONFLICT, alternatives=["Bergen"],
+                                evidence=Evidence.VERIFIED)) == 0.45
+    assert cell_confidence(Cell(value="Unknown", status=CellStatus.MARKER, evidence=Evidence.VERIFIED)) == 0.5
+    assert [cell_confidence(Cell(value="Oslo", status=found, agreements=n)) for n in (1, 2, 5)] == [0.8, 0.9, 0.9]
+
+
+def test_a_later_reply_with_the_same_value_counts_as_an_agreement_and_survives_a_merge() -> None:
+    from amapreduce.table.evidence import Evidence
+
+    table = Table(["country", "capital"], ["country"])
+    table.upsert({"country": "Norway", "capital": "Oslo"}, task_index=0, source="u1")
+    table.upsert({"country": "Norway", "capital": "oslo"}, task_index=0, source="u2")  # the same value, normalised
+    table.upsert({"country": "Norway", "capital": "Oslo"}, task_index=0, evidence={"capital": Evidence.UNVERIFIED})
+    capital = table.rows[0].cells["capital"]
+    assert capital.agreements == 1 and capital.confidence == 0.8  # an unverified repeat is no agreement
+    whole = Table(["country", "capital"], ["country"])
+    whole.upsert({"country": "Norway", "capital": "Oslo"}, task_index=0, source="u3")
+    whole.merge_row(table.rows[0])
+    assert whole.rows[0].cells["capital"].agreements == 2 and whole.rows[0].cells["capital"].to_json()["agreements"] == 2

@@ -209,6 +209,7 @@ def test_downloads(client: TestClient, world: Path) -> None:
                       "_conflicts": {"Capital": ["B<i>"]}, "_sources": ["https://example.org/a?x=1&y=2",
                                                                         "javascript:alert(2)"],
                       "_quotes": {}, "_evidence": {"Name": "no_evidence", "Capital": "no_evidence"},
+                      "_confidence": {"Name": 0.6, "Capital": 0.3},  # no quote 0.6; halved by the conflict
                       "_origin": "top[2019]"}]  # a nested run's provenance (`Row.origin`) comes back too
     assert client.get(f"/runs/{CRAFTED}/download/md").status_code == 400  # it has no table.md
     assert client.get(f"/runs/{name}/download/exe").status_code == 400
@@ -469,3 +470,36 @@ def test_timeline_lays_out_every_attempt_of_every_execution(tmp_path: Path) -> N
     assert "BatchTimeout: <slow>" in first.title and [m.kind for m in timeline.marks] == ["retry", "patch"]
     assert [t.label for t in timeline.ticks] == ["0 s", "2 s", "4 s", "6 s", "8 s", "10 s"]
     assert read_timeline(tmp_path / "none.jsonl") is None
+
+
+def test_the_table_can_show_the_least_sure_rows_first_and_only_those_below_a_confidence(world: Path, tmp_path: Path) -> None:
+    """Issue 27 point 4: each cell's confidence (recorded in `result.json`) is in its hover text, and the Run
+    page orders rows by their least sure cell or keeps only rows with a cell below a confidence."""
+    runs_dir = tmp_path / "runs"
+    folder = runs_dir / "20990101-000001-sure"
+    folder.mkdir(parents=True)
+
+    def cell(value: str, confidence: float) -> dict[str, object]:
+        return {"value": value, "status": "found", "source": "https://example.org", "confidence": confidence}
+
+    rows = [{"task_index": i, "cells": {"Name": cell(name, 1.0), "Capital": cell(capital, sure)}}
+            for i, (name, capital, sure) in enumerate([("Austria", "Vienna", 0.9), ("Malta", "Rabat", 0.3),
+                                                        ("Estonia", "Tallinn", 0.6)])]
+    result = {"kind": "ask", "query": "capitals", "status": "complete", "completeness": {"rows": 3, "missing_cells": 0},
+              "table": {"columns": ["Name", "Capital"], "key_columns": ["Name"], "rows": rows}}
+    (folder / "result.json").write_text(json.dumps(result), encoding="utf-8")
+    client = TestClient(create_app(_config(world, runs_dir=runs_dir)), base_url=LOCAL)
+
+    def shown(query: str) -> list[tuple[str, str]]:
+        page = client.get(f"/runs/{folder.name}{query}")
+        assert page.status_code == 200
+        body = page.text.split('id="result-table"')[1].split("</tbody>")[0]
+        return re.findall(r'<td class="n muted">(\d+)</td>\s*<td[^>]*>([A-Za-z]+)', body)
+
+    assert shown("") == [("1", "Austria"), ("2", "Malta"), ("3", "Estonia")]
+    assert shown("?order=confidence") == [("2", "Malta"), ("3", "Estonia"), ("1", "Austria")]  # numbers stay the table's
+    assert shown("?order=confidence&below=0.65") == [("2", "Malta"), ("3", "Estonia")]
+    assert shown("?below=0.5") == [("2", "Malta")]
+    assert "confidence 0.3" in client.get(f"/runs/{folder.name}").text  # in the cell's hover text
+    assert client.get(f"/runs/{folder.name}?below=2").status_code == 400
+    assert client.get(f"/runs/{folder.name}?order=random").status_code == 400

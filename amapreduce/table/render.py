@@ -55,23 +55,25 @@ def to_markdown(table: Table, *, fenced: bool = True) -> str:
 
 def to_csv(table: Table, *, evidence: bool = False) -> str:
     """The table as CSV text (header row first); with `evidence`, each column is followed by its
-    cells' `<column> quote` and `<column> evidence` columns (`--evidence`)."""
+    cells' `<column> quote`, `<column> evidence` and `<column> confidence` columns (`--evidence`)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     if not evidence:
         writer.writerow(table.columns)
         writer.writerows([row.cells[c].value for c in table.columns] for row in table.rows)
         return buffer.getvalue()
-    writer.writerow([name for c in table.columns for name in (c, f"{c} quote", f"{c} evidence")])
+    writer.writerow([name for c in table.columns for name in (c, f"{c} quote", f"{c} evidence", f"{c} confidence")])
     for row in table.rows:
         cells = [row.cells[c] for c in table.columns]
-        writer.writerow([text for cell in cells for text in (cell.value, cell.quote or "", str(cell.evidence))])
+        writer.writerow([text for cell in cells
+                         for text in (cell.value, cell.quote or "", str(cell.evidence), f"{cell.confidence:g}")])
     return buffer.getvalue()
 
 
 def to_jsonl(table: Table, *, with_status: bool = False) -> str:
     """One JSON object per row; with `with_status`, also `_missing`, `_conflicts`, `_sources`, and
-    each answered cell's `_quotes` and `_evidence` (column → quote, column → evidence), and the
+    each answered cell's `_quotes`, `_evidence` and `_confidence` (column → quote, evidence,
+    confidence), and the
     row's `_origin` when it has one (a nested decision's row: `Row.origin`)."""
     out = []
     for row in table.rows:
@@ -82,6 +84,7 @@ def to_jsonl(table: Table, *, with_status: bool = False) -> str:
             obj["_sources"] = sorted({cell.source for cell in row.cells.values() if cell.source})
             obj["_quotes"] = {c: cell.quote for c, cell in row.cells.items() if cell.quote}
             obj["_evidence"] = {c: str(cell.evidence) for c, cell in row.cells.items() if cell.value}
+            obj["_confidence"] = {c: cell.confidence for c, cell in row.cells.items() if cell.value}
             if row.origin is not None:
                 obj["_origin"] = row.origin
         out.append(json.dumps(obj, ensure_ascii=False))

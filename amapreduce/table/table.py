@@ -30,7 +30,8 @@ from amapreduce._text import one_line
 from amapreduce.table.evidence import Evidence
 from amapreduce.table.keys import is_blank, normalize_key, normalize_value
 
-__all__ = ["DEFAULT_MISSING_MARKERS", "MATRIX_SOURCE", "Cell", "CellStatus", "Row", "Table"]
+__all__ = ["DEFAULT_MISSING_MARKERS", "EVIDENCE_CONFIDENCE", "MATRIX_SOURCE", "Cell", "CellStatus", "Row", "Table",
+           "cell_confidence"]
 
 DEFAULT_MISSING_MARKERS = frozenset({"", "n/a", "unknown", "not found", "not available", "null", "?"})
 """Values that read like "nothing found". A cell holding one has the status `marker`: it is asked
@@ -64,11 +65,50 @@ class Cell:
     """The short verbatim text of `source` the sub-agent quoted for the value, if any."""
     evidence: Evidence = Evidence.NO_EVIDENCE
     """Whether the quote was found in what the tools fetched and holds the value."""
+    agreements: int = 0
+    """How many later replies (a retry, a patch round, another sub-question) gave the same value."""
+
+    @property
+    def confidence(self) -> float:
+        """How sure the table is of the value, in [0, 1] (`cell_confidence`)."""
+        return cell_confidence(self)
 
     def to_json(self) -> dict[str, Any]:
-        """`value`, `status`, `source`, `quote`, `evidence` (and `alternatives` when any)."""
-        return {"value": self.value, "status": str(self.status), "source": self.source, "quote": self.quote,
-                "evidence": str(self.evidence)} | ({"alternatives": self.alternatives} if self.alternatives else {})
+        """`value`, `status`, `source`, `quote`, `evidence`, `confidence` (and `alternatives` and
+        `agreements` when any)."""
+        return ({"value": self.value, "status": str(self.status), "source": self.source, "quote": self.quote,
+                 "evidence": str(self.evidence), "confidence": self.confidence}
+                | ({"alternatives": self.alternatives} if self.alternatives else {})
+                | ({"agreements": self.agreements} if self.agreements else {}))
+
+
+EVIDENCE_CONFIDENCE = {Evidence.VERIFIED: 0.9, Evidence.NO_EVIDENCE: 0.6, Evidence.UNVERIFIED: 0.3}
+"""A sub-agent's value before anything else is known of it, by what the check of its quote found."""
+
+
+def cell_confidence(cell: Cell) -> float:
+    """A cell's confidence in [0, 1], by one documented rule (docs/guides/ask.md, "Confidence"):
+
+    * no value: 0; a value the task matrix fixed (not searched): 1;
+    * else by its quote's evidence: `verified` 0.9, no quote 0.6, `unverified` 0.3 (the quote is not
+      in what the tools fetched, or does not hold the value);
+    * other values seen for the cell (`conflict`): halved; a marker-looking value (`Unknown`): at most 0.5;
+    * each later reply that gave the same value (up to two) closes half the remaining gap to 1.
+
+    Rounded to two decimals, so equal evidence gives equal confidence on every run.
+    """
+    if cell.status is CellStatus.MISSING or not cell.value:
+        return 0.0
+    if cell.source == MATRIX_SOURCE:
+        return 1.0
+    score = EVIDENCE_CONFIDENCE[cell.evidence]
+    if cell.status is CellStatus.CONFLICT or cell.alternatives:
+        score /= 2
+    if cell.status is CellStatus.MARKER:
+        score = min(score, 0.5)
+    for _ in range(min(cell.agreements, 2)):
+        score += (1 - score) / 2
+    return round(score, 2)
 
 
 @dataclass(kw_only=True)
@@ -231,6 +271,8 @@ class Table:
             if value not in cell.alternatives:
                 cell.alternatives.append(value)
             cell.status = CellStatus.CONFLICT
+        elif evidence is not Evidence.UNVERIFIED:
+            cell.agreements += 1  # another reply, with a quote that holds up or none, says the same
 
     def merge_row(self, row: Row, *, fill: bool = True) -> Row | None:
         """Merge a row of another table, keeping its statuses, conflicts and origin.
@@ -257,6 +299,8 @@ class Table:
                     continue
                 for alt in cell.alternatives:  # values seen but not kept: never evidence for the cell
                     self._merge_cell(target, alt, cell.source, evidence=Evidence.UNVERIFIED)
+                if cell.agreements and normalize_value(target.value) == normalize_value(cell.value):
+                    target.agreements += cell.agreements  # the replies that agreed in the merged table
         return merged
 
     def sort_by_task(self) -> None:

@@ -68,9 +68,26 @@ _LABELS = {"csv": "CSV", "jsonl": "JSONL", "md": "Markdown"}
 
 def _run_page(request: Request, folder: Path, download: str, back: str) -> Response:
     """The Run page of `folder`; `download` is its downloads' URL with `{fmt}` for the format."""
-    view = runs.run_view(folder)
+    order = request.query_params.get("order") or "matrix"
+    if order not in runs.TABLE_ORDERS:
+        raise HTTPException(400, f"unknown order {order!r}: use {' or '.join(runs.TABLE_ORDERS)}.")
+    below = _fraction(request.query_params.get("below"))
+    view = runs.run_view(folder, order=order, below=below)
     links = [(_LABELS[fmt], download.replace("{fmt}", fmt)) for fmt in view.downloads]
     return _page(request, "run.html", {"view": view, "downloads": links, "back": back})
+
+
+def _fraction(raw: str | None) -> float | None:
+    """A `?below=` confidence: a number in [0, 1], or None when absent or empty."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise HTTPException(400, f"below={raw!r} is not a confidence: give a number from 0 to 1.")
+    return value
 
 
 def _download(folder: Path, fmt: str) -> Response:

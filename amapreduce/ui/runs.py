@@ -73,6 +73,26 @@ class CellView:
     title: str
     evidence: str | None = None
     """`verified` or `unverified` when the cell's quote was checked (the left marker), else None."""
+    confidence: float | None = None
+    """The cell's confidence in [0, 1] (`table.cell_confidence`) as `result.json` records it; None for
+    a run recorded before confidences were."""
+
+
+@dataclass(frozen=True)
+class RowView:
+    """One table row as the page draws it: its number in the table (matrix order) and its cells."""
+
+    n: int
+    cells: list[CellView]
+
+    @property
+    def least_confidence(self) -> float:
+        """The lowest confidence among the row's answered cells (1.0 when none is recorded)."""
+        return min((c.confidence for c in self.cells if c.confidence is not None and c.value), default=1.0)
+
+
+TABLE_ORDERS = ("matrix", "confidence")
+"""How the Run page may order the table: matrix order, or least sure rows first (`?order=`)."""
 
 
 def _cell(raw: object) -> CellView:
@@ -87,7 +107,10 @@ def _cell(raw: object) -> CellView:
     verified = {Evidence.VERIFIED.value: True, Evidence.UNVERIFIED.value: False}.get(str(evidence))
     if verified is not None:
         css.append("cell-verified" if verified else "cell-unverified")
-    title = [f"status: {status}" + (f", {evidence}" if verified is not None else "")]
+    confidence = cell.get("confidence")
+    confidence = float(confidence) if isinstance(confidence, int | float) and not isinstance(confidence, bool) else None
+    title = [f"status: {status}" + (f", {evidence}" if verified is not None else "")
+             + (f", confidence {confidence:g}" if confidence is not None and value else "")]
     if source:
         title.append(f"source: {source}")
     if cell.get("quote"):
@@ -96,24 +119,30 @@ def _cell(raw: object) -> CellView:
         title.append("also seen: " + "; ".join(alternatives))
     link = source if source and source.lower().startswith(("http://", "https://")) else None
     return CellView(value=value, status=status, css=" ".join(css), source=source, link=link, title="\n".join(title),
-                    evidence=str(evidence) if verified is not None else None)
+                    evidence=str(evidence) if verified is not None else None, confidence=confidence)
 
 
-def _table(recorded: object) -> dict[str, Any] | None:
+def _table(recorded: object, *, order: str = "matrix", below: float | None = None) -> dict[str, Any] | None:
+    """The table as the page draws it; `order` `confidence` puts the least sure rows first, `below`
+    keeps only rows with an answered cell less sure than it (the counts are the whole table's)."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("columns"), list):
         return None
     columns = [str(c) for c in recorded["columns"]]
-    rows = [[_cell((r.get("cells") or {}).get(c)) for c in columns]
-            for r in recorded.get("rows") or [] if isinstance(r, dict)]
+    rows = [RowView(n=n, cells=[_cell((r.get("cells") or {}).get(c)) for c in columns])
+            for n, r in enumerate((r for r in recorded.get("rows") or [] if isinstance(r, dict)), 1)]
     counts: dict[str, int] = {}
     checked: dict[str, int] = {}
     for row in rows:
-        for cell in row:
+        for cell in row.cells:
             counts[cell.status] = counts.get(cell.status, 0) + 1
             if cell.evidence is not None:
                 checked[cell.evidence] = checked.get(cell.evidence, 0) + 1
+    shown = [row for row in rows if below is None or row.least_confidence < below]
+    if order == "confidence":
+        shown.sort(key=lambda row: (row.least_confidence, row.n))
     return {"columns": columns, "key_columns": [str(k) for k in recorded.get("key_columns") or []],
-            "rows": rows, "counts": counts, "evidence": checked}
+            "rows": shown, "total_rows": len(rows), "counts": counts, "evidence": checked,
+            "order": order, "below": below}
 
 
 def _decision(raw: dict[str, Any]) -> dict[str, Any]:
@@ -176,7 +205,7 @@ class RunView:
     downloads: list[str]
 
 
-def run_view(path: Path) -> RunView:
+def run_view(path: Path, *, order: str = "matrix", below: float | None = None) -> RunView:
     """The Run page of the run folder `path` (already checked to lie inside a served folder).
 
     Raises:
@@ -186,7 +215,7 @@ def run_view(path: Path) -> RunView:
     has_table = isinstance(data.get("table"), dict)
     downloads = [fmt for fmt, (name, _) in DOWNLOADS.items() if (path / name).is_file() or (fmt == "jsonl" and has_table)]
     return RunView(
-        name=path.name, data=data, table=_table(data.get("table")),
+        name=path.name, data=data, table=_table(data.get("table"), order=order, below=below),
         decisions=[_decision(d) for d in data.get("decisions") or [] if isinstance(d, dict)],
         plans=_plans(path / "trace.jsonl"), timeline=read_timeline(path / "trace.jsonl"),
         usage=_usage(data.get("usage")), live=data.get("state") == LIVE_STATE, downloads=downloads,
@@ -206,6 +235,7 @@ def _recorded_cell(raw: object) -> Cell:
         alternatives=[str(a) for a in cell.get("alternatives") or []],
         quote=str(quote) if quote else None,
         evidence=Evidence(evidence) if evidence in set(Evidence) else Evidence.NO_EVIDENCE,
+        agreements=int(cell.get("agreements") or 0),
     )
 
 
