@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from smolagents.models import ChatMessage, Model
 
 from amapreduce import telemetry
+from amapreduce.breaker import BreakerState, CircuitBreaker
 from amapreduce.errors import ConfigError, ProviderUnavailable
 from amapreduce.llm.breaker import BreakerPolicy, is_outage, record_answer, shared_breaker, unreachable
 from amapreduce.llm.messages import estimate_tokens, message_text, without_secrets
@@ -48,7 +49,7 @@ from amapreduce.llm.retry import (
 )
 from amapreduce.llm.scope import scope_cancelled, scope_labels
 from amapreduce.llm.usage import Usage
-from amapreduce.ratelimit import WindowGate, WindowPolicy, shared_limiter
+from amapreduce.ratelimit import WindowGate, WindowLimiter, WindowPolicy, shared_limiter
 from amapreduce.trace import redact_secrets, register_secrets
 
 if TYPE_CHECKING:
@@ -294,6 +295,18 @@ class ManagedModel(Model):
         self._sleep = sleep
         self.trace = trace
         self.on_retry = on_retry
+
+    def has_room_for(self, usage: Usage) -> bool:
+        """Whether one more optional piece of work of about `usage` (a straggler's backup
+        attempt, `mapreduce.backup`) may start now: the run's budget would not be reached, the
+        provider's breaker is closed, and its limiter would admit the first request at once.
+        Gates kept elsewhere (a Ray cluster's) are not asked; the calls still pass through them."""
+        if self.meter.would_cross(usage):
+            return False
+        if isinstance(self.breaker, CircuitBreaker) and self.breaker.state is not BreakerState.CLOSED:
+            return False
+        per_request = usage.input_tokens // max(1, usage.requests)
+        return not (isinstance(self.limiter, WindowLimiter) and self.limiter.wait_s(per_request) > 0)
 
     def _describe(self, exc: BaseException | None) -> str | None:
         """An error for the trace: capped at 1,000 characters, and never a key (servers may echo it)."""
