@@ -7,8 +7,10 @@ safety timeout that a correct engine never reaches), so the order of events is f
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from solvers import WorldSolver, world, world_decision
@@ -24,6 +26,8 @@ from amapreduce.mapreduce.result import SUPERSEDED, MapReduceResult
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.progress import ProgressEvent
 from amapreduce.settings import load_settings
+from amapreduce.trace import TraceWriter
+from amapreduce.ui.timeline import read_timeline
 
 WAIT_S = 30.0  # a safety net against a hang, never reached when the engine is right
 TRUTH = world(10)
@@ -234,3 +238,18 @@ def test_settings_name_the_backup_variables() -> None:
     config = EngineConfig.from_settings(settings, decisions_by="user")
     assert config.backup.mode == "off" and config.backup.max_extra == 0.1
     assert load_settings({}).backup == "auto" and load_settings({}).backup_max_extra == 0.05
+
+
+def test_the_trace_and_the_timeline_show_the_backup_and_which_attempt_won(tmp_path: Path) -> None:
+    trace = TraceWriter(tmp_path / "trace.jsonl")
+    result, _ = run(Stragglers_({"batch-001"}), trace=trace)
+    trace.close()
+    lines = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    starts = [e for e in lines if e["event"] == "backup_start"]
+    assert starts and starts[0]["batch_id"] == "batch-001" and starts[0]["threshold_s"] >= EAGER.floor_s
+    mine = [(e["backup"], e["outcome"]) for e in lines if e["event"] == "attempt" and e["batch_id"] == "batch-001"]
+    assert mine == [(True, "ok"), (False, SUPERSEDED)]
+    assert lines[-1]["summary"]["backups"] == result.summary.backups
+    timeline = read_timeline(tmp_path / "trace.jsonl")
+    assert timeline is not None and timeline.counts["superseded"] == 1 and timeline.counts["backups"] >= 1
+    assert any("batch-001 attempt 1 backup (map): ok" in bar.title for bar in timeline.bars)
