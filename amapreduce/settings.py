@@ -113,12 +113,13 @@ class Settings(BaseModel):
     """Delta-patch rounds after the map (`AMAPREDUCE_PATCH_ROUNDS`)."""
     backup: BackupMode = "auto"
     """Backup attempts for stragglers (`AMAPREDUCE_BACKUP`): with `auto`, an attempt that runs far
-    longer than the run's finished attempts (twice their 75th percentile, at least 0.5 s) gets one
+    longer than the run's finished attempts (1.5 times their 75th percentile, at least 0.5 s) gets one
     backup on a fresh sub-agent when a worker slot is free and no batch waits for one; the first
     valid reply wins and the other is cancelled. `off`: never."""
     backup_max_extra: float = Field(default=0.05, ge=0, le=1, allow_inf_nan=False)
-    """Cap on backup attempts as a share of the batches a run plans (`AMAPREDUCE_BACKUP_MAX_EXTRA`,
-    default 0.05: at most 5 % extra sub-agent attempts)."""
+    """Cap on the model calls backups add, as a share of the calls a run needs: its planned batches
+    times the calls a finished attempt made (`AMAPREDUCE_BACKUP_MAX_EXTRA`, default 0.05: at most 5 %
+    extra calls)."""
     verify: VerifyMode = "record"
     """Cells' quotes checked against the pages fetched (`AMAPREDUCE_VERIFY`, `--verify`): `off`
     checks nothing, `record` records each cell's evidence, `strict` also counts `unverified` cells

@@ -63,7 +63,7 @@ class Stragglers_:
             with self.lock:
                 self.held.append(request)
             request.cancel.wait(self.hold_s)
-            return SolverReply(output="[]", usage=Usage(requests=1, input_tokens=3))
+            return SolverReply(output="[]")  # late and empty: a cancelled copy's reply is ignored
         if self.pace is not None and request.batch_id > "batch-004":
             self.pace.wait(WAIT_S)
         return self.world.solve(request)
@@ -124,10 +124,11 @@ def test_no_backup_starts_while_batches_wait_for_a_slot() -> None:
     assert backups and min(backups) > max(firsts)
 
 
-def test_the_cap_on_extra_attempts_holds() -> None:
+def test_the_cap_on_extra_calls_holds() -> None:
     slow = {f"batch-{i:03d}" for i in range(4, 11)}  # 7 stragglers, 3 quick batches to measure
     solver = Stragglers_(slow, hold_s=0.5)  # held ones answer [] on their own after a while
-    policy = BackupPolicy(max_extra=0.2, floor_s=0.02)  # 10 batches planned: at most 2 backups
+    # 10 batches of one call each: 2 extra calls; each cancelled straggler had sent its one call.
+    policy = BackupPolicy(max_extra=0.2, floor_s=0.02)
     result, events = run(solver, workers=10, backup=policy)
     backed_up = [key for key, n in solver.copies.items() if n > 1]
     assert len(backed_up) == result.summary.backups == 2
@@ -214,12 +215,18 @@ def test_a_journal_with_a_superseded_attempt_resumes_counting_the_batch_once() -
 def test_the_threshold_is_a_multiple_of_the_finished_attempts_p75_with_a_floor() -> None:
     st = Stragglers(BackupPolicy(multiple=2.0, floor_s=0.5, min_samples=3))
     st.plan(100)
-    assert st.threshold_s is None and st.cap == 5
+    assert st.threshold_s is None and st.cap == 5  # 5 % of 100 batches of one call until attempts are measured
     for s in (1.0, 1.0, 2.0, 10.0):
         st.finished(s, Usage(requests=2, input_tokens=10))
     assert st.threshold_s == 4.0 and st.typical_usage() == Usage(requests=2, input_tokens=10)
+    assert st.cap == 10  # 5 % of 100 batches x 2 calls
     assert not st.is_straggler(3.9, 0.0) and st.is_straggler(4.0, 0.0)
     assert st.due(0.0, [1.0, 0.5]) == 4.5
+    # Each racing backup reserves an attempt's 2 calls; a decided race charges the loser's calls.
+    assert [st.admit() for _ in range(6)] == [True] * 5 + [False]
+    for _ in range(5):
+        st.settled(1)  # each straggler was cancelled in its first call
+    assert st.extra_calls == 5 and st.room() and [st.admit() for _ in range(3)] == [True, True, False]
     fast = Stragglers(BackupPolicy(floor_s=0.5))
     for _ in range(3):
         fast.finished(0.01, Usage())

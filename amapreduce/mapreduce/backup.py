@@ -12,7 +12,10 @@ fresh sub-agent, when
 
 * backups are on (`AMAPREDUCE_BACKUP=auto`),
 * no attempt waits for a worker slot and one is free (a backup never delays real work),
-* the run's backups stay within `max_extra` of the batches it planned (`AMAPREDUCE_BACKUP_MAX_EXTRA`),
+* the run's extra model calls stay within `max_extra` of the calls it needs (`AMAPREDUCE_BACKUP_MAX_EXTRA`):
+  the calls it needs are its planned batches times the calls a finished attempt made; a backup
+  reserves an attempt's calls while it runs, and once one copy wins, the calls the cancelled copy
+  made (plus the one it had in flight) are what the backup cost,
 * and the run's `BackupGate` admits one more attempt of the usual size: the provider's limiter
   would not make it wait, its breaker is closed, and `--max-cost`/`--max-tokens` would not be crossed.
 
@@ -44,8 +47,8 @@ class BackupPolicy(BaseModel):
 
     mode: BackupMode = default_setting("backup")
     max_extra: float = Field(default=default_setting("backup_max_extra"), ge=0, le=1)
-    """Backups allowed, as a share of the batches the run planned (map and patch rounds)."""
-    multiple: float = Field(default=2.0, ge=1)
+    """Extra model calls allowed for backups, as a share of the calls the run needs (map and patch rounds)."""
+    multiple: float = Field(default=1.5, ge=1)
     """An attempt is a straggler past this multiple of the finished attempts' 75th percentile."""
     floor_s: float = Field(default=0.5, ge=0)
     """The shortest run time that makes an attempt a straggler, whatever the percentile says."""
@@ -74,16 +77,24 @@ class Stragglers:
         """Batches the run planned so far (each phase adds its own)."""
         self.started = 0
         """Backups started so far."""
+        self.extra_calls = 0.0
+        """Model calls backups cost so far: the calls of each cancelled copy."""
+        self._unsettled = 0
+        """Backups whose race is not decided yet (each reserves a typical attempt's calls)."""
 
     @property
     def enabled(self) -> bool:
         """Whether backups may start at all in this run."""
         return self.policy.mode == "auto"
 
+    def _calls_per_attempt(self) -> float:
+        return self._usage.requests / self._measured if self._measured and self._usage.requests else 1.0
+
     @property
-    def cap(self) -> int:
-        """The most backups the run may start: `max_extra` of the batches planned, rounded down."""
-        return math.floor(self.policy.max_extra * self.planned + 1e-9)
+    def cap(self) -> float:
+        """The most extra calls the run may spend on backups: `max_extra` of the calls it needs
+        (batches planned times a finished attempt's calls)."""
+        return self.policy.max_extra * self.planned * self._calls_per_attempt()
 
     def plan(self, batches: int) -> None:
         """A phase of `batches` batches begins."""
@@ -113,9 +124,19 @@ class Stragglers:
                      output_tokens=math.ceil(u.output_tokens / n), cached_tokens=math.ceil(u.cached_tokens / n),
                      cost_usd=u.cost_usd / n)
 
-    def room(self) -> int:
-        """Backups still allowed by the cap."""
-        return max(0, self.cap - self.started) if self.enabled else 0
+    def room(self) -> bool:
+        """Whether one more backup fits the cap, counting a typical attempt's calls for it and
+        for each backup still racing."""
+        if not self.enabled:
+            return False
+        reserve = self._calls_per_attempt()
+        return self.extra_calls + (self._unsettled + 1) * reserve <= self.cap + 1e-9
+
+    def settled(self, wasted_calls: int) -> None:
+        """A straggler's race is decided; the copy that lost made `wasted_calls` model calls
+        (0 when the first copy to answer failed, since the other then does a retry's work)."""
+        self._unsettled = max(0, self._unsettled - 1)
+        self.extra_calls += wasted_calls
 
     def due(self, now: float, started_at: Iterable[float]) -> float | None:
         """The earliest time one of the attempts started at `started_at` becomes a straggler
@@ -131,10 +152,12 @@ class Stragglers:
         return threshold is not None and now - started_at >= threshold
 
     def admit(self) -> bool:
-        """Take one backup from the cap if the gate admits an attempt of the usual usage."""
+        """Reserve one backup under the cap if the gate admits an attempt of the usual usage
+        (`settled` gives the reservation back)."""
         if not self.room():
             return False
         if self._gate is not None and not self._gate(self.typical_usage()):
             return False
         self.started += 1
+        self._unsettled += 1
         return True

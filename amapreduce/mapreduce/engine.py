@@ -298,7 +298,7 @@ class MapReduceEngine:
                 while finished:
                     job, reply, exc = finished.popleft()  # a run-stopping error stopped the run in `_execute`
                     if job.superseded:  # its rival's reply won first: its usage is all that counts
-                        self._record_superseded(job, phase, reply, records, execution)
+                        self._record_superseded(run, job, phase, reply, records, execution)
                         continue
                     rival = job.rival
                     follow, held = self._settle(run, job, phase, reply, exc, tables, records, execution)
@@ -307,9 +307,10 @@ class MapReduceEngine:
                         continue
                     if rival is not None and rival.future in inflight:  # the loser: cancelled, no request after
                         inflight.pop(rival.future)
+                        cut_short = rival.outcome is None
                         run.abandon(rival)
                         executor.replace_stuck_thread()
-                        self._record_superseded(rival, phase, None, records, execution)
+                        self._record_superseded(run, rival, phase, None, records, execution, cut_short=cut_short)
                     batches.event(r.batch_id, "amapreduce.attempt_settled",
                                   telemetry.ours(attempt=r.attempt, outcome=r.outcome, rows=r.rows, error=r.error))
                     if follow is not None:
@@ -326,7 +327,7 @@ class MapReduceEngine:
             run.stop(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else CANCELLED)
             for job, reply, error in finished:  # taken off the queue, not yet settled when the stop came
                 if job.superseded:
-                    self._record_superseded(job, phase, reply, records, execution)
+                    self._record_superseded(run, job, phase, reply, records, execution)
                 else:
                     self._settle(run, job, phase, reply, error, tables, records, execution)
             for job in list(inflight.values()):
@@ -515,6 +516,8 @@ class MapReduceEngine:
         if rival is not None:
             rival.rival = None
             rival.superseded = not held
+            if held:  # the other copy goes on alone, doing what a retry would: no extra call
+                run.stragglers.settled(0)
         if reply is not None:
             run.stragglers.finished(elapsed, usage)
         record = AttemptRecord(
@@ -538,12 +541,16 @@ class MapReduceEngine:
             )
         return (None if run.stopping.is_set() else follow), held
 
-    def _record_superseded(self, job: BatchJob, phase: str, reply: SolverReply | None, records: list[AttemptRecord],
-                           execution: ExecutionCheckpoint | None) -> None:
+    def _record_superseded(self, run: EngineRun, job: BatchJob, phase: str, reply: SolverReply | None,
+                           records: list[AttemptRecord], execution: ExecutionCheckpoint | None, *,
+                           cut_short: bool = False) -> None:
         """Record the loser of a straggler and its backup: cancelled (or too late), its rows not
-        merged, its usage (what its calls were charged until now) still counted and journaled."""
+        merged, its usage (what its calls were charged until now) still counted and journaled.
+        Its calls are what the backup cost (`Stragglers.settled`), one more when it was cancelled
+        mid-run (`cut_short`): the call it had in flight was sent, though not yet charged."""
         metered = job.scope.usage("subagent") if job.scope is not None else Usage()
         usage = metered if metered.requests else reply.usage if reply is not None else Usage()
+        run.stragglers.settled(usage.requests + (1 if cut_short else 0))
         elapsed = self._clock() - (job.started_at or self._clock())
         record = AttemptRecord(
             batch_id=job.state.work.batch.batch_id, phase=phase, attempt=job.state.attempt, outcome=SUPERSEDED,
