@@ -13,11 +13,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from fake_clock import FakeTime
 from solvers import WorldSolver, world, world_decision
 
+from amapreduce.breaker import BreakerPolicy, CircuitBreaker
 from amapreduce.decision import Decision
 from amapreduce.journal import JournalEntry
 from amapreduce.llm.meter import Budget, UsageMeter
+from amapreduce.llm.models import ManagedModel
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.backup import BackupPolicy, Stragglers
 from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint
@@ -25,7 +28,9 @@ from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
 from amapreduce.mapreduce.result import SUPERSEDED, MapReduceResult
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.progress import ProgressEvent
+from amapreduce.ratelimit import WindowLimiter, WindowPolicy
 from amapreduce.settings import load_settings
+from amapreduce.testing.scripted import FunctionModel
 from amapreduce.trace import TraceWriter
 from amapreduce.ui.timeline import read_timeline
 
@@ -260,3 +265,27 @@ def test_the_trace_and_the_timeline_show_the_backup_and_which_attempt_won(tmp_pa
     timeline = read_timeline(tmp_path / "trace.jsonl")
     assert timeline is not None and timeline.counts["superseded"] == 1 and timeline.counts["backups"] >= 1
     assert any("batch-001 attempt 1 backup (map): ok" in bar.title for bar in timeline.bars)
+
+
+def test_a_model_has_room_for_a_backup_only_under_its_budget_limiter_and_closed_breaker() -> None:
+    """The run's backup gate (`ManagedModel.has_room_for`): never a backup that would cross
+    --max-tokens, wait on the provider's limiter, or meet an open breaker."""
+    time_ = FakeTime()
+    attempt = Usage(requests=2, input_tokens=100)
+    meter = UsageMeter(budget=Budget(max_tokens=1000))
+    limiter = WindowLimiter(WindowPolicy(rpm=2), clock=time_.clock, sleep=time_.sleep)
+    breaker = CircuitBreaker("p", BreakerPolicy(failures=1, cooldown_s=30.0, max_wait_s=60.0), clock=time_.clock,
+                             sleep=time_.sleep)
+    model = ManagedModel(FunctionModel(lambda m, i: "ok", model_id="m"), role="subagent", meter=meter, limiter=limiter,
+                         breaker=breaker)
+    assert model.has_room_for(attempt)
+    meter.record("subagent", "m", Usage(requests=1, input_tokens=950))
+    assert not model.has_room_for(attempt)  # 950 + 100 tokens would cross the budget of 1,000
+    assert model.has_room_for(Usage(requests=1, input_tokens=40))
+    limiter.acquire()
+    limiter.acquire()  # the window is full: a backup would wait for it
+    assert not model.has_room_for(Usage(requests=1, input_tokens=40))
+    time_.sleep(61)
+    assert model.has_room_for(Usage(requests=1, input_tokens=40))
+    breaker.record(False, "HTTP 503")  # one outage failure opens this breaker
+    assert not model.has_room_for(Usage(requests=1, input_tokens=40))
