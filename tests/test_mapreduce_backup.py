@@ -13,6 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 from fake_clock import FakeTime
 from solvers import WorldSolver, world, world_decision
 
@@ -30,7 +32,7 @@ from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.progress import ProgressEvent
 from amapreduce.ratelimit import WindowLimiter, WindowPolicy
 from amapreduce.settings import load_settings
-from amapreduce.testing.scripted import FunctionModel
+from amapreduce.testing.scripted import FunctionModel, final_answer
 from amapreduce.trace import TraceWriter
 from amapreduce.ui.timeline import read_timeline
 
@@ -289,3 +291,19 @@ def test_a_model_has_room_for_a_backup_only_under_its_budget_limiter_and_closed_
     assert model.has_room_for(Usage(requests=1, input_tokens=40))
     breaker.record(False, "HTTP 503")  # one outage failure opens this breaker
     assert not model.has_room_for(Usage(requests=1, input_tokens=40))
+
+
+def test_a_provider_that_asked_to_slow_down_gets_no_backup() -> None:
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1")
+    failures = [openai.RateLimitError("slow down", response=httpx.Response(429, headers={"retry-after": "30"}, request=request),
+                                      body=None)]
+
+    def reply(messages: list[Any], info: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return final_answer("done")
+
+    model = ManagedModel(FunctionModel(reply, model_id="m"), role="subagent", meter=UsageMeter(), sleep=lambda s: None)
+    assert model.has_room_for(Usage(requests=1))
+    model.generate([])  # a 429 asking for 30 s, retried (the test's sleep does not wait)
+    assert not model.has_room_for(Usage(requests=1))

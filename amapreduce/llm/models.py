@@ -295,13 +295,17 @@ class ManagedModel(Model):
         self._sleep = sleep
         self.trace = trace
         self.on_retry = on_retry
+        self._slowed_until = float("-inf")
+        """`time.monotonic()` until which the provider asked us to slow down (its last 429 and the
+        wait it asked for): no optional work (`has_room_for`) starts before then."""
 
     def has_room_for(self, usage: Usage) -> bool:
         """Whether one more optional piece of work of about `usage` (a straggler's backup
         attempt, `mapreduce.backup`) may start now: the run's budget would not be reached, the
-        provider's breaker is closed, and its limiter would admit the first request at once.
+        provider's breaker is closed, it has not asked us to slow down (a 429 within the wait it
+        asked for, or within its backoff), and its limiter would admit the first request at once.
         Gates kept elsewhere (a Ray cluster's) are not asked; the calls still pass through them."""
-        if self.meter.would_cross(usage):
+        if self.meter.would_cross(usage) or time.monotonic() < self._slowed_until:
             return False
         if isinstance(self.breaker, CircuitBreaker) and self.breaker.state is not BreakerState.CLOSED:
             return False
@@ -382,6 +386,8 @@ class ManagedModel(Model):
             self._write("model_retry", **event.trace_fields())
             if transient.retry_after_s is not None and self.limiter is not None:
                 self.limiter.defer(min(transient.retry_after_s, self.retry.max_retry_after_s))
+            if transient.kind == "rate_limit":
+                self._slowed_until = max(self._slowed_until, time.monotonic() + delay_s)
             if self.on_retry is not None:
                 self.on_retry(event)
 
