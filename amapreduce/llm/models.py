@@ -171,9 +171,10 @@ def _inner_model(spec: ModelSpec) -> Model:
     if spec.api_base:
         from smolagents import OpenAIModel
 
+        from amapreduce.llm.chat_client import LeanOpenAIClient
         from amapreduce.llm.transport import openai_http_client
 
-        return OpenAIModel(
+        model = OpenAIModel(
             model_id=spec.model_id,
             api_base=spec.api_base,
             api_key=key or NO_KEY,
@@ -183,6 +184,8 @@ def _inner_model(spec: ModelSpec) -> Model:
             retry=False,  # smolagents' own retryer would sleep ~60 s on a 429 beneath our policy
             **_sampling(spec),
         )
+        model.client = LeanOpenAIClient(model.client)  # no per-call request transform (`llm.chat_client`)
+        return model
     if "/" not in spec.model_id:
         raise ConfigError(
             f"model {spec.model_id!r} needs a provider prefix (e.g. 'openai/{spec.model_id}') or --api-base "
