@@ -1,9 +1,14 @@
-"""The one retry loop: exponential backoff with jitter, a server's `Retry-After` honoured.
+"""The one retry loop: exponential backoff with jitter, or exactly the wait a server's `Retry-After` asks.
 
 Model calls (`amapreduce.llm.retry`) and search backends (`amapreduce.web.backends.base`) differ
 only in which errors are worth retrying, how many attempts they make and what to raise when
 giving up. Both plug those into `retry_loop` and keep `RetryPolicy`'s defaults for the backoff
 cap, the jitter and the `Retry-After` limit, so no caller retries in lockstep or without bound.
+
+`Retry-After` is a wait, not a floor under the exponential backoff: a server that says "retry in
+1 s" four times in a row is retried after about 1 s each time (plus up to `RETRY_AFTER_SPREAD`), not
+after 1, 2, 4 and 8 s. Exponential growth is kept for failures that carry no `Retry-After`. (A
+model call's `Retry-After` also defers the provider's shared limiter, so every caller waits.)
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RetryPolicy", "Transient", "parse_retry_after", "retry_loop"]
+__all__ = ["RETRY_AFTER_SPREAD", "RetryPolicy", "Transient", "parse_retry_after", "retry_loop"]
 
 T = TypeVar("T")
+
+RETRY_AFTER_SPREAD = 0.1
+"""The most a `Retry-After` wait is lengthened, as a share of it (never more than the policy's
+`jitter`): callers told the same wait do not all come back in the same instant."""
 
 
 class RetryPolicy(BaseModel):
@@ -33,6 +42,7 @@ class RetryPolicy(BaseModel):
     max_delay_s: float = Field(default=60.0, ge=0)
     """Cap on one backoff (a longer `Retry-After` is still honoured, up to `max_retry_after_s`)."""
     max_retry_after_s: float = Field(default=300.0, ge=0)
+    """The longest `Retry-After` obeyed (a longer one is cut to this)."""
     jitter: float = Field(default=0.25, ge=0, le=1)
     """Random ± fraction added to each backoff so parallel callers do not retry in lockstep."""
 
@@ -99,10 +109,12 @@ def retry_loop(
                 if failure is exc:
                     raise
                 raise failure from exc
-            backoff = min(policy.max_delay_s, policy.base_delay_s * 2**attempt)
-            backoff *= 1 + rng.uniform(-policy.jitter, policy.jitter)
-            if transient.retry_after_s is not None:
-                backoff = max(backoff, min(transient.retry_after_s, policy.max_retry_after_s))
+            if transient.retry_after_s is not None:  # the server said how long: wait that, plus a little
+                wait = min(max(0.0, transient.retry_after_s), policy.max_retry_after_s)
+                backoff = wait * (1 + rng.uniform(0, min(policy.jitter, RETRY_AFTER_SPREAD)))
+            else:
+                backoff = min(policy.max_delay_s, policy.base_delay_s * 2**attempt)
+                backoff *= 1 + rng.uniform(-policy.jitter, policy.jitter)
             if on_retry is not None:
                 on_retry(attempt + 1, transient, backoff)
             sleep(backoff)

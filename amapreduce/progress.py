@@ -21,7 +21,8 @@ class ProgressEvent:
     """How far some work got: `done` of `total` `unit` in `phase`, and what just happened (`kind`)."""
 
     kind: str
-    """What happened: the engine's `phase`, `attempt` and `batch_done`; an evaluation's
+    """What happened: the engine's `phase`, `attempt`, `backup` (a straggler got a backup attempt)
+    and `batch_done`; an evaluation's
     `committed`; `eval score`'s `scored`; a journal's `journaled`."""
     phase: str
     """Where the work is: the engine's `map`, `patch1`, ...; `evaluation`; `scoring`."""

@@ -171,6 +171,12 @@ class WindowLimiter:
                 finally:
                     self._cond.acquire()
 
+    def wait_s(self, tokens: int = 0) -> float:
+        """How long a call of about `tokens` tokens would wait now (0: it would start at once);
+        nothing is admitted."""
+        with self._cond:
+            return max(0.0, self._wait_needed(self._clock(), max(0, tokens)))
+
     def settle(self, ticket: list[float], tokens: int) -> None:
         """Replace a ticket's estimate with the tokens the call really used."""
         with self._cond:

@@ -23,6 +23,13 @@ Nothing leaves loopback: the sub-agents search a one-page local corpus (`--searc
 page extraction is off, LiteLLM uses its bundled price map, proxies are unset for the child.
 Every run writes its run directory into a temporary folder that is removed at the end.
 
+The tail scenario (`--tail P,F`, e.g. `--tail 0.05,10`): a share P of the oracle's calls are
+stragglers, F times slower (its `p_straggler` and `straggler_factor`). For each strategy and worker
+count it runs, in one invocation, backups `auto` with no stragglers (the baseline: backups must add
+no call), then with stragglers backups `off` and `auto` (`AMAPREDUCE_BACKUP`), faults otherwise
+off, and prints wall, the no-straggler ideal, wall / ideal, extra calls (requests beyond
+batches x calls per batch), backups started, stragglers the oracle injected, and cells right.
+
 Run: `.venv/bin/python benchmarks/bench_oracle.py` (defaults: N=300, workers 8,32, per_atom and
 open/5, faults off and on, 210 ms per call, seed 1); a quick check:
 `.venv/bin/python benchmarks/bench_oracle.py --n 40 --workers 8 --latency-ms 50`.
@@ -66,6 +73,7 @@ FAULT_PROFILE: dict[str, float] = {
     "retry_after_s": 1,
 }
 NO_FAULTS: dict[str, float] = {
+    "p_straggler": 0.0,
     "p_malformed": 0.0,
     "p_drop_rows": 0.0,
     "p_blank_cell": 0.0,
@@ -75,9 +83,11 @@ NO_FAULTS: dict[str, float] = {
 }
 CHUNK_SIZE = 5
 
-# The oracle README's reference figures: the published A-MapReduce tool, N=300, faults off, 210 ms per call.
+# The oracle README's reference figures: the published A-MapReduce tool, N=300, faults off, 210 ms per call,
+# re-measured on 2026-11-27 on the oracle with TCP_NODELAY (the earlier 0.78 / 0.46 and 0.77 / 0.44 carried a
+# ~40 ms delayed-ACK stall per call).
 REFERENCE_CONDITIONS = {"n": 300, "latency_ms": 210.0}
-REFERENCE_EFFICIENCY = {("per_atom", 8): 0.78, ("open", 8): 0.77, ("per_atom", 32): 0.46, ("open", 32): 0.44}
+REFERENCE_EFFICIENCY = {("per_atom", 8): 0.92, ("open", 8): 0.89, ("per_atom", 32): 0.61, ("open", 32): 0.58}
 REFERENCE_PROMPT_TOKENS_PER_ENTITY = {"per_atom": 5756, "open": 1214}
 
 _NUMBER = re.compile(r"[+-]?\d[\d,_ ]*(?:\.\d+)?")
@@ -276,6 +286,8 @@ class OneRun:
     wall_s: float
     process_s: float
     status: str
+    backups: int = 0
+    """Backup attempts the run started (`completeness.backups` of its `--json`)."""
 
 
 def run_once(
@@ -294,6 +306,7 @@ def run_once(
     max_batches_flag: bool,
     timeout_s: float,
     tag: str,
+    env: dict[str, str] | None = None,
 ) -> OneRun:
     """Reset the oracle with `seed` and the fault profile, run the CLI once, score its CSV."""
     decision_file = work / f"{tag}.json"
@@ -319,13 +332,13 @@ def run_once(
     ]
     if max_batches_flag:
         command += ["--max-batches", str(batches_cap)]
-    http_json(f"{url}/reset", {"seed": seed, "latency_ms": latency_ms, **fault_config})
+    http_json(f"{url}/reset", {"seed": seed, "latency_ms": latency_ms, **NO_FAULTS, **fault_config})
     cpu_before = child_cpu_s()
     start = time.perf_counter()
     child = subprocess.Popen(
         command,
         cwd=work,
-        env=child_environment(work, batches_cap),
+        env={**child_environment(work, batches_cap), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -341,12 +354,97 @@ def run_once(
     try:
         reply = json.loads(stdout.strip().splitlines()[-1])
         status, wall_s = str(reply["status"]), float(reply["timings"]["wall_s"])
+        backups = int(reply["completeness"].get("backups", 0))
     except (IndexError, ValueError, KeyError, TypeError):
+        backups = 0
         last = (stderr.strip().splitlines() or ["no output"])[-1]
         status, wall_s = f"error (exit {child.returncode}): {last[:120]}", process_s
     gold = [{k: normalise_cell(v) for k, v in row.items()} for row in gold_rows]
     score = workload.score(read_result_rows(csv_path), gold)
-    return OneRun(score=score, stats=stats, cpu_s=cpu_s, wall_s=wall_s, process_s=process_s, status=status)
+    return OneRun(score=score, stats=stats, cpu_s=cpu_s, wall_s=wall_s, process_s=process_s, status=status,
+                  backups=backups)
+
+
+@dataclass
+class TailRow:
+    """One tail-scenario run: a strategy and worker count, stragglers on or off, backups off or auto."""
+
+    strategy: str
+    workers: int
+    p_straggler: float
+    backup: str
+    seed: int
+    batches: int
+    wall_s: float
+    ideal_s: float
+    requests: int
+    needed: int
+    """Requests the run needs without backups: batches x calls per batch (faults are off)."""
+    backups: int
+    stragglers: int
+    cells_correct: int
+    cells: int
+    status: str
+
+    @property
+    def extra_calls(self) -> int:
+        return self.requests - self.needed
+
+    @property
+    def over_ideal(self) -> float:
+        return self.wall_s / self.ideal_s if self.ideal_s else 0.0
+
+
+def run_tail(
+    *, strategies: list[str], workers: list[int], seeds: list[int], p_straggler: float, factor: float, n: int,
+    calls_per_batch: int, latency_ms: float, decision_for: Any, entities: list[str], gold_rows: list[dict[str, str]],
+    common: dict[str, Any],
+) -> list[TailRow]:
+    """The tail scenario: per strategy, worker count and seed, backups `auto` without stragglers,
+    then stragglers with backups `off` and `auto`."""
+    rows: list[TailRow] = []
+    for strategy in strategies:
+        decision = decision_for(strategy, entities)
+        batches = n if strategy == "per_atom" else math.ceil(n / CHUNK_SIZE)
+        for w in workers:
+            ideal_s = math.ceil(batches / w) * calls_per_batch * latency_ms / 1000.0
+            for seed in seeds:
+                for p, backup in ((0.0, "auto"), (p_straggler, "off"), (p_straggler, "auto")):
+                    one = run_once(
+                        decision=decision, gold_rows=gold_rows, workers=w, seed=seed,
+                        fault_config={"p_straggler": p, "straggler_factor": factor},
+                        tag=f"tail-{strategy}-w{w}-p{p:g}-{backup}-s{seed}", env={"AMAPREDUCE_BACKUP": backup}, **common,
+                    )
+                    rows.append(TailRow(
+                        strategy=strategy, workers=w, p_straggler=p, backup=backup, seed=seed, batches=batches,
+                        wall_s=one.wall_s, ideal_s=ideal_s, requests=int(one.stats["requests"]),
+                        needed=batches * calls_per_batch, backups=one.backups,
+                        stragglers=int(one.stats.get("stragglers", 0)), cells_correct=one.score["cells_correct"],
+                        cells=3 * n, status=one.status,
+                    ))
+    return rows
+
+
+def print_tail_table(rows: list[TailRow], args: argparse.Namespace, factor: float) -> None:
+    print(
+        f"tail scenario: amapreduce mapreduce run (CLI -> smolagents -> HTTP) against the oracle on 127.0.0.1; "
+        f"N={args.n}, {args.latency_ms:g} ms per call, stragglers x{factor:g}, faults otherwise off, seeds {args.seeds}"
+    )
+    print(f"{'config':<16} {'stragglers':>10} {'backups':>7} {'wall s':>7} {'ideal s':>7} {'wall/ideal':>10} "
+          f"{'extra calls':>11} {'extra %':>7} {'started':>7} {'injected':>8} {'cells right':>11}  status")
+    for r in rows:
+        config = f"{r.strategy}{'/' + str(CHUNK_SIZE) if r.strategy == 'open' else ''} w{r.workers} s{r.seed}"
+        print(
+            f"{config:<16} {r.p_straggler:>10g} {r.backup:>7} {r.wall_s:>7.2f} {r.ideal_s:>7.2f} {r.over_ideal:>10.2f} "
+            f"{r.extra_calls:>11} {100 * r.extra_calls / r.needed:>6.1f}% {r.backups:>7} {r.stragglers:>8} "
+            f"{r.cells_correct:>5}/{r.cells:<5}  {r.status}"
+        )
+    print(
+        "\nideal = ceil(batches / workers) x calls per batch x latency (no stragglers); wall s: the run's timings.wall_s; "
+        "extra calls: requests the oracle saw beyond batches x calls per batch (a backup's calls, less the calls its "
+        "cancelled rival never sent); started: backups the run started (completeness.backups); injected: straggling "
+        "calls the oracle served (GET /stats)."
+    )
 
 
 def ratio(ours: float, reference: float | None) -> str:
@@ -435,6 +533,11 @@ def main() -> None:
     parser.add_argument(
         "--run-timeout-s", type=float, default=1800.0, help="a run still going after this is killed"
     )
+    parser.add_argument(
+        "--tail", default=None, metavar="P,F",
+        help="the tail scenario instead of the main table: a share P of calls straggle, F times slower "
+        "(e.g. 0.05,10); backups off vs auto, and auto without stragglers",
+    )
     args = parser.parse_args()
     if args.smoke:
         args = parser.parse_args([*sys.argv[1:], *SMOKE])
@@ -474,6 +577,20 @@ def main() -> None:
                 "max_batches_flag": max_batches_flag,
                 "timeout_s": args.run_timeout_s,
             }
+            if args.tail:
+                p_straggler, factor = (float(x) for x in args.tail.split(","))
+                tail = run_tail(
+                    strategies=strategies, workers=workers, seeds=seeds, p_straggler=p_straggler, factor=factor,
+                    n=args.n, calls_per_batch=calls_per_batch, latency_ms=args.latency_ms, decision_for=decision_for,
+                    entities=entities, gold_rows=gold_rows, common=common,
+                )
+                if args.json:
+                    print(json.dumps({"tail": {"p_straggler": p_straggler, "factor": factor},
+                                      "rows": [{**asdict(r), "extra_calls": r.extra_calls, "over_ideal": r.over_ideal}
+                                               for r in tail]}))
+                else:
+                    print_tail_table(tail, args, factor)
+                return
             # The start-up baseline: the cheaper of two one-entity runs (the first may pay cold caches).
             baseline = min(
                 (

@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from amapreduce._retry import RETRY_AFTER_SPREAD
 from amapreduce.errors import ProviderRejected
 from amapreduce.llm.retry import ModelCallError, RetryPolicy, call_with_retries, classify
 
@@ -41,7 +42,7 @@ def test_retry_after_is_honoured_and_backoff_grows() -> None:
 
     policy = RetryPolicy(base_delay_s=1, jitter=0)
     assert call_with_retries(call, what="test", policy=policy, sleep=sleeps.append) == "ok"
-    assert sleeps == [7.0, 2.0]  # Retry-After wins over the 1 s backoff; then 2 s (doubled)
+    assert sleeps == [7.0, 2.0]  # the Retry-After asked; then 2 s (the second retry, doubled)
 
 
 def test_jitter_stays_within_bounds() -> None:
@@ -86,3 +87,23 @@ def test_permanent_errors_are_not_retried() -> None:
     with pytest.raises(ModelCallError, match="ValueError"):
         call_with_retries(other, what="x", policy=RetryPolicy(), sleep=lambda s: None)
     assert len(calls) == 2
+
+
+def test_retry_after_is_a_wait_not_a_floor_under_exponential_growth() -> None:
+    """Issue 28: four 429s in a row with `Retry-After: 1` waited 1.15, 1.74, 3.65 and 7.02 s; each
+    now waits the second asked plus at most `RETRY_AFTER_SPREAD`, and growth resumes without one."""
+    sleeps: list[float] = []
+    errors = iter([*(status_error(openai.RateLimitError, 429, {"retry-after": "1"}) for _ in range(4)),
+                   status_error(openai.InternalServerError, 502)])
+
+    def call() -> str:
+        err = next(errors, None)
+        if err is not None:
+            raise err
+        return "ok"
+
+    policy = RetryPolicy(base_delay_s=1, jitter=0.25)
+    assert call_with_retries(call, what="test", policy=policy, sleep=sleeps.append, rng=random.Random(3)) == "ok"
+    assert all(1.0 <= s <= 1.0 + RETRY_AFTER_SPREAD for s in sleeps[:4]), sleeps
+    assert len(set(sleeps[:4])) > 1  # jittered: parallel callers do not return in lockstep
+    assert 0.75 * 16 <= sleeps[4] <= 1.25 * 16  # the fifth failure has no Retry-After: exponential (2**4 s)

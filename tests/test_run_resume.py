@@ -163,6 +163,57 @@ def test_a_stopped_run_is_resumed_without_asking_a_finished_batch_again(
     assert captured.out == "" and "already finished (complete)" in captured.err
 
 
+def test_a_run_killed_with_a_backup_in_flight_is_resumed_counting_each_batch_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    server: tuple[OpenAICompatibleServer, GatedSubAgents],
+) -> None:
+    """Issue 28: a straggler and its backup both in flight when the process is killed; neither
+    was journaled, so the resumed run asks that batch once more and counts it once."""
+    srv, agents = server
+    rows = 6
+    runs = tmp_path / "runs"
+    # Four slots, six batches: three answer, three are held; a slot is free and nothing waits, so
+    # the longest-held batch gets a backup (the cap allows one per batch here).
+    env = {**os.environ, "AMAPREDUCE_RUNS_DIR": str(runs), "OPENAI_API_KEY": SECRET, "AMAPREDUCE_BACKUP_MAX_EXTRA": "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from amapreduce.cli.app import run; run()", "mapreduce", "run",
+         str(per_atom_decision(tmp_path, rows)), "--model", "sim-model", "--api-base", srv.base_url, "--workers", "4",
+         "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        run_dir = _wait_for("the run directory", lambda: next((p for p in runs.glob("*") if (p / JOURNAL_NAME).is_file()), None))
+        backed_up = _wait_for("a backup in flight", lambda: [item for item, n in agents.asked.items() if n > 1])
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    done_before = _done_batches(run_dir)
+    assert len(done_before) == ANSWERED_BEFORE_KILL
+    held = f"batch-{int(backed_up[0][4:]) + 1:03d}"
+    assert held not in done_before
+    asked_before = Counter(agents.asked)
+
+    agents.release.set()
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    with allow_model_requests():
+        code = main(["runs", "resume", run_dir.name, "--runs-dir", str(runs), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    assert out["status"] == "complete" and out["rows"] == rows and out["missing_cells"] == 0
+    assert all(out["table_markdown"].count(f"| item{i:03d} |") == 1 for i in range(rows))
+    resumed = agents.asked - asked_before
+    assert resumed[backed_up[0]] == 1  # the killed straggler's batch: asked once more, not twice
+    saved = read_run_journal(run_dir)
+    assert saved is not None
+    done = Counter(e.batch_id for e in saved.entries if isinstance(e, BatchAttempt) and e.done)
+    assert done == dict.fromkeys((f"batch-{i:03d}" for i in range(1, rows + 1)), 1)
+    # Usage: the journaled answers and the resumed ones; the killed attempts never answered.
+    assert out["usage"]["requests"] == len(done_before) + sum(resumed.values())
+
+
 def test_a_run_whose_process_lives_is_running_and_cannot_be_resumed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

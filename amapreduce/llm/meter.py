@@ -264,6 +264,18 @@ class UsageMeter:
         total = self.total()
         check_budget(self.budget, total.cost_usd, total.total_tokens)
 
+    def would_cross(self, usage: Usage) -> bool:
+        """Whether spending `usage` more would reach the budget (what a speculative call, such
+        as a straggler's backup, asks before it starts; a spent budget is crossed already)."""
+        if self.budget.max_cost_usd is None and self.budget.max_tokens is None:
+            return False
+        total = self.total() + usage
+        try:
+            check_budget(self.budget, total.cost_usd, total.total_tokens)
+        except BudgetExceeded:
+            return True
+        return False
+
     def record(self, role: str, model_id: str, usage: Usage) -> Usage:
         """Add one call's usage (its cost filled in from the price table); return it priced.
 

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from smolagents.models import ChatMessage, Model
 
 from amapreduce import telemetry
+from amapreduce.breaker import BreakerState, CircuitBreaker
 from amapreduce.errors import ConfigError, ProviderUnavailable
 from amapreduce.llm.breaker import BreakerPolicy, is_outage, record_answer, shared_breaker, unreachable
 from amapreduce.llm.messages import estimate_tokens, message_text, without_secrets
@@ -48,7 +49,7 @@ from amapreduce.llm.retry import (
 )
 from amapreduce.llm.scope import scope_cancelled, scope_labels
 from amapreduce.llm.usage import Usage
-from amapreduce.ratelimit import WindowGate, WindowPolicy, shared_limiter
+from amapreduce.ratelimit import WindowGate, WindowLimiter, WindowPolicy, shared_limiter
 from amapreduce.trace import redact_secrets, register_secrets
 
 if TYPE_CHECKING:
@@ -309,6 +310,22 @@ class ManagedModel(Model):
         self._sleep = sleep
         self.trace = trace
         self.on_retry = on_retry
+        self._slowed_until = float("-inf")
+        """`time.monotonic()` until which the provider asked us to slow down (its last 429 and the
+        wait it asked for): no optional work (`has_room_for`) starts before then."""
+
+    def has_room_for(self, usage: Usage) -> bool:
+        """Whether one more optional piece of work of about `usage` (a straggler's backup
+        attempt, `mapreduce.backup`) may start now: the run's budget would not be reached, the
+        provider's breaker is closed, it has not asked us to slow down (a 429 within the wait it
+        asked for, or within its backoff), and its limiter would admit the first request at once.
+        Gates kept elsewhere (a Ray cluster's) are not asked; the calls still pass through them."""
+        if self.meter.would_cross(usage) or time.monotonic() < self._slowed_until:
+            return False
+        if isinstance(self.breaker, CircuitBreaker) and self.breaker.state is not BreakerState.CLOSED:
+            return False
+        per_request = usage.input_tokens // max(1, usage.requests)
+        return not (isinstance(self.limiter, WindowLimiter) and self.limiter.wait_s(per_request) > 0)
 
     def _describe(self, exc: BaseException | None) -> str | None:
         """An error for the trace: capped at 1,000 characters, and never a key (servers may echo it)."""
@@ -384,6 +401,8 @@ class ManagedModel(Model):
             self._write("model_retry", **event.trace_fields())
             if transient.retry_after_s is not None and self.limiter is not None:
                 self.limiter.defer(min(transient.retry_after_s, self.retry.max_retry_after_s))
+            if transient.kind == "rate_limit":
+                self._slowed_until = max(self._slowed_until, time.monotonic() + delay_s)
             if self.on_retry is not None:
                 self.on_retry(event)
 

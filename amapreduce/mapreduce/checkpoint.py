@@ -33,7 +33,7 @@ from amapreduce.journal import JournalEntry
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import Batch, BatchPlan
 from amapreduce.mapreduce.replies import ProjectedRow
-from amapreduce.mapreduce.result import AttemptRecord
+from amapreduce.mapreduce.result import SUPERSEDED, AttemptRecord
 from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkItem
 from amapreduce.table.evidence import Evidence
 from amapreduce.table.table import Table
@@ -126,7 +126,7 @@ class BatchAttempt(JournalEntry):
     """`map` or `patch<k>`."""
     attempt: int
     outcome: str
-    """`ok`, `parse_error`, `error` or `timeout` (as `AttemptRecord.outcome`)."""
+    """`ok`, `parse_error`, `error`, `timeout` or `superseded` (as `AttemptRecord.outcome`)."""
     done: bool
     """The batch needs no further attempt (nothing missing, or its attempts are spent)."""
     rows: tuple[MergedRow, ...] = ()
@@ -136,13 +136,15 @@ class BatchAttempt(JournalEntry):
     error: str | None = None
     elapsed_s: float = 0.0
     usage: Usage = Usage()
+    backup: bool = False
+    """The attempt was a straggler's backup (journals before backups have none)."""
 
     def record(self) -> AttemptRecord:
         """The attempt as the engine's own record of it."""
         return AttemptRecord(
             batch_id=self.batch_id, phase=self.phase, attempt=self.attempt, outcome=self.outcome,
             elapsed_s=self.elapsed_s, rows=self.parsed_rows, dropped_rows=self.dropped_rows, error=self.error,
-            usage=self.usage,
+            usage=self.usage, backup=self.backup,
         )
 
 
@@ -186,7 +188,9 @@ class ExecutionCheckpoint:
         self, phase: str, batch_ids: Sequence[str], tables: dict[int, Table], records: list[AttemptRecord]
     ) -> dict[str, BatchAttempt]:
         """Merge the rows of the phase's saved attempts into `tables` again, in the order they were
-        merged, and add their records; return each attempted batch's last attempt.
+        merged, and add their records; return each attempted batch's last attempt. A `superseded`
+        attempt (the loser of a straggler and its backup) counts for its usage only: the batch's
+        state is its winner's, so a resumed run never counts the batch twice.
 
         Raises:
             UserError: the journal holds an attempt of a batch this run does not plan.
@@ -202,7 +206,8 @@ class ExecutionCheckpoint:
             for row in attempt.rows:
                 row.apply(tables)
             records.append(attempt.record())
-            last[attempt.batch_id] = attempt
+            if attempt.outcome != SUPERSEDED:
+                last[attempt.batch_id] = attempt
         return last
 
     def record(self, attempt: BatchAttempt) -> None:

@@ -33,6 +33,7 @@ from amapreduce.decision.model import Decision
 from amapreduce.errors import BatchTimeout, RunCancelled
 from amapreduce.llm.scope import UsageScope, usage_scope
 from amapreduce.llm.usage import Usage
+from amapreduce.mapreduce.backup import BackupGate, BackupPolicy, Stragglers
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
 from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint, ExecutionCheckpoint, MergedRow
 from amapreduce.mapreduce.evidence import recording, with_evidence
@@ -43,6 +44,7 @@ from amapreduce.mapreduce.result import (
     CANCELLED,
     INTERRUPTED,
     RUN_STOPPING_ERRORS,
+    SUPERSEDED,
     AttemptRecord,
     MapReduceResult,
     RunEnding,
@@ -81,6 +83,8 @@ class EngineConfig(BaseModel):
     missing_markers: frozenset[str] = DEFAULT_MISSING_MARKERS
     verify: VerifyMode = default_setting("verify")
     """How cells' quotes are checked (`Settings.verify`; `strict`: `unverified` counts as missing)."""
+    backup: BackupPolicy = BackupPolicy()
+    """When a straggling attempt gets a backup (`mapreduce.backup`; `Settings.backup`, `backup_max_extra`)."""
 
     def table_for(self, decision: Decision) -> Table:
         """The empty table `decision`'s rows reduce into: its columns and key columns, these missing
@@ -94,7 +98,8 @@ class EngineConfig(BaseModel):
         """The limits `settings` give an engine whose decisions are written by `decisions_by`
         (the batch cap depends on it: see `Settings.batch_cap`)."""
         return cls(workers=settings.workers, max_attempts=settings.max_attempts, batch_timeout_s=settings.batch_timeout_s,
-                   patch_rounds=settings.patch_rounds, max_batches=settings.batch_cap(decisions_by), verify=settings.verify)
+                   patch_rounds=settings.patch_rounds, max_batches=settings.batch_cap(decisions_by), verify=settings.verify,
+                   backup=BackupPolicy(mode=settings.backup, max_extra=settings.backup_max_extra))
 
 
 class MapReduceEngine:
@@ -110,6 +115,9 @@ class MapReduceEngine:
             given executor is shut down when a run using it is stopped.
         trace: receives every phase, attempt (prompt, raw output, rows, timing, usage) and summary.
         progress: called in the engine's thread on each event.
+        backup_gate: asked before a straggler's backup starts whether one more attempt of the
+            usual usage may start now (the provider's limiter, breaker and the run's budget:
+            `llm.models.ManagedModel.has_room_for`); None: only the engine's own rules apply.
     """
 
     def __init__(
@@ -121,8 +129,10 @@ class MapReduceEngine:
         trace: Trace | None = None,
         progress: Callable[[ProgressEvent], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        backup_gate: BackupGate | None = None,
     ) -> None:
         self.solver = solver
+        self._backup_gate = backup_gate
         self.config = config or EngineConfig()
         self._executor = executor
         self.trace = trace or NullTrace()
@@ -180,7 +190,8 @@ class MapReduceEngine:
         self.trace.write("run_start", num_rows=len(items), strategy=plan.strategy, batches=[b.manifest() for b in plan.batches])
         execution = checkpoint.begin(decision, plan) if checkpoint is not None else None
         records: list[AttemptRecord] = []
-        run = EngineRun(cfg.workers, batch_timeout_s=cfg.batch_timeout_s, clock=self._clock)
+        run = EngineRun(cfg.workers, batch_timeout_s=cfg.batch_timeout_s, clock=self._clock,
+                        stragglers=Stragglers(cfg.backup, self._backup_gate))
         with self._runs_lock:
             self._runs.add(run)
         executor = self._executor or ThreadExecutor(cfg.threads or cfg.workers + max(2, cfg.workers // 4))
@@ -239,6 +250,7 @@ class MapReduceEngine:
         pending: deque[BatchJob] = deque()
         saved = execution.replay(phase, [w.batch.batch_id for w in work], tables, records) if execution else {}
         done_batches, total = 0, len(work)
+        run.stragglers.plan(total)
         for w in work:
             state = BatchState(
                 work=w,
@@ -271,7 +283,7 @@ class MapReduceEngine:
             while inflight:
                 if run.stopping.is_set():
                     raise RunCancelled("cancelled")
-                for fut in run.finished(inflight):
+                for fut in run.finished(inflight, self._backup_due(run, inflight)):
                     job = inflight.pop(fut)
                     run.leave(job)
                     exc = fut.exception()
@@ -285,8 +297,20 @@ class MapReduceEngine:
                     finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
                 while finished:
                     job, reply, exc = finished.popleft()  # a run-stopping error stopped the run in `_execute`
-                    follow = self._settle(run, job, phase, reply, exc, tables, records, execution)
+                    if job.superseded:  # its rival's reply won first: its usage is all that counts
+                        self._record_superseded(run, job, phase, reply, records, execution)
+                        continue
+                    rival = job.rival
+                    follow, held = self._settle(run, job, phase, reply, exc, tables, records, execution)
                     r = records[-1]
+                    if held:  # it failed while its rival still runs: the batch waits for that one
+                        continue
+                    if rival is not None and rival.future in inflight:  # the loser: cancelled, no request after
+                        inflight.pop(rival.future)
+                        cut_short = rival.outcome is None
+                        run.abandon(rival)
+                        executor.replace_stuck_thread()
+                        self._record_superseded(run, rival, phase, None, records, execution, cut_short=cut_short)
                     batches.event(r.batch_id, "amapreduce.attempt_settled",
                                   telemetry.ours(attempt=r.attempt, outcome=r.outcome, rows=r.rows, error=r.error))
                     if follow is not None:
@@ -295,15 +319,19 @@ class MapReduceEngine:
                         done_batches += 1
                         batches.end(r.batch_id, telemetry.ours(attempts=r.attempt, status="done"))
                         self._emit("batch_done", phase, done_batches, total, batch_id=job.state.work.batch.batch_id)
+                self._start_backups(run, phase, inflight, executor, batches)
             if run.stopping.is_set():
                 raise RunCancelled("cancelled")
         except (KeyboardInterrupt, RunCancelled) as exc:
             # queued attempts waiting for a slot must not start after Ctrl-C
             run.stop(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else CANCELLED)
             for job, reply, error in finished:  # taken off the queue, not yet settled when the stop came
-                self._settle(run, job, phase, reply, error, tables, records, execution)
+                if job.superseded:
+                    self._record_superseded(run, job, phase, reply, records, execution)
+                else:
+                    self._settle(run, job, phase, reply, error, tables, records, execution)
             for job in list(inflight.values()):
-                if job.outcome is not None:  # answered before the stop: keep (and count) its rows
+                if job.outcome is not None and not job.superseded:  # answered before the stop: keep (and count) its rows
                     self._settle(run, job, phase, *job.outcome, tables, records, execution)
                 elif job.request is not None:
                     job.request.cancel.set()
@@ -323,6 +351,58 @@ class MapReduceEngine:
             job.future = future
             inflight[future] = job
             future.add_done_callback(run.done.put)
+
+    def _backup_due(self, run: EngineRun, inflight: dict[Future[SolverReply], BatchJob]) -> float | None:
+        """When the loop should wake to give a straggler its backup (None: no backup can start
+        now — attempts wait for a slot, none is free, or the cap is spent)."""
+        stragglers = run.stragglers
+        if not stragglers.room():
+            return None
+        with run.gate:
+            running = [j for j in run.running if self._may_back_up(j)]
+            busy = len(run.running)
+        if len(inflight) > busy or busy >= run.workers:
+            return None
+        due = stragglers.due(self._clock(), (j.started_at for j in running if j.started_at is not None))
+        return None if due is None else max(due, self._clock() + POLL_S)
+
+    @staticmethod
+    def _may_back_up(job: BatchJob) -> bool:
+        """A running first copy of an attempt, with no backup yet."""
+        return not job.backup and job.rival is None and not job.superseded and job.request is not None
+
+    def _start_backups(self, run: EngineRun, phase: str, inflight: dict[Future[SolverReply], BatchJob], executor: Executor,
+                       batches: telemetry.SpanGroup) -> None:
+        """Give each straggler a backup while a slot is free, no attempt waits for one, and the
+        cap and the gate allow (`mapreduce.backup`); the longest-running stragglers first."""
+        stragglers = run.stragglers
+        if not stragglers.room() or run.stopping.is_set():
+            return
+        now = self._clock()
+        with run.gate:
+            busy = len(run.running)
+            candidates = sorted((j for j in run.running if self._may_back_up(j) and j.started_at is not None),
+                                key=lambda j: j.started_at or 0.0)
+        free = run.workers - busy
+        if len(inflight) > busy:  # attempts wait for a slot: real work goes first
+            return
+        for job in candidates:
+            request = job.request
+            if free <= 0 or request is None or not stragglers.is_straggler(now, job.started_at or now):
+                break
+            if job.future not in inflight:  # abandoned at its deadline
+                continue
+            if not stragglers.admit():
+                break
+            backup = BatchJob(state=job.state, request=dataclasses.replace(request, cancel=threading.Event()),
+                              backup=True, rival=job)
+            job.rival = backup
+            free -= 1
+            self._submit(run, deque([backup]), inflight, executor, batches)
+            batch_id = job.state.work.batch.batch_id
+            self.trace.write("backup_start", batch_id=batch_id, phase=phase, attempt=job.state.attempt,
+                             running_s=round(now - (job.started_at or now), 6), threshold_s=stragglers.threshold_s)
+            self._emit("backup", phase, 0, 0, batch_id=batch_id, attempt=job.state.attempt)
 
     def _first_prompt(self, run: EngineRun, state: BatchState) -> str:
         """The batch prompt: the shared part (`prompts/mapreduce.yaml`, `batch`) is rendered once
@@ -396,15 +476,18 @@ class MapReduceEngine:
         tables: dict[int, Table],
         records: list[AttemptRecord],
         execution: ExecutionCheckpoint | None,
-    ) -> BatchJob | None:
-        """Merge one finished attempt and journal it; return the retry job, or None when the batch
-        is done (or the run stops)."""
+    ) -> tuple[BatchJob | None, bool]:
+        """Merge one finished attempt and journal it; return the retry job (None when the batch
+        is done, or the run stops), and whether the batch is held for the attempt's rival: a
+        straggler or its backup that failed while the other still runs leaves the batch to it
+        (the first valid reply wins; a rival that replies validly makes the other `superseded`)."""
         state, items = job.state, job.state.work.items
         elapsed = self._clock() - (job.started_at or self._clock())
         names = [c.name for c in state.work.column_specs]
         rows, dropped, problem, parsed_rows = 0, 0, None, []
         merged: list[MergedRow] = []
         outcome = "error"
+        rival, job.rival = job.rival, None
         if exc is not None:
             outcome = "timeout" if isinstance(exc, BatchTimeout) else "error"
             problem = redact_secrets(f"{type(exc).__name__}: {exc}")  # quoted in the retry prompt and the journal
@@ -429,25 +512,62 @@ class MapReduceEngine:
         # solver whose model is not metered (scripted tests) reports its own usage.
         metered = job.scope.usage("subagent") if job.scope is not None else Usage()
         usage = metered if metered.requests else reply.usage if reply is not None else Usage()
+        held = rival is not None and outcome != "ok"
+        if rival is not None:
+            rival.rival = None
+            rival.superseded = not held
+            if held:  # the other copy goes on alone, doing what a retry would: no extra call
+                run.stragglers.settled(0)
+        if reply is not None:
+            run.stragglers.finished(elapsed, usage)
         record = AttemptRecord(
             batch_id=state.work.batch.batch_id, phase=phase, attempt=state.attempt, outcome=outcome,
-            elapsed_s=round(elapsed, 6), rows=rows, dropped_rows=dropped, error=problem, usage=usage,
+            elapsed_s=round(elapsed, 6), rows=rows, dropped_rows=dropped, error=problem, usage=usage, backup=job.backup,
         )
         records.append(record)
         if self.trace.enabled:
             self._trace_attempt(job, record, reply, parsed_rows)
-        self._emit("attempt", phase, 0, 0, batch_id=record.batch_id, attempt=state.attempt, outcome=outcome)
+        self._emit("attempt", phase, 0, 0, batch_id=record.batch_id, attempt=state.attempt, outcome=outcome,
+                   **({"backup": True} if job.backup else {}))
         attempt_no = state.attempt
-        follow = self._follow_up(state, problem, tables)
+        follow = None if held else self._follow_up(state, problem, tables)
         if execution is not None:  # on disk before the batch counts as done
             execution.record(
                 BatchAttempt(
                     execution=execution.number, batch_id=record.batch_id, phase=phase, attempt=attempt_no,
-                    outcome=outcome, done=follow is None, rows=tuple(merged), parsed_rows=rows,
-                    dropped_rows=dropped, error=problem, elapsed_s=record.elapsed_s, usage=usage,
+                    outcome=outcome, done=not held and follow is None, rows=tuple(merged), parsed_rows=rows,
+                    dropped_rows=dropped, error=problem, elapsed_s=record.elapsed_s, usage=usage, backup=job.backup,
                 )
             )
-        return None if run.stopping.is_set() else follow
+        return (None if run.stopping.is_set() else follow), held
+
+    def _record_superseded(self, run: EngineRun, job: BatchJob, phase: str, reply: SolverReply | None,
+                           records: list[AttemptRecord], execution: ExecutionCheckpoint | None, *,
+                           cut_short: bool = False) -> None:
+        """Record the loser of a straggler and its backup: cancelled (or too late), its rows not
+        merged, its usage (what its calls were charged until now) still counted and journaled.
+        Its calls are what the backup cost (`Stragglers.settled`), one more when it was cancelled
+        mid-run (`cut_short`): the call it had in flight was sent, though not yet charged."""
+        metered = job.scope.usage("subagent") if job.scope is not None else Usage()
+        usage = metered if metered.requests else reply.usage if reply is not None else Usage()
+        run.stragglers.settled(usage.requests + (1 if cut_short else 0))
+        elapsed = self._clock() - (job.started_at or self._clock())
+        record = AttemptRecord(
+            batch_id=job.state.work.batch.batch_id, phase=phase, attempt=job.state.attempt, outcome=SUPERSEDED,
+            elapsed_s=round(elapsed, 6), usage=usage, backup=job.backup,
+        )
+        records.append(record)
+        if self.trace.enabled:
+            self._trace_attempt(job, record, reply, [])
+        self._emit("attempt", phase, 0, 0, batch_id=record.batch_id, attempt=record.attempt, outcome=SUPERSEDED,
+                   **({"backup": True} if job.backup else {}))
+        if execution is not None:
+            execution.record(
+                BatchAttempt(
+                    execution=execution.number, batch_id=record.batch_id, phase=phase, attempt=record.attempt,
+                    outcome=SUPERSEDED, done=False, elapsed_s=record.elapsed_s, usage=usage, backup=job.backup,
+                )
+            )
 
     def _follow_up(self, state: BatchState, problem: str | None, tables: dict[int, Table]) -> BatchJob | None:
         """The batch's next attempt, a continuation that names what is still missing; None when
@@ -469,7 +589,7 @@ class MapReduceEngine:
             prompt=job.request.prompt if job.request is not None else None,
             raw_output=None if reply is None else reply.output, parsed_rows=parsed_rows,
             dropped_rows=record.dropped_rows, error=record.error, elapsed_s=record.elapsed_s,
-            usage=record.usage.to_json(), subagent=None if reply is None else dict(reply.trace),
+            usage=record.usage.to_json(), subagent=None if reply is None else dict(reply.trace), backup=record.backup,
         )
 
     # -- reduce and summary ---------------------------------------------------------------------

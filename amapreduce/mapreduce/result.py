@@ -31,6 +31,7 @@ __all__ = [
     "CANCELLED",
     "INTERRUPTED",
     "RUN_STOPPING_ERRORS",
+    "SUPERSEDED",
     "AttemptRecord",
     "Completeness",
     "DiscoverySummary",
@@ -108,6 +109,8 @@ class RunEnding:
             return None
 
 
+SUPERSEDED = "superseded"
+"""The outcome of a straggler or its backup whose rival replied first (`AttemptRecord.outcome`)."""
 INTERRUPTED = RunEnding(RunStatus.INTERRUPTED, "interrupted")
 """How a run stopped by Ctrl-C ends."""
 CANCELLED = RunEnding(RunStatus.STOPPED, "the MapReduce run was cancelled")
@@ -206,7 +209,8 @@ class AttemptRecord:
     phase: str
     attempt: int
     outcome: str
-    """`ok`, `parse_error`, `error`, `timeout`, or `cancelled`."""
+    """`ok`, `parse_error`, `error`, `timeout`, `cancelled`, or `superseded` (a straggler or its
+    backup whose rival replied first: cancelled, its rows not merged, its usage still counted)."""
     elapsed_s: float
     rows: int = 0
     """Rows parsed from the reply."""
@@ -214,6 +218,8 @@ class AttemptRecord:
     """Rows that fit no sub-question or had no usable key."""
     error: str | None = None
     usage: Usage = field(default_factory=Usage)
+    backup: bool = False
+    """Whether the attempt was a straggler's backup (`mapreduce.backup`); it has its straggler's number."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,6 +237,8 @@ class RunSummary:
     """Attempts that crashed or returned no readable JSON."""
     usage: Usage
     timings: Mapping[str, float]
+    backups: int = 0
+    """Backup attempts started for stragglers (`mapreduce.backup`)."""
     """`map_s`, `patch_s`, `wall_s`."""
 
     @property
@@ -271,11 +279,12 @@ class RunSummary:
             patch_rounds=rounds,
             batches=batches,
             attempts=len(records),
-            retries=sum(1 for r in records if r.attempt > 1),
+            retries=sum(1 for r in records if r.attempt > 1 and not r.backup),
             timeouts=sum(1 for r in records if r.outcome == "timeout"),
             failures=sum(1 for r in records if r.outcome in ("error", "parse_error")),
             usage=sum((r.usage for r in records), Usage()),
             timings={k: round(v, 6) for k, v in timings.items()},
+            backups=sum(1 for r in records if r.backup),
         )
 
     @classmethod
@@ -293,6 +302,7 @@ class RunSummary:
             failures=sum(s.failures for s in parts),
             usage=sum((s.usage for s in parts), Usage()),
             timings={k: round(sum(s.timings.get(k, 0.0) for s in parts), 6) for k in ("map_s", "patch_s", "wall_s")},
+            backups=sum(s.backups for s in parts),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -306,6 +316,7 @@ class RunSummary:
             "retries": self.retries,
             "timeouts": self.timeouts,
             "failures": self.failures,
+            "backups": self.backups,
             "usage": self.usage.to_json(),
             "timings": dict(self.timings),
         }
@@ -332,6 +343,7 @@ def completeness_record(
         "retries": sum(s.retries for s in executions),
         "timeouts": sum(s.timeouts for s in executions),
         "failures": sum(s.failures for s in executions),
+        "backups": sum(s.backups for s in executions),
     }
 
 

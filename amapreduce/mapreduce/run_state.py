@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amapreduce.llm.scope import UsageScope
+from amapreduce.mapreduce.backup import BackupPolicy, Stragglers
 from amapreduce.mapreduce.result import RunEnding
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.mapreduce.work import WorkBatch
@@ -52,6 +53,12 @@ class BatchJob:
     """The text the attempt's web tools fetched, by URL: what its quotes are checked against."""
     outcome: tuple[SolverReply | None, BaseException | None] | None = None
     """Set by the worker when the solver returns, before its slot is freed: a stop never loses it."""
+    backup: bool = False
+    """Whether this attempt is a straggler's backup (the same request, on a fresh sub-agent)."""
+    rival: BatchJob | None = None
+    """The other attempt of a straggler and its backup while both run; the first valid reply wins."""
+    superseded: bool = False
+    """The rival won: this attempt was cancelled, its reply (if one still comes) is not merged."""
 
 
 
@@ -60,8 +67,13 @@ class EngineRun:
     """The state of one `MapReduceEngine.run` call, so that runs sharing an engine (two tool calls
     in one manager step, two runs in one process) never see each other's attempts, slots or stop."""
 
-    def __init__(self, workers: int, *, batch_timeout_s: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, workers: int, *, batch_timeout_s: float, clock: Callable[[], float], stragglers: Stragglers | None = None
+    ) -> None:
+        self.workers = workers
         self.batch_timeout_s = batch_timeout_s
+        self.stragglers = stragglers or Stragglers(BackupPolicy(mode="off"))
+        """The run's backup bookkeeping (`mapreduce.backup`), across its phases."""
         self.clock = clock
         self.slots = threading.Semaphore(workers)
         self.gate = threading.Lock()  # guards `running`, slot hand-back and `ending`
@@ -109,11 +121,17 @@ class EngineRun:
         with self.gate:
             return [j for j in self.running if j.started_at is not None and now - j.started_at > self.batch_timeout_s]
 
-    def finished(self, inflight: Mapping[Future[SolverReply], BatchJob]) -> list[Future[SolverReply]]:
+    def finished(
+        self, inflight: Mapping[Future[SolverReply], BatchJob], wake_at: float | None = None
+    ) -> list[Future[SolverReply]]:
         """In-flight futures that finished, in completion order (waits until the first one,
-        the next deadline, or a stop). Late results of abandoned attempts are ignored."""
+        the next deadline, `wake_at` (when a straggler gets its backup), or a stop). Late results
+        of abandoned attempts are ignored."""
+        wait_s = self._wait_s(inflight)
+        if wake_at is not None:
+            wait_s = max(0.0, min(wait_s, wake_at - self.clock()))
         try:
-            first = self.done.get(timeout=self._wait_s(inflight))
+            first = self.done.get(timeout=wait_s)
         except queue.Empty:
             return []
         got = [first]

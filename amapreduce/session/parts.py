@@ -172,7 +172,7 @@ def build_parts(
             )
         engine = MapReduceEngine(
             solver, config=EngineConfig.from_settings(settings, decisions_by=decisions_by), trace=trace,
-            progress=progress,
+            progress=progress, backup_gate=models["subagent"].has_room_for,
         )
     except BaseException:
         if toolbox is not None:

@@ -85,6 +85,7 @@ class RunProgress:
         self._lock = threading.Lock()
         self._retries = 0
         self._provider_retries = 0
+        self._backups = 0
         self._done: int | None = None
         self._total: int | None = None
         self._unit = "batches"
@@ -157,8 +158,10 @@ class RunProgress:
         """The progress callback: an engine's events (phases, attempts, batches) and any other
         work's (`unit` other than batches: its facts are shown, and its last event gets a line)."""
         with self._lock:
-            if event.kind == "attempt" and event.data.get("attempt", 1) > 1:
+            if event.kind == "attempt" and event.data.get("attempt", 1) > 1 and not event.data.get("backup"):
                 self._retries += 1
+            if event.kind == "backup":
+                self._backups += 1
             other = event.unit != "batches"
             if event.kind in ("phase", "batch_done") or other:
                 self.stage = event.phase
@@ -200,6 +203,7 @@ class RunProgress:
             return self._event_facts
         total = self.meter.total()
         provider = f" · provider retries {self._provider_retries}" if self._provider_retries else ""
+        provider += f" · backups {self._backups}" if self._backups else ""
         cost = f" · {self.meter.cost_text()}" if total.requests else ""
         return f"retries {self._retries}{provider} · {total.total_tokens} tokens{cost}"
 

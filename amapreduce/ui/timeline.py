@@ -148,7 +148,10 @@ def read_timeline(trace: Path) -> Timeline | None:
         outcome = str(event.get("outcome") or "error")
         counts[outcome] = counts.get(outcome, 0) + 1
         end = _number(event["ts"])
-        title = (f"{key[1]} attempt {event.get('attempt')} ({event.get('phase')}): {outcome}, "
+        if event.get("backup") is True:
+            counts["backups"] = counts.get("backups", 0) + 1
+        copy = " backup" if event.get("backup") is True else ""
+        title = (f"{key[1]} attempt {event.get('attempt')}{copy} ({event.get('phase')}): {outcome}, "
                  f"{end - start:.2f} s, starts at {start - t0:.2f} s")
         if event.get("error"):
             title += f"\n{str(event['error'])[:300]}"
