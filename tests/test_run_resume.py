@@ -3,6 +3,7 @@ with no finished batch asked again; run states from the journal; the journal hol
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -62,6 +63,20 @@ def server() -> Iterator[tuple[OpenAICompatibleServer, GatedSubAgents]]:
             yield srv, agents
         finally:
             agents.release.set()
+
+
+@contextlib.contextmanager
+def killed_at_the_end(child: subprocess.Popen[bytes]) -> Iterator[None]:
+    """SIGKILL `child` once the block (waiting for the instant to kill at) ends, and reap it; killed
+    anyway if the block raised."""
+    try:
+        yield
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def _wait_for(what: str, check: Any, timeout_s: float = 120.0) -> Any:
@@ -181,15 +196,9 @@ def test_a_run_killed_with_a_backup_in_flight_is_resumed_counting_each_batch_onc
          "--json"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    try:
+    with killed_at_the_end(child):
         run_dir = _wait_for("the run directory", lambda: next((p for p in runs.glob("*") if (p / JOURNAL_NAME).is_file()), None))
         backed_up = _wait_for("a backup in flight", lambda: [item for item, n in agents.asked.items() if n > 1])
-        child.send_signal(signal.SIGKILL)
-        child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     done_before = _done_batches(run_dir)
     assert len(done_before) == ANSWERED_BEFORE_KILL
     held = f"batch-{int(backed_up[0][4:]) + 1:03d}"
@@ -281,16 +290,10 @@ def test_a_killed_ask_is_resumed_from_the_managers_decision_without_asking_the_m
                  "--model", "sim-model", "--api-base", srv.base_url, "--workers", "2", "--no-memory", "--json"],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             )
-            try:
+            with killed_at_the_end(child):
                 run_dir = _wait_for("the run directory", lambda: next(iter(runs.glob("*")), None))
                 _wait_for("finished batches", lambda: (run_dir / JOURNAL_NAME).is_file()
                           and (run_dir / JOURNAL_NAME).read_bytes().count(b'"done":true') >= ANSWERED_BEFORE_KILL)
-                child.send_signal(signal.SIGKILL)
-                child.communicate(timeout=120)
-            finally:
-                if child.poll() is None:
-                    child.kill()
-                    child.wait()
             done_before = _done_batches(run_dir)
             asked_before, manager_calls_before = Counter(agents.asked), agents.manager_calls
             agents.release.set()
