@@ -1,0 +1,264 @@
+"""Estimate before spending: what a decision's fan-out will cost, from its batch plan and the
+per-call figures of the user's own past runs.
+
+For a batch plan of B batches over R rows, run with W workers:
+
+* model calls = B × c, with c the sub-agent calls per batch (retries and patch rounds included);
+* prompt tokens = B × p(s), with s the plan's rows per batch and p(s) the median over past runs of
+  their prompt tokens per batch, each scaled from its own batch size to s with half the tokens
+  taken to grow with the rows (`ROW_SHARE`);
+* completion tokens = R × o, with o the completion tokens per row (R: the task-matrix rows, the
+  sub-questions; the rows an answer holds are not known beforehand);
+* cost = the price map's price of the sub-agent model for those tokens ("unpriced" when unknown);
+* wall time = ⌈B / W⌉ waves × c calls × the seconds per call: the median call for the low end,
+  the 90th percentile for the high end.
+
+Calls and tokens get a range too: the point estimate ∓ the run-to-run spread of the figures (half
+their interquartile range over the median, at least `MIN_SPREAD`). The past runs are the newest
+`MAX_RUNS` run folders in the runs directory whose sub-agents made calls, preferring those of the
+same sub-agent model and, of those, the runs whose sub-questions were worded like the plan's
+(`similar_templates`); with none, documented defaults (`DEFAULTS`), and the estimate says so.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from amapreduce.errors import UserError
+from amapreduce.llm.meter import PriceTable
+from amapreduce.llm.usage import Usage
+from amapreduce.mapreduce.batching import BatchPlan
+from amapreduce.session.rundir import load_run
+from amapreduce.trace import read_trace
+
+__all__ = ["DEFAULTS", "Estimate", "PastRun", "Profile", "estimate_plan", "past_runs", "profile_of", "read_past_run",
+           "similar_templates"]
+
+MAX_RUNS = 50
+"""Past runs read for an estimate, newest first."""
+MIN_SPREAD = 0.2
+"""The least relative spread of an estimated figure (±20 %)."""
+SIMILAR = 0.5
+"""Template similarity (Jaccard of words) at which a past run counts as of a similar shape."""
+MIN_SIMILAR = 3
+"""Past runs of a similar shape needed to estimate from them alone."""
+ROW_SHARE = 0.5
+"""The share of a batch's prompt tokens taken to grow with its rows (the rest: system prompt, instructions)."""
+
+
+@dataclass(frozen=True)
+class PastRun:
+    """What one past run's fan-out cost: batches, rows, sub-agent calls and tokens, call times."""
+
+    model_id: str | None
+    batches: int
+    """Batches run, retries' and patch rounds' included."""
+    rows: int
+    """Task-matrix rows of the decisions run (the sub-questions)."""
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    call_seconds: tuple[float, ...]
+    template: str = ""
+    """The template of the run's (first) decision: what its sub-questions asked, to find runs of a similar shape."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per-batch figures an estimate multiplies out (see the module docstring)."""
+
+    calls_per_batch: float
+    prompt_per_batch: tuple[tuple[float, float], ...]
+    """(prompt tokens per batch, rows per batch) of each past run: scaled to a plan's batch size, their median."""
+    completion_per_row: float
+    call_s_median: float
+    call_s_p90: float
+    spread: float
+    """Relative spread of calls and tokens (± this share)."""
+    source: str
+    """Where the figures come from: `N past runs (...)` or `defaults`."""
+
+    def prompt_tokens_per_batch(self, rows_per_batch: float) -> float:
+        """Prompt tokens of a batch of `rows_per_batch` rows: each past run's figure with its
+        `ROW_SHARE` scaled from its batch size to this one, then the median (an odd run, a nested
+        decision or a huge page, moves it little)."""
+        return statistics.median(tokens * ((1 - ROW_SHARE) + ROW_SHARE * rows_per_batch / size)
+                                 for tokens, size in self.prompt_per_batch)
+
+
+DEFAULTS = Profile(calls_per_batch=3.0, prompt_per_batch=((4500.0, 1.0),), completion_per_row=60.0,
+                   call_s_median=3.0, call_s_p90=10.0, spread=0.5, source="defaults (no past run with sub-agent calls)")
+"""Without past runs: a sub-agent searches, reads a page and answers (3 calls a batch); 4,500 prompt
+tokens for a batch of one row (a system prompt and instructions of about 3,000, the pages read), half
+of it growing with the rows; 60 completion tokens per row; a hosted model's 3 s median and 10 s slow call."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a batch plan is expected to cost, low to high."""
+
+    batches: int
+    rows: int
+    workers: int
+    calls: tuple[int, int]
+    prompt_tokens: tuple[int, int]
+    completion_tokens: tuple[int, int]
+    cost_usd: tuple[float, float] | None
+    """None: the sub-agent model has no known price ("unpriced")."""
+    wall_s: tuple[float, float]
+    model_id: str | None
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--estimate --json` object."""
+        def span(pair: tuple[float, float] | tuple[int, int] | None) -> dict[str, float] | None:
+            return None if pair is None else {"low": pair[0], "high": pair[1]}
+
+        return {"batches": self.batches, "rows": self.rows, "workers": self.workers, "model": self.model_id,
+                "calls": span(self.calls), "prompt_tokens": span(self.prompt_tokens),
+                "completion_tokens": span(self.completion_tokens), "cost_usd": span(self.cost_usd),
+                "wall_s": span(self.wall_s), "source": self.source}
+
+    def lines(self) -> list[str]:
+        """The estimate as a few lines for people."""
+        cost = ("unpriced (no price for this model)" if self.cost_usd is None
+                else f"${self.cost_usd[0]:.4f} - ${self.cost_usd[1]:.4f}")
+        return [
+            f"estimate for {self.batches} batches over {self.rows} rows with {self.workers} workers "
+            f"(from {self.source}):",
+            f"  model calls {self.calls[0]:,} - {self.calls[1]:,}; prompt tokens {self.prompt_tokens[0]:,} - "
+            f"{self.prompt_tokens[1]:,}; completion tokens {self.completion_tokens[0]:,} - {self.completion_tokens[1]:,}",
+            f"  cost {cost}; wall time {self.wall_s[0]:.0f} - {self.wall_s[1]:.0f} s",
+        ]
+
+
+def read_past_run(folder: Path) -> PastRun | None:
+    """The fan-out figures of one run folder; None when it made no sub-agent call or cannot be read."""
+    try:
+        data = load_run(folder.parent, str(folder))
+    except UserError:  # an unreadable folder is no past run to learn from (`runs list` reports it)
+        return None
+    completeness = data.get("completeness") or {}
+    batches, rows = int(completeness.get("batches") or 0), _matrix_rows(data.get("decisions"))
+    seconds: list[float] = []
+    usage, model_ids = Usage(), set()
+    for event in read_trace(folder / "trace.jsonl", event="model_call"):
+        if event.get("role") != "subagent" or event.get("error"):
+            continue
+        usage = usage + Usage.from_json(event.get("usage") or {})
+        if isinstance(event.get("latency_s"), int | float):
+            seconds.append(float(event["latency_s"]))
+        if event.get("model_id"):
+            model_ids.add(str(event["model_id"]))
+    if batches <= 0 or rows <= 0 or usage.requests <= 0:
+        return None
+    decisions = data.get("decisions")
+    first = decisions[0] if isinstance(decisions, list) and decisions and isinstance(decisions[0], dict) else {}
+    return PastRun(model_id=next(iter(model_ids)) if len(model_ids) == 1 else None, batches=batches, rows=rows,
+                   calls=usage.requests, prompt_tokens=usage.input_tokens, completion_tokens=usage.output_tokens,
+                   call_seconds=tuple(seconds), template=str(first.get("template") or ""))
+
+
+def _matrix_rows(decisions: object) -> int:
+    """The sub-questions the run's recorded decisions asked (their task-matrix rows): what an
+    estimate knows of a plan beforehand, unlike the rows the answers held."""
+    if not isinstance(decisions, list):
+        return 0
+    return sum(len(d.get("task_matrix") or []) for d in decisions if isinstance(d, dict))
+
+
+def past_runs(runs_dir: Path, *, limit: int = MAX_RUNS, excluding: Iterable[str] = ()) -> list[PastRun]:
+    """The newest `limit` runs under `runs_dir` whose sub-agents made calls (folders named in
+    `excluding` left out: a run estimated against the others)."""
+    if not runs_dir.is_dir():
+        return []
+    skip = set(excluding)
+    found: list[PastRun] = []
+    for folder in sorted((p for p in runs_dir.iterdir() if p.is_dir() and p.name not in skip), reverse=True):
+        run = read_past_run(folder)
+        if run is not None:
+            found.append(run)
+            if len(found) >= limit:
+                break
+    return found
+
+
+def _spread(values: Sequence[float]) -> float:
+    """Half the interquartile range relative to the median, at least `MIN_SPREAD`."""
+    if len(values) < 4 or statistics.median(values) <= 0:
+        return MIN_SPREAD
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return max(MIN_SPREAD, (q3 - q1) / 2 / statistics.median(values))
+
+
+def _words(template: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z]+", re.sub(r"__\d+__", " ", template.casefold())))
+
+
+def similar_templates(runs: Sequence[PastRun], template: str) -> list[PastRun]:
+    """The runs whose sub-questions were worded like `template` (the Jaccard similarity of their
+    words, placeholders aside, at least `SIMILAR`), when there are `MIN_SIMILAR` of them; else all
+    of `runs`. A sub-question that ranks or lists reads far more than one that looks a value up."""
+    words = _words(template)
+    close = [r for r in runs if words and len(words & (w := _words(r.template))) / len(words | w) >= SIMILAR]
+    return close if len(close) >= MIN_SIMILAR else list(runs)
+
+
+def profile_of(runs: Sequence[PastRun], *, model_id: str | None = None, template: str | None = None) -> Profile:
+    """The per-batch figures of `runs` (those of `model_id` when any are; of those, the ones worded
+    like `template` when there are enough: `similar_templates`), or `DEFAULTS` without runs: medians,
+    so that one odd run moves them little."""
+    same = [r for r in runs if model_id is not None and r.model_id == model_id]
+    chosen = same or list(runs)
+    if not chosen:
+        return DEFAULTS
+    alike = similar_templates(chosen, template) if template else chosen
+    shaped = len(alike) < len(chosen)
+    chosen = alike
+    seconds = sorted(s for r in chosen for s in r.call_seconds)
+    median = statistics.median(seconds) if seconds else DEFAULTS.call_s_median
+    p90 = seconds[min(len(seconds) - 1, math.ceil(0.9 * len(seconds)) - 1)] if seconds else DEFAULTS.call_s_p90
+    calls = [r.calls / r.batches for r in chosen]
+    per_row = [r.prompt_tokens / r.rows for r in chosen]
+    which = (f"model {model_id}" if same else "all models") + (", sub-questions worded alike" if shaped else "")
+    return Profile(
+        calls_per_batch=statistics.median(calls),
+        prompt_per_batch=tuple((r.prompt_tokens / r.batches, r.rows / r.batches) for r in chosen),
+        completion_per_row=statistics.median(r.completion_tokens / r.rows for r in chosen),
+        call_s_median=median, call_s_p90=max(p90, median), spread=max(_spread(calls), _spread(per_row)),
+        source=f"{len(chosen)} past run{'s' if len(chosen) != 1 else ''} ({which})",
+    )
+
+
+def estimate_plan(plan: BatchPlan, *, workers: int, profile: Profile, model_id: str | None = None,
+                  prices: PriceTable | None = None) -> Estimate:
+    """What `plan` is expected to cost with `workers` sub-agents in flight (see the module docstring)."""
+    batches = len(plan.batches)
+    rows = sum(b.size for b in plan.batches)
+    size = rows / batches if batches else 0.0
+    calls = batches * profile.calls_per_batch
+    prompt = batches * profile.prompt_tokens_per_batch(size) if batches else 0.0
+    completion = rows * profile.completion_per_row
+    low, high = 1 - profile.spread, 1 + profile.spread
+
+    def span(value: float) -> tuple[int, int]:
+        return max(0, math.floor(value * low)), math.ceil(value * high)
+
+    cost: tuple[float, float] | None = None
+    price = prices.price(model_id) if prices is not None and model_id else None
+    if price is not None:
+        (prompt_low, prompt_high), (completion_low, completion_high) = span(prompt), span(completion)
+        cost = (price.input * prompt_low + price.output * completion_low,
+                price.input * prompt_high + price.output * completion_high)
+    waves = math.ceil(batches / max(workers, 1))
+    return Estimate(batches=batches, rows=rows, workers=workers, calls=span(calls), prompt_tokens=span(prompt),
+                    completion_tokens=span(completion), cost_usd=cost,
+                    wall_s=(waves * profile.calls_per_batch * profile.call_s_median,
+                            waves * profile.calls_per_batch * profile.call_s_p90),
+                    model_id=model_id, source=profile.source)

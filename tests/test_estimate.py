@@ -1,0 +1,94 @@
+"""Estimates before spending (issue 27 point 3): a batch plan multiplied out by the per-batch figures
+of the user's own past runs (`amapreduce.session.estimate`), read from real run folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from amapreduce.decision.model import Decision
+from amapreduce.llm.meter import Price, PriceTable
+from amapreduce.mapreduce.batching import plan_batches
+from amapreduce.session.estimate import DEFAULTS, PastRun, estimate_plan, past_runs, profile_of
+
+
+def decision(rows: int, batch_size: int = 1) -> Decision:
+    return Decision.parse({"task_matrix": [[f"Item {i}"] for i in range(rows)], "template": "Code of __0__?",
+                           "json_schema": ["item", "code"], "batch_size": batch_size,
+                           "batch_strategy": {"type": "per_atom", "rationale": "independent look-ups"}})
+
+
+def run_folder(runs: Path, name: str, *, rows: int, batches: int, calls_per_batch: int, prompt_per_call: int,
+               latency_s: float = 0.5, model: str = "openai/m") -> None:
+    """A finished run folder as the session writes one: result.json and one model_call event per call."""
+    folder = runs / name
+    folder.mkdir(parents=True)
+    record = {"kind": "mapreduce", "query": "q", "status": "complete",
+              "completeness": {"rows": rows, "batches": batches, "attempts": batches},
+              "decisions": [{"task_matrix": [[f"Item {i}"] for i in range(rows)], "template": "Code of __0__?"}],
+              "usage": {}, "timings": {"wall_s": 1.0}}
+    (folder / "result.json").write_text(json.dumps(record), encoding="utf-8")
+    calls = [{"event": "model_call", "role": "subagent", "model_id": model, "latency_s": latency_s, "error": None,
+              "usage": {"requests": 1, "prompt_tokens": prompt_per_call, "completion_tokens": 20}}
+             for _ in range(batches * calls_per_batch)]
+    manager = {"event": "model_call", "role": "manager", "model_id": model, "latency_s": 9.0, "error": None,
+               "usage": {"requests": 1, "prompt_tokens": 99999, "completion_tokens": 999}}
+    (folder / "trace.jsonl").write_text("\n".join(json.dumps(e) for e in [manager, *calls]) + "\n", encoding="utf-8")
+
+
+def test_without_past_runs_the_documented_defaults_are_used_and_named() -> None:
+    estimate = estimate_plan(plan_batches(decision(10), max_batches=None), workers=4, profile=profile_of([]))
+    assert estimate.source.startswith("defaults") and estimate.calls == (15, 45)  # 10 batches x 3 calls, +-50 %
+    assert estimate.cost_usd is None and "unpriced" in "\n".join(estimate.lines())
+    assert estimate.wall_s == (3 * 3 * DEFAULTS.call_s_median, 3 * 3 * DEFAULTS.call_s_p90)  # ceil(10/4) waves
+
+
+def test_past_runs_give_the_figures_and_the_managers_calls_are_not_counted(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for k in range(4):  # per_atom runs: 2 calls a batch, 1,000 prompt tokens a call
+        run_folder(runs, f"20260101-00000{k}-r", rows=10 + k, batches=10 + k, calls_per_batch=2, prompt_per_call=1000)
+    (runs / "20260101-000009-broken").mkdir()  # no result: not a past run, not an error
+    found = past_runs(runs)
+    assert len(found) == 4 and all(isinstance(r, PastRun) and r.model_id == "openai/m" for r in found)
+    profile = profile_of(found, model_id="openai/m")
+    assert profile.calls_per_batch == 2 and profile.call_s_median == 0.5 and profile.source == "4 past runs (model openai/m)"
+    prices = PriceTable(overrides={"openai/m": Price(input=1e-6, output=2e-6)})
+    estimate = estimate_plan(plan_batches(decision(20), max_batches=None), workers=8, profile=profile,
+                             model_id="openai/m", prices=prices)
+    assert estimate.calls == (32, 48) and estimate.prompt_tokens == (32000, 48000)  # 20 x 2 x 1,000, +-20 %
+    assert estimate.completion_tokens == (640, 960)  # 40 completion tokens a row
+    assert estimate.cost_usd == pytest.approx((32000 * 1e-6 + 640 * 2e-6, 48000 * 1e-6 + 960 * 2e-6))
+    assert json.loads(json.dumps(estimate.to_json()))["calls"] == {"low": 32, "high": 48}
+
+
+def test_a_bigger_batch_costs_more_prompt_tokens_per_batch_but_fewer_in_all(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run_folder(runs, "20260101-000001-r", rows=10, batches=10, calls_per_batch=2, prompt_per_call=1000)
+    profile = profile_of(past_runs(runs))
+    one = estimate_plan(plan_batches(decision(20), max_batches=None), workers=8, profile=profile)
+    five = estimate_plan(plan_batches(decision(20, batch_size=5), max_batches=None), workers=8, profile=profile)
+    assert five.batches == 4 and five.prompt_tokens[0] < one.prompt_tokens[0]
+    assert profile.prompt_tokens_per_batch(5) == 2000 * (0.5 + 0.5 * 5)  # half of a batch's tokens grow with rows
+
+
+def test_one_odd_run_moves_the_median_little(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for k in range(4):
+        run_folder(runs, f"20260101-00000{k}-r", rows=10, batches=10, calls_per_batch=2, prompt_per_call=1000)
+    run_folder(runs, "20260101-000009-odd", rows=10, batches=10, calls_per_batch=8, prompt_per_call=20000)
+    profile = profile_of(past_runs(runs))
+    assert profile.calls_per_batch == 2 and profile.prompt_tokens_per_batch(1) == 2000
+
+
+def test_runs_whose_sub_questions_were_worded_alike_are_preferred() -> None:
+    def run(template: str, per_call: int) -> PastRun:
+        return PastRun(model_id="m", batches=10, rows=10, calls=20, prompt_tokens=20 * per_call, completion_tokens=100,
+                       call_seconds=(0.5,), template=template)
+
+    lookups = [run("What is the capital of __0__?", 1000) for _ in range(4)]
+    rankings = [run("Which country of __0__ ranks __1__ by population?", 9000) for _ in range(3)]
+    ranked = profile_of(lookups + rankings, template="Which country of __0__ ranks __1__ by area?")
+    assert ranked.prompt_tokens_per_batch(1) == 18000 and "worded alike" in ranked.source
+    assert profile_of(lookups + rankings, template="Name the CEO of __0__.").prompt_tokens_per_batch(1) == 2000  # none alike
