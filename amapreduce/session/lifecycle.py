@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amapreduce import telemetry
+from amapreduce.agents.tool_calls import tool_trace
 from amapreduce.errors import StorageError, is_storage_fault, storage_error
 from amapreduce.llm.factory import model_for_role
 from amapreduce.llm.usage import Usage
@@ -225,7 +226,7 @@ def _recorded(run: ActiveRun, *, resumed: bool, labels: Mapping[str, object] | N
     the same session)."""
     shown = {telemetry.INPUT_VALUE: run.query, telemetry.SESSION_ID: run.run_dir.path.name,
              **telemetry.ours(kind=run.kind, run_dir=str(run.run_dir.path), resumed=resumed), **(labels or {})}
-    with telemetry.span("amapreduce.run", shown) as run.span:
+    with telemetry.span("amapreduce.run", shown) as run.span, tool_trace(run.run_dir.trace):
         try:
             yield run
         except Exception as exc:
