@@ -33,10 +33,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from amapreduce._text import scrub
+from amapreduce._text import cap_text, scrub
 from amapreduce.errors import storage_error
 
 __all__ = [
+    "MAX_TRACE_TEXT",
     "MIN_SECRET_CHARS",
     "REDACTED",
     "NullTrace",
@@ -151,6 +152,22 @@ def read_trace(path: str | Path, *, event: str | None = None) -> Iterator[dict[s
                 yield found
 
 
+MAX_TRACE_TEXT = 100_000
+"""Longest text one trace field keeps (a prompt, a reply, a tool's output): a longer one is cut with
+a note saying how much was left out. A 50 MB matrix cell once made a 750 MB `trace.jsonl`."""
+
+
+def _capped(value: Any) -> Any:
+    """`value` with every text longer than `MAX_TRACE_TEXT` cut, noted, at any depth."""
+    if isinstance(value, str):
+        return cap_text(value, MAX_TRACE_TEXT, what="characters, not kept in the trace")
+    if isinstance(value, dict):
+        return {k: _capped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_capped(v) for v in value]
+    return value
+
+
 class Trace:
     """Interface: anything that accepts trace events."""
 
@@ -185,9 +202,9 @@ class TraceWriter(Trace):
 
         Never fails on the text it is given: lone surrogates (a model's split emoji) become
         U+FFFD (`_text.scrub`) on the serialised line, which also covers objects only `str()`
-        can write.
+        can write. A text over `MAX_TRACE_TEXT` characters is cut with a note.
         """
-        line = redacted_json({"ts": round(time.time(), 6), "event": event, **data})
+        line = redacted_json({"ts": round(time.time(), 6), "event": event, **_capped(data)})
         data_bytes = (scrub(line) + "\n").encode("utf-8")
         with self._lock:
             if self._fd is None:
