@@ -1,8 +1,9 @@
 """A commit is one unit of work, resumable at any instant (issue 29, point 2).
 
-`eval run --benchmark sandbox` is killed with SIGKILL at three instants — between a commit and the
-distillation it made due, after that distillation but before the evaluation journaled the commit,
-and after a trial was journaled but before its instance was committed — then resumed. Each resumed
+`eval run --benchmark sandbox` is killed with SIGKILL at four instants — between a commit and the
+distillation it made due, half-way through that distillation (its first operations applied), after
+it but before the evaluation journaled the commit, and after a trial was journaled but before its
+instance was committed — then resumed. Each resumed
 evaluation must end with exactly what an uninterrupted one has: `results.json` (scores, utilities,
 sub-agents, model calls), `memory_log.jsonl`, and the memory (records with their labels, hints with
 their weights), modulo random ids and wall times.
@@ -57,6 +58,14 @@ elif mode == "due":  # the store committed a record that made a distillation due
         return result
     update.record_outcome = record_outcome
     core.record_outcome = record_outcome
+elif mode == "mid-distill":  # the distillation applied its first operations; the model has more to answer
+    import importlib
+    steps = importlib.import_module("amapreduce.memory.distill")
+    original_apply = steps._apply
+    def apply(*args, **kwargs):
+        original_apply(*args, **kwargs)
+        kill()
+    steps._apply = apply
 else:  # "distilled": the distillation ran; the evaluation has not journaled the commit
     original_distill = core.ExperientialMemory.distill
     def distill(self, **kwargs):
@@ -119,7 +128,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("mode", ["due", "distilled", "trial"])
+@pytest.mark.parametrize("mode", ["due", "mid-distill", "distilled", "trial"])
 def test_an_evaluation_killed_and_resumed_ends_as_an_uninterrupted_one(
         mode: str, uninterrupted: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -128,8 +137,10 @@ def test_an_evaluation_killed_and_resumed_ends_as_an_uninterrupted_one(
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert not (out / "results.json").exists()
-    if mode == "due":  # the kill left the distillation pending in the store
+    if mode in ("due", "mid-distill"):  # the kill left the distillation pending in the store
         assert _memory(out)["pending_distillations"] == 1
+    if mode == "mid-distill":  # ... half done: a hint it added is there
+        assert _memory(out)["hints"]
     monkeypatch.chdir(tmp_path)
     for name in [k for k in os.environ if k.startswith("AMAPREDUCE_")]:
         monkeypatch.delenv(name)

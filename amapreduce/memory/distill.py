@@ -341,6 +341,7 @@ def distill(store: MemoryStore, config: MemoryConfig, model: Any | None, *, refi
         if not dry_run:
             with store.write() as conn:
                 conn.execute("DELETE FROM meta WHERE key IN ('distilling_since', 'distilling_by')")
+                _drop_undo(conn)
                 log_event(conn, "distilled", refine=refine, merge=merge, calls=len(report.calls),
                           applied=len(report.applied), merged=len(report.merged), rejected=len(report.rejected))
                 if finished and record_id is not None:
@@ -362,8 +363,44 @@ def _claim(store: MemoryStore) -> None:
         if since is not None and time.time() - float(since) < STALE_CLAIM_S and _owner_alive(get_meta(conn, "distilling_by")):
             raise RunError(f"another distillation of {store.folder} is running (since "
                            f"{time.strftime('%H:%M:%S', time.gmtime(float(since)))} UTC). Wait for it to finish.")
+        if since is not None:  # a claim its process left behind: it died mid-distillation
+            _undo_partial(conn)
         set_meta(conn, "distilling_since", str(time.time()))
         set_meta(conn, "distilling_by", f"{socket.gethostname()}:{os.getpid()}")
+        _keep_undo(conn)
+
+
+_UNDO = {"hints": "distill_undo_hints", "provenance": "distill_undo_provenance",
+         "pending_provenance": "distill_undo_pending"}
+"""The tables a distillation changes → the copy kept while it runs, so that one killed half-way is
+undone before the next starts (a distillation writes in several transactions: one per cluster and
+merge batch, the model answering in between)."""
+
+
+def _keep_undo(conn: Any) -> None:
+    """Copy the hint tables as they are before this distillation (inside the claim's transaction)."""
+    for table, copy in _UNDO.items():
+        conn.execute(f"DROP TABLE IF EXISTS {copy}")
+        conn.execute(f"CREATE TABLE {copy} AS SELECT * FROM {table}")
+
+
+def _undo_partial(conn: Any) -> None:
+    """Put the hint tables back as they were before a distillation that never finished (its copies
+    exist only while one runs), so the distillation a resumed commit completes starts from the same
+    hints as it would have: a resumed evaluation ends with the memory an uninterrupted one has."""
+    present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not set(_UNDO.values()) <= present:
+        return
+    conn.execute("DELETE FROM hints")  # provenance and pending links go with their hints (ON DELETE CASCADE)
+    for table, copy in _UNDO.items():
+        conn.execute(f"INSERT INTO {table} SELECT * FROM {copy}")
+    log_event(conn, "distill_undone", hints=conn.execute("SELECT count(*) FROM hints").fetchone()[0])
+
+
+def _drop_undo(conn: Any) -> None:
+    """Drop the copies once the distillation ended (finished, or failed and reported)."""
+    for copy in _UNDO.values():
+        conn.execute(f"DROP TABLE IF EXISTS {copy}")
 
 
 def _owner_alive(owner: str | None) -> bool:
