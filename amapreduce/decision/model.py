@@ -28,7 +28,6 @@ in `decision.nesting` and run once, on the outermost decision validated.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -49,10 +48,11 @@ from pydantic import (
 )
 
 import amapreduce.decision.nesting as nesting  # not `from amapreduce.decision`: its __init__ imports this module
-from amapreduce._text import MAX_CELL_CHARS, cap_text, scrub_data
+from amapreduce._text import scrub_data
 from amapreduce.decision.columns import ColumnSpec, columns_from_schema
 from amapreduce.decision.describe import CHILD_TAG, cell_to_str, describe, shown
 from amapreduce.decision.discover_spec import DiscoverSpec
+from amapreduce.decision.reading import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, read_decision_file
 from amapreduce.decision.strategy import (
     MAX_BATCH_SIZE,
     ByAttr,
@@ -134,9 +134,7 @@ class Decision(BaseModel):
         for i, row in enumerate(value):
             if not isinstance(row, list | tuple):
                 raise ValueError(f"row {i} must be a list of cells, got {row!r}")
-            # A cell longer than MAX_CELL_CHARS is cut with a marker: it is sent in every prompt naming its task.
-            rows.append([cap_text(cell_to_str(c, f"task_matrix[{i}][{j}]"), MAX_CELL_CHARS)
-                         for j, c in enumerate(row)])
+            rows.append([cell_to_str(c, f"task_matrix[{i}][{j}]") for j, c in enumerate(row)])
         return rows
 
     @field_validator("batch_strategy", mode="before")
@@ -466,66 +464,12 @@ class Decision(BaseModel):
             ) from None
 
 
-DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-"""`load_decision`'s size cap by default (`Settings.max_decision_bytes`)."""
-DEFAULT_MAX_ROWS = 100_000
-"""`load_decision`'s row cap by default (`Settings.max_decision_rows`)."""
-
-
-def load_decision(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES, max_rows: int = DEFAULT_MAX_ROWS) -> Decision:
-    """Read and validate a decision JSON file.
-
-    Both caps are checked before anything is spent on the file: its size before it is read (a 50 MB
-    decision used to take 25 s and 1.5 GB to plan, and 468 s to print), its rows before they are
-    validated, planned or sent.
-
-    Args:
-        path: the decision file.
-        max_bytes: the largest file read (`Settings.max_decision_bytes`).
-        max_rows: the most `task_matrix` rows accepted (`Settings.max_decision_rows`).
+def load_decision(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                  max_rows: int = DEFAULT_MAX_ROWS) -> Decision:
+    """Read and validate a decision JSON file (`decision.reading.read_decision_file`: refused over
+    `max_bytes` before it is read, over `max_rows` rows before they are validated).
 
     Raises:
         DecisionError: the file is missing, too large, not JSON, or not a valid decision.
     """
-    p = Path(path)
-    try:
-        size = p.stat().st_size if p.is_file() else 0
-    except (OSError, ValueError):
-        size = 0  # reading it says what is wrong, below
-    if size > max_bytes:
-        raise DecisionError(
-            f"decision file {str(p)!r} is {size:,} bytes, over the {max_bytes:,}-byte cap; nothing was read. "
-            "Split the matrix into several decisions, or raise the cap with AMAPREDUCE_MAX_DECISION_BYTES."
-        )
-    try:
-        # utf-8-sig: editors on Windows save JSON with a byte-order mark; it is not content.
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise DecisionError(f"decision file {str(p)!r} does not exist; check the path.") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        # OSError covers a directory, no permission, a name too long, a symlink loop ...;
-        # ValueError a path with a NUL byte. strerror keeps the reason to one line.
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise DecisionError(
-            f"cannot read decision file {str(p)!r}: {reason}; check the path and that it is a readable UTF-8 file."
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DecisionError(
-            f"decision file {str(p)!r} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}."
-        ) from None
-    except (RecursionError, ValueError) as exc:
-        # Nesting deeper than Python's recursion limit, or an integer longer than 4300 digits.
-        why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
-        raise DecisionError(
-            f"decision file {str(p)!r} cannot be read as a decision: {why}; a decision needs only a few levels "
-            "of nesting and ordinary numbers."
-        ) from None
-    rows = data.get("task_matrix") if isinstance(data, dict) else None
-    if isinstance(rows, list) and len(rows) > max_rows:
-        raise DecisionError(
-            f"decision file {str(p)!r} has {len(rows):,} task_matrix rows, over the {max_rows:,}-row cap. Split it "
-            "into several decisions, or raise the cap with AMAPREDUCE_MAX_DECISION_ROWS."
-        )
-    return Decision.parse(data)
+    return Decision.parse(read_decision_file(Path(path), max_bytes=max_bytes, max_rows=max_rows))
