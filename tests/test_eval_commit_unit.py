@@ -26,6 +26,8 @@ import pytest
 
 from amapreduce.cli.app import main
 
+pytestmark = pytest.mark.slow  # five sandbox evaluations
+
 LIMIT = "4"  # the sandbox distils at its 3rd record (refine+merge); task 4 plans with the hint it made
 ARGS = ["eval", "run", "--benchmark", "sandbox", "--limit", LIMIT, "--trials", "1", "--encoder", "hashing", "--json"]
 
