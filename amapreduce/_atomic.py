@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from amapreduce._text import scrub
+from amapreduce.errors import storage_error
 from amapreduce.trace import redacted_json
 
 __all__ = ["atomic_open", "atomic_write", "write_json", "write_json_lines"]
@@ -37,8 +38,11 @@ def atomic_open(path: str | Path, mode: str = "w", *, newline: str | None = None
     if mode not in ("w", "wb"):
         raise ValueError(f"`mode` must be 'w' or 'wb', got {mode!r}")
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise storage_error(exc, path=target) from exc
     try:
         if mode == "wb":
             handle: IO[Any] = os.fdopen(fd, "wb")
@@ -47,6 +51,9 @@ def atomic_open(path: str | Path, mode: str = "w", *, newline: str | None = None
         with handle:
             yield handle
         os.replace(tmp, target)
+    except OSError as exc:  # a full disk, an I/O error: the old file (if any) is left as it was
+        Path(tmp).unlink(missing_ok=True)
+        raise storage_error(exc, path=target) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

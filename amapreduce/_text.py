@@ -17,7 +17,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["REPLACEMENT", "is_clean", "one_line", "scrub", "scrub_data"]
+__all__ = ["MAX_CELL_CHARS", "REPLACEMENT", "cap_text", "is_clean", "one_line", "scrub", "scrub_data"]
+
+MAX_CELL_CHARS = 4_000
+"""Longest table cell, in a decision's `task_matrix` and in a sub-agent's reply: a longer one is cut
+with a marker (`cap_text`). A cell is an entity's name or one attribute's value; a 50 MB cell used to
+be sent to the model as it was, in every prompt that named its task."""
 
 REPLACEMENT = "\ufffd"
 """What an unencodable code point becomes (the Unicode replacement character)."""
@@ -67,3 +72,11 @@ def one_line(text: str) -> str:
     an ideographic space (U+3000), an en space (U+2002) or a no-break space (U+00A0) is part of
     the value (the official scorer removes only ASCII spaces, so rewriting one changes a key)."""
     return _LINE_BREAKS.sub(" ", text).strip(" ")
+
+
+def cap_text(text: str, limit: int, *, what: str = "characters") -> str:
+    """`text` cut to its first `limit` characters plus a marker saying how much was cut
+    (`… [cut: N more characters]`); `text` itself when it is not longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [cut: {len(text) - limit} more {what}]"

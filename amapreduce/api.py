@@ -388,17 +388,18 @@ def run_decision(
     from amapreduce.session import RunOptions, Session
     from amapreduce.session.journal import RunKind
 
+    named = {"model": model, "api_base": api_base, "api_key": api_key, "search": search, "workers": workers,
+             "max_cost": max_cost, "max_tokens": max_tokens, "runs_dir": runs_dir}
+    config = _settings(named, settings)
     if isinstance(decision, Decision):
         parsed, default_label = decision, "decision"
     elif isinstance(decision, Mapping):
         parsed, default_label = Decision.parse(decision), "decision"
     elif isinstance(decision, str | os.PathLike):
-        parsed, default_label = load_decision(Path(decision)), Path(decision).stem
+        parsed = load_decision(Path(decision), max_bytes=config.max_decision_bytes, max_rows=config.max_decision_rows)
+        default_label = Path(decision).stem
     else:
         raise UserError(f"decision must be a Decision, a dict or the path of a JSON file, got {type(decision).__name__}.")
-    named = {"model": model, "api_base": api_base, "api_key": api_key, "search": search, "workers": workers,
-             "max_cost": max_cost, "max_tokens": max_tokens, "runs_dir": runs_dir}
-    config = _settings(named, settings)
     session = Session(config, RunOptions(kind=RunKind.MAPREDUCE_RUN, query=label or default_label, decision=parsed,
                                          show_progress=show_progress, executor=_executor(config)))
     with session:

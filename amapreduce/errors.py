@@ -13,7 +13,9 @@ AmapreduceError                 base of everything we raise on purpose
 │   │   ├── SearchUnavailable   a search backend's circuit breaker is open: search is down; the run stops
 │   │   └── ProviderRejected    a provider refused the run's requests for good (wrong key, no access,
 │   │                           no such model, invalid request); the run stops at once
-│   └── RunCancelled            the run was cancelled (Ctrl-C or `cancel()`); holds the partial result
+│   ├── RunCancelled            the run was cancelled (Ctrl-C or `cancel()`); holds the partial result
+│   └── StorageError            a file or database could not be written or read (disk full, I/O error,
+│                               no permission, read-only file system); names the path and what to do
 └── ToolError                   model-facing: a tool call did not succeed; the message tells the model what to do
     ├── ToolCallRefused         the tool turned the call away on purpose (bad arguments, URL policy, call limits)
     └── ToolCallFailed          the call was valid but its work failed (network down, missing page, backend error)
@@ -28,6 +30,7 @@ boundaries once a distributed executor runs them.
 
 from __future__ import annotations
 
+import errno as _errno
 from typing import Any
 
 __all__ = [
@@ -43,12 +46,13 @@ __all__ = [
     "RunError",
     "SearchUnavailable",
     "SolverError",
+    "StorageError",
     "ToolCallFailed",
     "ToolCallRefused",
     "ToolError",
     "UserError",
 ]
-# `find_cause` (below) is a helper, not part of the exception tree that `__all__` lists.
+# `find_cause`, `is_storage_fault` and `storage_error` (below) are helpers, not part of the exception tree that `__all__` lists.
 
 
 def _rebuild(cls: type[AmapreduceError], message: str, fields: dict[str, Any]) -> AmapreduceError:
@@ -165,6 +169,63 @@ class RunCancelled(RunError):
 
     partial: Any
     """The result so far (a `MapReduceResult` when raised by the engine)."""
+
+
+class StorageError(RunError, OSError):
+    """The machine refused a file or database operation: the disk is full (ENOSPC, EDQUOT, SQLite's
+    "database or disk is full"), the device failed (EIO), or the path cannot be used (EACCES, EPERM,
+    EROFS, ENOTDIR, ...). The message names the path and says what to do.
+
+    Fields: `path` (the file or folder, None when unknown), `errno` (the OS error number, None for
+    a SQLite error without one) and `usage` (True when the path itself cannot be used — no
+    permission, a read-only file system, not a folder — a fix the user makes: the CLI exits 2;
+    False for a full or failing disk: exit 1). Also an `OSError`, so code that handles a failed
+    file operation (`except OSError`) handles it as before.
+    """
+
+    path: str | None
+    errno: int | None
+    usage: bool
+
+
+_DISK_FULL = frozenset({_errno.ENOSPC, _errno.EDQUOT, _errno.EFBIG})
+_UNUSABLE_PATH = frozenset({_errno.EACCES, _errno.EPERM, _errno.EROFS, _errno.ENOTDIR, _errno.EISDIR,
+                            _errno.ENOENT, _errno.ENAMETOOLONG, _errno.ELOOP, _errno.EEXIST})
+
+
+def is_storage_fault(exc: BaseException) -> bool:
+    """True for an `OSError` of the disk or a path (full, failing, no permission, read-only), not
+    of the network (a refused or reset connection is an `OSError` too, but no disk's fault)."""
+    return (isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError)
+            and exc.errno in _DISK_FULL | _UNUSABLE_PATH | {_errno.EIO})
+
+
+def storage_error(exc: OSError, *, path: object = None, then: str | None = None) -> StorageError:
+    """The `StorageError` for the OS error `exc`: one line naming the path (`path`, else the error's
+    own file name) and what to do; `then` says how to go on once that is done (default: "run the
+    command again"; a run says how to resume it).
+
+    Why one function: every writer (run directories, journals, traces, stores, caches, indexes)
+    says the same thing for the same fault, and the CLI turns any `OSError` that reaches it into
+    this message too, so a full disk never ends in a traceback.
+    """
+    number = exc.errno
+    where = path if path is not None else (exc.filename if exc.filename is not None else None)
+    shown = str(where) if where is not None else None
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if number in _DISK_FULL:
+        advice = "Free space on that disk (or point the command at a folder on another disk)"
+    elif number == _errno.EIO:
+        advice = "The device reported an I/O error: check the disk (and `dmesg`)"
+    elif number in _UNUSABLE_PATH:
+        advice = "Use a path this user can write (check its permissions, that the file system is not read-only " \
+                 "and that each parent is a folder)"
+    else:
+        advice = "Check the path and the machine"
+    code = f" ({_errno.errorcode[number]})" if number is not None and number in _errno.errorcode else ""
+    target = f" on {shown!r}" if shown else ""
+    message = f"{reason}{code}{target}. {advice}, then {then or 'run the command again'}."
+    return StorageError(message, path=shown, errno=number, usage=number in _UNUSABLE_PATH)
 
 
 class ToolError(AmapreduceError):

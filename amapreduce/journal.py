@@ -20,8 +20,11 @@ bad line anywhere else is corruption, reported with its line number, never skipp
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,12 +33,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from amapreduce._text import scrub_data
-from amapreduce.errors import UserError
+from amapreduce.errors import UserError, storage_error
 from amapreduce.trace import redact_secrets
 
 __all__ = ["FORMAT", "VERSION", "JournalEntry", "JournalHeader", "JournalWriter", "read_journal"]
 
 FORMAT = "amapreduce-journal"
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
 VERSION = 1
 
 
@@ -74,29 +78,52 @@ class JournalWriter:
         if self.path.exists():
             _cut_torn_tail(self.path)
         fresh = not self.path.exists() or self.path.stat().st_size == 0
-        if not fresh:
+        if fresh:
+            try:
+                _create_whole(self.path, self._line(JournalHeader(kind=kind)))
+            except OSError as exc:
+                raise storage_error(exc, path=self.path) from exc
+        else:
             with self.path.open("rb") as handle:
                 _read_header(self.path, handle.readline(), kind=kind)
-        # Created 0600 like the rest of a run directory (it holds prompts' results and rows).
-        self._file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
-        if fresh:
-            self._write_line(JournalHeader(kind=kind))
+        self._file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_APPEND), "ab")
 
     def append(self, entry: JournalEntry) -> None:
         """Write `entry` as one line and fsync it."""
         with self._lock:
             self._write_line(entry)
 
-    def _write_line(self, entry: JournalEntry) -> None:
-        if self._file.closed:
-            raise ValueError(f"journal {str(self.path)!r} is closed")
+    @staticmethod
+    def _line(entry: JournalEntry) -> bytes:
         # Outside text (rows, errors) is made encodable and stripped of configured secrets here,
         # the one writer of every journal: a lone surrogate must not end a run, nor a key be kept.
         line = redact_secrets(json.dumps(scrub_data(entry.model_dump(mode="json")), ensure_ascii=False,
-                                       separators=(",", ":")))
-        self._file.write(line.encode("utf-8") + b"\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+                                         separators=(",", ":")))
+        return line.encode("utf-8") + b"\n"
+
+    def _write_line(self, entry: JournalEntry) -> None:
+        if self._file.closed:
+            raise ValueError(f"journal {str(self.path)!r} is closed")
+        data = self._line(entry)
+        try:
+            self._file.write(data)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            # A full disk can take part of the line: drop what the buffer still holds and cut the
+            # file back to its last whole line, so the journal stays readable and resumable.
+            self._discard_unwritten()
+            raise storage_error(exc, path=self.path) from exc
+
+    def _discard_unwritten(self) -> None:
+        """After a failed append: forget the buffered bytes and cut a torn tail off the file."""
+        fd = os.dup(self._file.fileno())
+        with contextlib.suppress(OSError):  # closing flushes the buffer again; it may fail the same way
+            self._file.close()
+        try:
+            _cut_torn_tail(self.path)
+        finally:
+            self._file = os.fdopen(fd, "ab")
 
     def close(self) -> None:
         """Close the file (entries are already on disk)."""
@@ -184,6 +211,35 @@ def _read_header(path: Path, raw: bytes, *, kind: str) -> JournalHeader:
     if header.kind != kind:
         raise UserError(f"journal {str(path)!r} is a {header.kind!r} journal, not a {kind!r} one.")
     return header
+
+
+def _create_whole(path: Path, header: bytes) -> None:
+    """Create the journal `path` holding `header`, all or nothing: written and fsynced under a
+    temporary name beside it, then linked into place (replacing an empty file a crash left).
+
+    Why: created empty and then written, a journal on a full disk stayed 0 bytes, and every later
+    reader refused the run ("it has no header line"). A journal that exists has its header.
+    Created 0600 like the rest of a run directory (it holds prompts' results and rows).
+    """
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".new")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(header)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            if path.stat().st_size:  # another writer created it whole first
+                return
+            os.replace(tmp, path)
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS or path.exists():
+                raise
+            os.replace(tmp, path)  # a file system without hard links: the journal is still absent
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _cut_torn_tail(path: Path) -> None:

@@ -147,6 +147,12 @@ class Settings(BaseModel):
     """Seconds after a provider's outage began that a model call still waits for it; then calls
     raise `ProviderUnavailable` at once and the run ends `failed` (`AMAPREDUCE_BREAKER_MAX_WAIT_S`;
     0: fail at once while the breaker is open)."""
+    max_decision_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+    """Largest decision file `mapreduce plan`, `mapreduce run` and `run_decision` read, in bytes
+    (`AMAPREDUCE_MAX_DECISION_BYTES`; default 16 MiB): a larger one is refused before it is read."""
+    max_decision_rows: int = Field(default=100_000, ge=1)
+    """Most `task_matrix` rows a decision file may hold (`AMAPREDUCE_MAX_DECISION_ROWS`): a larger
+    matrix is refused before it is validated or planned."""
     max_tool_calls: int = Field(default=4, ge=1)
     """`mapreduce` tool calls allowed per manager run (`AMAPREDUCE_MAX_TOOL_CALLS`)."""
     runs_dir: Path = Path("runs")

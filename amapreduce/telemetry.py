@@ -58,6 +58,7 @@ __all__ = [
     "SpanGroup",
     "SpanHandle",
     "active",
+    "current_span",
     "disable",
     "enable",
     "open_span",
@@ -252,6 +253,18 @@ def _current_span(state: _Tracing, name: str, attributes: Mapping[str, Any] | No
             raise
         if not handle._failed:  # the block did not call `error()`
             started.set_status(Status(StatusCode.OK))
+
+
+def current_span() -> SpanHandle:
+    """The span current in this thread (another library's, such as openinference's `TOOL` span
+    around a tool call), to add our attributes to it rather than open a second span; `NO_SPAN`
+    while tracing is off or when no span is recording."""
+    if _state is None:
+        return NO_SPAN
+    from opentelemetry.trace import get_current_span
+
+    found = get_current_span()
+    return SpanHandle(found) if found.is_recording() else NO_SPAN
 
 
 def open_span(name: str, attributes: Mapping[str, Any] | None = None, *, kind: str = CHAIN) -> SpanHandle:

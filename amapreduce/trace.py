@@ -31,11 +31,13 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from amapreduce._text import scrub
+from amapreduce._text import cap_text, scrub
+from amapreduce.errors import storage_error
 
 __all__ = [
+    "MAX_TRACE_TEXT",
     "MIN_SECRET_CHARS",
     "REDACTED",
     "NullTrace",
@@ -150,6 +152,22 @@ def read_trace(path: str | Path, *, event: str | None = None) -> Iterator[dict[s
                 yield found
 
 
+MAX_TRACE_TEXT = 100_000
+"""Longest text one trace field keeps (a prompt, a reply, a tool's output): a longer one is cut with
+a note saying how much was left out. A 50 MB matrix cell once made a 750 MB `trace.jsonl`."""
+
+
+def _capped(value: Any) -> Any:
+    """`value` with every text longer than `MAX_TRACE_TEXT` cut, noted, at any depth."""
+    if isinstance(value, str):
+        return cap_text(value, MAX_TRACE_TEXT, what="characters, not kept in the trace")
+    if isinstance(value, dict):
+        return {k: _capped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_capped(v) for v in value]
+    return value
+
+
 class Trace:
     """Interface: anything that accepts trace events."""
 
@@ -177,27 +195,44 @@ class TraceWriter(Trace):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         # The mode applies when the file is created; an existing trace (a resumed run) keeps its own.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        self._file: TextIO | None = os.fdopen(fd, "a", encoding="utf-8")
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def write(self, event: str, **data: Any) -> None:
         """Append one event line: `{"ts", "event", ...data}`, secrets redacted.
 
         Never fails on the text it is given: lone surrogates (a model's split emoji) become
         U+FFFD (`_text.scrub`) on the serialised line, which also covers objects only `str()`
-        can write.
+        can write. A text over `MAX_TRACE_TEXT` characters is cut with a note.
         """
-        line = redacted_json({"ts": round(time.time(), 6), "event": event, **data})
-        line = scrub(line)
+        line = redacted_json({"ts": round(time.time(), 6), "event": event, **_capped(data)})
+        data_bytes = (scrub(line) + "\n").encode("utf-8")
         with self._lock:
-            if self._file is None:
+            if self._fd is None:
                 raise ValueError(f"trace {str(self.path)!r} is closed; open a new TraceWriter")
-            self._file.write(line + "\n")
-            self._file.flush()
+            self._append(self._fd, data_bytes)
+
+    def _append(self, fd: int, data: bytes) -> None:
+        """Write `data` whole at the end of the file (unbuffered: nothing is left to flush later).
+
+        A disk that fills mid-line is cut back to the last whole line, so the trace a resumed run
+        appends to stays one event per line; the failure is a `StorageError` naming the trace.
+        """
+        before = os.fstat(fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as exc:
+            failed = storage_error(exc, path=self.path)
+            try:
+                os.ftruncate(fd, before)
+            except OSError as cut:
+                failed.add_note(f"(the torn last line of {self.path} could not be cut off: {cut})")
+            raise failed from exc
 
     def close(self) -> None:
-        """Flush and close the file (idempotent)."""
+        """Close the file (idempotent; every line is already written)."""
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None

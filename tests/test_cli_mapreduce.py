@@ -83,7 +83,7 @@ def test_error_with_a_newline_is_printed_on_one_line(
 ) -> None:
     from amapreduce.errors import DecisionError
 
-    def broken(path: str) -> None:
+    def broken(path: str, **caps: int) -> None:
         raise DecisionError("invalid decision: foo\nbar: unknown field.")
 
     monkeypatch.setattr("amapreduce.decision.model.load_decision", broken)

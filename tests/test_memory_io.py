@@ -133,4 +133,6 @@ def test_every_question_level_link_is_an_event(tmp_path: Path) -> None:
     assert hint["events"][0]["provenance_questions"] == ["question P2", "later q"]
     record = show_item(mem.store, rid or "")
     assert record["events"][0]["kind"] == "record_added" and record["events"][0]["linked_hints"] == [hint_id]
-    assert [(e["kind"], e.get("hint_id")) for e in record["events"]] == [("record_added", None), ("hint_linked", hint_id)]
+    # ... and its commit (issue 29: what the commit did, for a resume that commits it again)
+    assert [(e["kind"], e.get("hint_id")) for e in record["events"]] == [
+        ("record_added", None), ("hint_linked", hint_id), ("record_committed", None)]

@@ -247,6 +247,33 @@ def test_a_symlink_out_of_the_runs_folder_is_refused(world: Path, client: TestCl
         link.unlink()
 
 
+def test_the_download_routes_refuse_a_symlinked_file(world: Path, client: TestClient, tmp_path: Path) -> None:
+    """A run folder inside `runs/` whose `table.csv`, `table.md` or `result.json` is a link to a file
+    outside is not served (issue 29): 404, as for a missing file, and nothing of the target shows."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the contents of a private file\n", encoding="utf-8")
+    folder = world / "runs" / "20990101-000001-linked-files"
+    _crafted_run(folder.parent / "linked-tmp")
+    (folder.parent / "linked-tmp" / CRAFTED).rename(folder)
+    (folder.parent / "linked-tmp").rmdir()
+    try:
+        assert client.get(f"/runs/{folder.name}/download/csv").status_code == 200  # its own file is served
+        (folder / "table.csv").unlink()
+        (folder / "table.csv").symlink_to(secret)
+        (folder / "table.md").symlink_to(secret)
+        for fmt in ("csv", "md"):
+            reply = client.get(f"/runs/{folder.name}/download/{fmt}")
+            assert reply.status_code == 404 and "private file" not in reply.text
+        assert "download/csv" not in client.get(f"/runs/{folder.name}").text  # nor offered
+        (folder / "result.json").rename(tmp_path / "result.json")
+        (folder / "result.json").symlink_to(tmp_path / "result.json")
+        assert client.get(f"/runs/{folder.name}/download/jsonl").status_code == 404
+    finally:
+        for name in ("table.csv", "table.md", "result.json"):
+            (folder / name).unlink(missing_ok=True)
+        folder.rmdir()
+
+
 def test_every_response_forbids_scripts_and_framing(client: TestClient) -> None:
     for url in ("/runs", "/runs/nope", "/memory"):
         headers = client.get(url).headers

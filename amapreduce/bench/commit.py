@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from amapreduce.memory.protocol import InstanceSession, TrialOutcome
     from amapreduce.memory.update import UpdateResult
 
-__all__ = ["commit_instance", "commit_trials", "hint_credits", "memory_size", "open_memory", "pool_counts",
+__all__ = ["commit_instance", "commit_trials", "complete_distillation", "hint_credits", "memory_size", "open_memory", "pool_counts",
            "record_id_for", "run_due_distillation", "summarize_distillation", "trial_done", "trial_outcome",
            "write_memory_log"]
 
@@ -63,7 +63,9 @@ def commit_instance(memory: ExperientialMemory, session: InstanceSession, outcom
     """Commit an instance's canonical trial, run the distillation it makes due, and say what changed.
 
     The one commit path of `eval run` and of the demo: `session.commit` (record, +2/−1 credit,
-    pruning; idempotent per `record_id`), then F_ψ when the schedule says so. Returns the
+    pruning; idempotent per `record_id`), then F_ψ when the schedule says so. Resumable at any
+    instant: a commit replayed after a crash reports what the first one did (`UpdateResult.replayed`)
+    and completes its pending distillation (`complete_distillation`), so the log line is the same. Returns the
     `memory_log.jsonl` fields: committed, label, record_id, prior_hints (w before → after),
     pruned, distillation (created / edited / removed / merged) and the pool's size afterwards.
     """
@@ -81,26 +83,49 @@ def commit_instance(memory: ExperientialMemory, session: InstanceSession, outcom
         hint_ids = chosen.prior.hint_ids if chosen is not None and chosen.prior is not None else ()
         log.update(committed=True, label=result.label, record_id=result.record_id, pruned=list(result.pruned),
                    prior_hints=hint_credits(result, hint_ids, memory.config))
-        if result.distill:
-            log["distillation"] = run_due_distillation(memory, result.distill)
+        if result.distill and result.record_id:
+            log["distillation"] = complete_distillation(memory, result.record_id, result.distill,
+                                                        replayed=result.replayed)
     log.update(pool_counts(memory))
     return log
+
+
+def complete_distillation(memory: ExperientialMemory, record_id: str, due: str, *, replayed: bool = False,
+                          enabled: bool = True) -> dict[str, Any]:
+    """Run the distillation the commit of `record_id` made due, once: it is pending in the store
+    until it has run (`memory.update.finish_distillation`), and a commit replayed after a crash gets
+    the recorded outcome back, or runs it now when the crash came first.
+
+    Why: the commit and its distillation are one unit of work. Killed between the two, a resumed
+    evaluation used to find the record "already committed" and never distilled: its memory learned
+    fewer hints than an uninterrupted run's, and every later task planned with a different prior.
+    """
+    from amapreduce.memory.update import distillation_done, finish_distillation
+
+    if replayed:
+        done = distillation_done(memory.store, record_id)
+        if done is not None:
+            return done
+    outcome = run_due_distillation(memory, due, enabled=enabled, record_id=record_id)
+    if "failed" in outcome or "skipped" in outcome:  # a distillation that ran recorded itself done
+        finish_distillation(memory.store, record_id, outcome)
+    return outcome
 
 
 def summarize_distillation(report: DistillReport) -> dict[str, int]:
     """What one distillation changed, counted: hints created, edited, agreed with, removed,
     merge batches, hints pruned, model calls made and operations rejected."""
-    ops = [a["op"] for a in report.applied]
-    return {"created": ops.count("ADD"), "edited": ops.count("EDIT"), "agreed": ops.count("AGREE"),
-            "removed": ops.count("REMOVE"), "merged": len(report.merged), "pruned": len(report.pruned),
-            "calls": len(report.calls), "rejected": len(report.rejected)}
+    return report.counts()
 
 
-def run_due_distillation(memory: ExperientialMemory, due: str, *, enabled: bool = True) -> dict[str, Any]:
+def run_due_distillation(memory: ExperientialMemory, due: str, *, enabled: bool = True,
+                         record_id: str | None = None) -> dict[str, Any]:
     """Run the distillation a commit made due (`refine`, `merge` or both) and count what it changed.
 
     The record is already committed whatever happens here: a missing model, `enabled=False`
     (`memory learn --no-distill`) or a failing model is reported in the result, never raised.
+    `record_id` (the commit's) makes a distillation that runs to its end record itself done in its
+    last transaction (`memory.distill.distill`).
     """
     later = "run `amapreduce memory distill` (with a memory model) to catch up"
     if not enabled:
@@ -108,11 +133,10 @@ def run_due_distillation(memory: ExperientialMemory, due: str, *, enabled: bool 
     if memory.model is None:
         return {"what": due, "skipped": f"no memory model is configured; {later}"}
     try:
-        report = memory.distill(refine="refine" in due, merge="merge" in due)
+        report = memory.distill(refine="refine" in due, merge="merge" in due, record_id=record_id)
     except Exception as exc:  # noqa: BLE001 - the commit is safe; the failure is reported, not raised
         return {"what": due, "failed": f"{type(exc).__name__}: {exc}"}
     return {"what": due, **summarize_distillation(report)}
-
 
 
 def record_id_for(config: EvalConfig, iid: str) -> str:

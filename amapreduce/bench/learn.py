@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from amapreduce.bench.commit import hint_credits, run_due_distillation
+from amapreduce.bench.commit import complete_distillation, hint_credits
 from amapreduce.errors import RunError, UserError
 from amapreduce.llm.usage import Usage
 from amapreduce.memory.labels import UTILITY_RULE, UtilityWeights
@@ -393,7 +393,7 @@ def learn_from_run(
         hint_ids = run.prior.hint_ids if run.prior is not None else ()
         result = memory.update(run.prior, query=run.query, decision=run.decision, metrics=metrics, trace=run.trace,
                                task_id=chosen_task, record_id=record_id, auto_distill=False)
-        if result.skipped == "already committed":  # another learner committed it since the check above
+        if result.replayed or result.skipped == "already committed":  # another learner committed it since the check above
             record = opened.record(record_id)
             if record is not None:
                 return _already(run, record_id, record, config, utility is not None)
@@ -401,7 +401,8 @@ def learn_from_run(
             raise RunError(f"the memory did not record the run: {result.skipped}.")
         credited = tuple(HintCredit(id=c["id"], w_before=c["w_before"], w_after=c["w_after"])
                          for c in hint_credits(result, hint_ids, config) if c["w_after"] is not None)
-        distillation = run_due_distillation(memory, result.distill, enabled=distill) if result.distill else None
+        distillation = (complete_distillation(memory, result.record_id, result.distill, enabled=distill)
+                        if result.distill and result.record_id else None)
     finally:
         if owned:
             opened.close()

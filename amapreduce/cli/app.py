@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sqlite3
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ import typer.main
 from amapreduce._version import __version__
 from amapreduce.cli.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ROOT_EXIT_CODES_HELP
 from amapreduce.cli.help import App
-from amapreduce.errors import AmapreduceError, RunError, UserError
+from amapreduce.errors import AmapreduceError, RunError, StorageError, UserError, storage_error
 
 __all__ = ["app", "main", "run"]
 
@@ -112,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI with `argv` (default: `sys.argv[1:]`) and return the exit code.
 
     Errors are translated here, at the boundary: a `UserError` or a usage mistake prints one
-    line to stderr and returns 2; a `RunError` returns 1; Ctrl-C returns 130. A run command that
+    line to stderr and returns 2; a `RunError` returns 1; Ctrl-C returns 130. An `OSError` or a
+    `sqlite3.Error` that reaches here (a full disk, an I/O error, a path without permission) is one
+    line too, naming the path and what to do (`errors.storage_error`): 2 when the path itself
+    cannot be used, else 1. A run command that
     finished ends with the code of how its run ended (`cli.exit_codes`). No traceback is shown
     for errors we raise on purpose.
     """
@@ -136,8 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         typer.echo(f"error: {_one_line(exc)}", err=True)
         return EXIT_USAGE
+    except StorageError as exc:
+        typer.echo(f"error: {_one_line(exc)}", err=True)
+        return EXIT_USAGE if exc.usage else EXIT_FAILED
     except (RunError, AmapreduceError) as exc:
         typer.echo(f"error: {_one_line(exc)}", err=True)
+        return EXIT_FAILED
+    except OSError as exc:  # a write or read the machine refused (disk full, I/O error, permissions)
+        translated = storage_error(exc)
+        typer.echo(f"error: {_one_line(translated)}", err=True)
+        return EXIT_USAGE if translated.usage else EXIT_FAILED
+    except sqlite3.Error as exc:  # a SQLite file outside the memory store's own translation
+        typer.echo(f"error: SQLite failed: {_one_line(exc)}. If the disk is full or failing, free space or check "
+                   "the device, then run the command again.", err=True)
         return EXIT_FAILED
     return int(result) if isinstance(result, int) else EXIT_OK
 

@@ -29,6 +29,12 @@ MAX_BATCHES_HELP = (
 )
 
 
+PLAN_BATCHES_SHOWN = 60
+"""`mapreduce plan` lists every batch of a plan up to this many; a larger plan is summarised."""
+PLAN_HEAD, PLAN_TAIL = 20, 5
+"""The batches a summarised plan lists: its first `PLAN_HEAD` and its last `PLAN_TAIL`."""
+
+
 @app.command("plan")
 def plan(
     decision_file: str = typer.Argument(..., metavar="DECISION.json", help="Decision file to validate."),
@@ -37,14 +43,16 @@ def plan(
 ) -> None:
     """Validate a decision file and print its batch plan.
 
-    Invalid input (missing file, bad JSON, failed validation) exits 2 with a one-line reason.
+    Invalid input (missing file, bad JSON, failed validation, a file over AMAPREDUCE_MAX_DECISION_BYTES
+    or AMAPREDUCE_MAX_DECISION_ROWS) exits 2 with a one-line reason. A plan of more than 60 batches is
+    summarised: its first 20 and last 5 batches (--json always lists every batch).
     """
     from amapreduce.decision.model import load_decision
     from amapreduce.mapreduce.batching import plan_batches
     from amapreduce.settings import load_settings
 
     settings = load_settings(max_batches=max_batches)
-    decision = load_decision(decision_file)
+    decision = load_decision(decision_file, max_bytes=settings.max_decision_bytes, max_rows=settings.max_decision_rows)
     cap = settings.batch_cap("user")
     if decision.discover is not None:
         # The fill stage's matrix is what discovery finds: only the discovery map can be planned now.
@@ -77,7 +85,12 @@ def plan(
         f"key: {escape(', '.join(keys))}"
     )
     table = Table("batch", "rows", "size", "rationale")
-    for b in batch_plan.batches:
+    batches = batch_plan.batches
+    # A plan of thousands of batches is summarised: its first and last batches, and how many lie between.
+    shown_batches = batches if len(batches) <= PLAN_BATCHES_SHOWN else [*batches[:PLAN_HEAD], *batches[-PLAN_TAIL:]]
+    for n, b in enumerate(shown_batches):
+        if len(shown_batches) < len(batches) and n == PLAN_HEAD:
+            table.add_row("…", f"{len(batches) - PLAN_HEAD - PLAN_TAIL:,} more batches", "", "")
         shown = ", ".join(str(i) for i in b.indices[:12]) + (" …" if b.size > 12 else "")
         table.add_row(escape(b.batch_id), shown, str(b.size), escape(b.rationale))
     console.print(table)
@@ -117,16 +130,18 @@ def run(
     else 4 per worker) runs in chunks as Ray tasks, merged here in matrix order.
     """
     from amapreduce.decision.model import load_decision
-    from amapreduce.session import RunOptions, Session
-    from amapreduce.session.journal import RunKind
-    from amapreduce.session.parts import require_model
     from amapreduce.settings import load_settings
 
-    decision = load_decision(decision_file)
     settings = load_settings(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches,
         otel=otel or None, mcp=mcp, verify=verify, executor=executor,
     )
+    # The decision's caps are checked before the session's modules load: a refusal costs a second, not more.
+    decision = load_decision(decision_file, max_bytes=settings.max_decision_bytes, max_rows=settings.max_decision_rows)
+    from amapreduce.session import RunOptions, Session
+    from amapreduce.session.journal import RunKind
+    from amapreduce.session.parts import require_model
+
     require_model(settings)
     session = Session(settings, RunOptions(kind=RunKind.MAPREDUCE_RUN, query=Path(decision_file).stem, decision=decision,
                                            executor=opt.executor_for(settings, executor),

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from amapreduce._text import MAX_CELL_CHARS, cap_text
 from amapreduce.decision.discover_spec import DiscoverSpec
 from amapreduce.decision.strategy import ByAttr, OpenGroup, OpenStrategy, PerAtom
 
@@ -47,9 +48,10 @@ def shown(value: Any, limit: int = 24) -> str:
 
 
 def cell_to_str(value: Any, where: str) -> str:
-    """A task-matrix cell as text (numbers and booleans written as JSON writes them)."""
+    """A task-matrix cell as text (numbers and booleans written as JSON writes them); a text over
+    `_text.MAX_CELL_CHARS` is cut with a marker: it would be sent in every prompt naming its task."""
     if isinstance(value, str):
-        return value
+        return cap_text(value, MAX_CELL_CHARS)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):

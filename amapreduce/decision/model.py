@@ -28,7 +28,6 @@ in `decision.nesting` and run once, on the outermost decision validated.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -53,6 +52,7 @@ from amapreduce._text import scrub_data
 from amapreduce.decision.columns import ColumnSpec, columns_from_schema
 from amapreduce.decision.describe import CHILD_TAG, cell_to_str, describe, shown
 from amapreduce.decision.discover_spec import DiscoverSpec
+from amapreduce.decision.reading import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, read_decision_file
 from amapreduce.decision.strategy import (
     MAX_BATCH_SIZE,
     ByAttr,
@@ -464,36 +464,12 @@ class Decision(BaseModel):
             ) from None
 
 
-def load_decision(path: str | Path) -> Decision:
-    """Read and validate a decision JSON file.
+def load_decision(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                  max_rows: int = DEFAULT_MAX_ROWS) -> Decision:
+    """Read and validate a decision JSON file (`decision.reading.read_decision_file`: refused over
+    `max_bytes` before it is read, over `max_rows` rows before they are validated).
 
     Raises:
-        DecisionError: the file is missing, not JSON, or not a valid decision.
+        DecisionError: the file is missing, too large, not JSON, or not a valid decision.
     """
-    p = Path(path)
-    try:
-        # utf-8-sig: editors on Windows save JSON with a byte-order mark; it is not content.
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise DecisionError(f"decision file {str(p)!r} does not exist; check the path.") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        # OSError covers a directory, no permission, a name too long, a symlink loop ...;
-        # ValueError a path with a NUL byte. strerror keeps the reason to one line.
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise DecisionError(
-            f"cannot read decision file {str(p)!r}: {reason}; check the path and that it is a readable UTF-8 file."
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DecisionError(
-            f"decision file {str(p)!r} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}."
-        ) from None
-    except (RecursionError, ValueError) as exc:
-        # Nesting deeper than Python's recursion limit, or an integer longer than 4300 digits.
-        why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
-        raise DecisionError(
-            f"decision file {str(p)!r} cannot be read as a decision: {why}; a decision needs only a few levels "
-            "of nesting and ordinary numbers."
-        ) from None
-    return Decision.parse(data)
+    return Decision.parse(read_decision_file(Path(path), max_bytes=max_bytes, max_rows=max_rows))

@@ -65,7 +65,7 @@ from typing import Any
 from pydantic_core import from_json
 
 from amapreduce._modeljson import loads, repair, slices, whole_and_fenced
-from amapreduce._text import one_line, scrub, scrub_data
+from amapreduce._text import MAX_CELL_CHARS, cap_text, one_line, scrub, scrub_data
 from amapreduce.decision.columns import normalize_key_name
 from amapreduce.table.evidence import Evidence
 
@@ -126,10 +126,11 @@ def cell_text(value: Any) -> str:
     breaks become a space, every other character, Unicode spaces included, stays as written).
 
     A value no cell can hold (nested deeper than the recursion limit, an integer beyond
-    `str(int)`'s digit limit) is an empty cell: missing, and asked for again, never invented.
+    `str(int)`'s digit limit) is an empty cell: missing, and asked for again, never invented. A
+    value longer than `MAX_CELL_CHARS` is cut with a marker (`_text.cap_text`).
     """
     try:
-        return scrub(_cell_text(value))
+        return cap_text(scrub(_cell_text(value)), MAX_CELL_CHARS)
     except (RecursionError, ValueError):
         return ""
 

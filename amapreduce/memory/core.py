@@ -27,7 +27,7 @@ from amapreduce.memory.records import DecisionSummary, TraceSummary
 from amapreduce.memory.retrieval import Retrieval, render_prior, retrieve
 from amapreduce.memory.schema import connect
 from amapreduce.memory.store import MemoryStore
-from amapreduce.memory.update import UpdateResult, record_outcome
+from amapreduce.memory.update import UpdateResult, distillation_done, finish_distillation, record_outcome
 from amapreduce.prompts import render_prompt
 
 __all__ = ["ExperientialMemory"]
@@ -150,19 +150,27 @@ class ExperientialMemory:
                         "`amapreduce memory distill --model ...` later.", result.distill)
                 self._warned_no_model = True
                 return result
+            if result.replayed and result.record_id and distillation_done(self.store, result.record_id) is not None:
+                return result  # a commit replayed after a crash whose distillation had finished
             try:
                 distill(self.store, self.config, self.model, refine="refine" in result.distill,
-                        merge="merge" in result.distill)
+                        merge="merge" in result.distill, record_id=result.record_id)
             except Exception as exc:  # noqa: BLE001 - the run's record is already safe; report, don't lose it
                 log.warning("scheduled distillation failed: %s: %s", type(exc).__name__, exc)
                 from dataclasses import replace
 
-                return replace(result, distill=f"failed: {type(exc).__name__}: {exc}")
+                failed = f"failed: {type(exc).__name__}: {exc}"
+                if result.record_id:
+                    finish_distillation(self.store, result.record_id, {"what": result.distill, "failed": failed})
+                return replace(result, distill=failed)
         return result
 
-    def distill(self, *, refine: bool = True, merge: bool = True, dry_run: bool = False) -> DistillReport:
-        """Run F_ψ now (whatever the schedule says)."""
-        return distill(self.store, self.config, self.model, refine=refine, merge=merge, dry_run=dry_run)
+    def distill(self, *, refine: bool = True, merge: bool = True, dry_run: bool = False,
+                record_id: str | None = None) -> DistillReport:
+        """Run F_ψ now (whatever the schedule says); `record_id`: the commit that made it due,
+        recorded done with it (`memory.distill.distill`)."""
+        return distill(self.store, self.config, self.model, refine=refine, merge=merge, dry_run=dry_run,
+                       record_id=record_id)
 
     def rebuild_index(self) -> int:
         """Rebuild the faiss cache from SQLite; return the number of vectors."""

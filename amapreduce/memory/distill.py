@@ -16,7 +16,9 @@ Every change goes through the store's helpers, so each is an event in the audit 
 from __future__ import annotations
 
 import json
+import os
 import random
+import socket
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +60,14 @@ class DistillReport:
     rejected: list[dict[str, str]] = field(default_factory=list)
     merged: list[dict[str, Any]] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """What the distillation changed, counted: hints created, edited, agreed with, removed,
+        merge batches, hints pruned, model calls made and operations rejected."""
+        ops = [a["op"] for a in self.applied]
+        return {"created": ops.count("ADD"), "edited": ops.count("EDIT"), "agreed": ops.count("AGREE"),
+                "removed": ops.count("REMOVE"), "merged": len(self.merged), "pruned": len(self.pruned),
+                "calls": len(self.calls), "rejected": len(self.rejected)}
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary."""
@@ -298,8 +308,12 @@ def _merge(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec
 
 
 def distill(store: MemoryStore, config: MemoryConfig, model: Any | None, *, refine: bool = True,
-            merge: bool = True, dry_run: bool = False) -> DistillReport:
+            merge: bool = True, dry_run: bool = False, record_id: str | None = None) -> DistillReport:
     """Run F_ψ once over the whole store (see the module docstring).
+
+    `record_id` names the commit that made this distillation due: the transaction that ends a
+    distillation that ran to its end also records it done for that commit (a `distill_done` event,
+    `memory.update.distillation_done`), so a process killed afterwards never runs it twice.
 
     Raises:
         ConfigError: no memory model was given and this is not a dry run.
@@ -310,6 +324,7 @@ def distill(store: MemoryStore, config: MemoryConfig, model: Any | None, *, refi
     report = DistillReport(dry_run=dry_run)
     if not dry_run:
         _claim(store)
+    finished = False
     try:
         recs, vectors = _load(store, config, dry_run=dry_run)
         report.records = len(recs)
@@ -321,12 +336,17 @@ def distill(store: MemoryStore, config: MemoryConfig, model: Any | None, *, refi
                 _refine(store, config, model, recs, vectors, report, rng)
             if merge:
                 _merge(store, config, model, recs, report)
+        finished = True
     finally:
         if not dry_run:
             with store.write() as conn:
-                conn.execute("DELETE FROM meta WHERE key = 'distilling_since'")
+                conn.execute("DELETE FROM meta WHERE key IN ('distilling_since', 'distilling_by')")
+                _drop_undo(conn)
                 log_event(conn, "distilled", refine=refine, merge=merge, calls=len(report.calls),
                           applied=len(report.applied), merged=len(report.merged), rejected=len(report.rejected))
+                if finished and record_id is not None:
+                    what = "refine+merge" if refine and merge else ("refine" if refine else "merge")
+                    log_event(conn, "distill_done", record_id=record_id, outcome={"what": what, **report.counts()})
     return report
 
 
@@ -340,8 +360,64 @@ def _claim(store: MemoryStore) -> None:
 
     with store.write() as conn:
         since = get_meta(conn, "distilling_since")
-        if since is not None and time.time() - float(since) < STALE_CLAIM_S:
+        if since is not None and time.time() - float(since) < STALE_CLAIM_S and _owner_alive(get_meta(conn, "distilling_by")):
             raise RunError(f"another distillation of {store.folder} is running (since "
                            f"{time.strftime('%H:%M:%S', time.gmtime(float(since)))} UTC). Wait for it to finish.")
+        if since is not None:  # a claim its process left behind: it died mid-distillation
+            _undo_partial(conn)
         set_meta(conn, "distilling_since", str(time.time()))
+        set_meta(conn, "distilling_by", f"{socket.gethostname()}:{os.getpid()}")
+        _keep_undo(conn)
+
+
+_UNDO = {"hints": "distill_undo_hints", "provenance": "distill_undo_provenance",
+         "pending_provenance": "distill_undo_pending"}
+"""The tables a distillation changes → the copy kept while it runs, so that one killed half-way is
+undone before the next starts (a distillation writes in several transactions: one per cluster and
+merge batch, the model answering in between)."""
+
+
+def _keep_undo(conn: Any) -> None:
+    """Copy the hint tables as they are before this distillation (inside the claim's transaction)."""
+    for table, copy in _UNDO.items():
+        conn.execute(f"DROP TABLE IF EXISTS {copy}")
+        conn.execute(f"CREATE TABLE {copy} AS SELECT * FROM {table}")
+
+
+def _undo_partial(conn: Any) -> None:
+    """Put the hint tables back as they were before a distillation that never finished (its copies
+    exist only while one runs), so the distillation a resumed commit completes starts from the same
+    hints as it would have: a resumed evaluation ends with the memory an uninterrupted one has."""
+    present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not set(_UNDO.values()) <= present:
+        return
+    conn.execute("DELETE FROM hints")  # provenance and pending links go with their hints (ON DELETE CASCADE)
+    for table, copy in _UNDO.items():
+        conn.execute(f"INSERT INTO {table} SELECT * FROM {copy}")
+    log_event(conn, "distill_undone", hints=conn.execute("SELECT count(*) FROM hints").fetchone()[0])
+
+
+def _drop_undo(conn: Any) -> None:
+    """Drop the copies once the distillation ended (finished, or failed and reported)."""
+    for copy in _UNDO.values():
+        conn.execute(f"DROP TABLE IF EXISTS {copy}")
+
+
+def _owner_alive(owner: str | None) -> bool:
+    """Whether the process that claimed the distillation slot (`host:pid`) still runs: a claim left
+    by a process killed mid-distillation on this host is free at once (a resumed evaluation
+    completes its pending distillation), one from another host (or an older claim without an
+    owner) is honoured until it is stale."""
+    if owner is None:
+        return True
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
 

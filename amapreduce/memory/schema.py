@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from amapreduce._sqlite import create_database, enable_wal
-from amapreduce.errors import RunError, UserError
+from amapreduce.errors import RunError, UserError, storage_error
 
 if TYPE_CHECKING:
     from amapreduce.settings import Settings
@@ -36,6 +36,7 @@ __all__ = [
     "NotAMemoryStore",
     "StoreCorrupted",
     "StoreError",
+    "StoreUnusable",
     "StoreVersionError",
     "connect",
     "read_transaction",
@@ -67,6 +68,11 @@ class NoMemoryStore(StoreError, UserError):
 
     A `UserError` (the CLI exits 2) like every other "not found": the fix is the user's path.
     """
+
+
+class StoreUnusable(StoreError, UserError):
+    """The store's folder or file cannot be written or opened by this process (no permission, a
+    read-only file system): a `UserError` (exit 2), since the fix is the path or its permissions."""
 
 
 class StoreVersionError(StoreError):
@@ -136,6 +142,11 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_v1,)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+_DISK_FAULT = ("database or disk is full", "disk i/o error", "database is full")
+"""SQLite's words for a full or failing disk (SQLITE_FULL, SQLITE_IOERR)."""
+_UNUSABLE = ("readonly database", "unable to open database file", "read-only file system", "permission denied")
+"""SQLite's words for a file this process may not open or write (SQLITE_READONLY, SQLITE_CANTOPEN)."""
+
 _CORRUPT = ("not a database", "malformed", "corrupt", "no such table", "no such column", "file is encrypted")
 
 
@@ -155,7 +166,19 @@ def _translate(path: Path) -> Iterator[None]:
                 f"memory store {path} is corrupted or not an amapreduce store ({exc}). "
                 "Restore it from an `amapreduce memory export` file, or point --store (`ask --memory`) at another folder."
             ) from exc
+        if any(marker in text for marker in _DISK_FAULT):
+            raise StoreError(
+                f"memory store {path}: {exc} (the disk is full or failing). Nothing was changed: the transaction "
+                "was rolled back. Free space on that disk (or check the device), then run the command again."
+            ) from exc
+        if any(marker in text for marker in _UNUSABLE):
+            raise StoreUnusable(
+                f"memory store {path} cannot be used: {exc}. Check that this user can read and write the store's "
+                "folder and that its file system is not read-only, or point --store (`ask --memory`) at another folder."
+            ) from exc
         raise
+    except OSError as exc:  # creating the store's file beside it (`create_database`), its folder
+        raise storage_error(exc, then="run the command again (the memory store is unchanged)") from exc
 
 
 def _not_a_store(folder: Path, why: str) -> NotAMemoryStore:
@@ -259,7 +282,12 @@ def write_transaction(conn: sqlite3.Connection, folder: Path) -> Iterator[sqlite
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
+        try:
+            conn.execute("COMMIT")
+        except BaseException:  # a full disk can refuse the commit itself: leave no open transaction behind
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
 
 @contextlib.contextmanager

@@ -4,10 +4,18 @@ All of it happens in one write transaction: insert the record (label from the pa
 w_h += g(u) and S(h) ∪= {ε_new} for every hint that was in the prior and still exists, prune hints
 with w_h <= threshold, and claim a distillation slot when the schedule says one is due. Runs whose
 metrics say the infrastructure failed are not written at all.
+
+A commit is one unit of work, resumable at any instant. The same transaction logs what it did (a
+`record_committed` event: label, credits, pruned hints, the distillation it made due), so a
+process killed after it and committing the same record id again gets that very result back
+(`UpdateResult.replayed`) instead of a bare "already committed", and can finish the rest: the
+distillation the commit made due stays *pending* (`distill_due` logged, no `distill_done` for that
+record) until `finish_distillation` records how it ended; a resume runs a pending one then.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +38,7 @@ from amapreduce.memory.store import (
     update_hint,
 )
 
-__all__ = ["UpdateResult", "due_distillation", "record_outcome"]
+__all__ = ["UpdateResult", "distillation_done", "due_distillation", "finish_distillation", "record_outcome"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +56,9 @@ class UpdateResult:
     pruned: tuple[str, ...] = ()
     distill: str | None = None
     """`refine`, `refine+merge` or None: the distillation claimed by this update."""
+    replayed: bool = False
+    """The record was committed before (by a process that died before it finished): this is the
+    result that commit logged; its distillation may still be pending (`distillation_done`)."""
 
 
 def due_distillation(conn: Any, total: int, config: MemoryConfig) -> str | None:
@@ -108,7 +119,11 @@ def record_outcome(
     with store.write() as conn:
         if record_id is not None and conn.execute("SELECT 1 FROM records WHERE id = ?", (record_id,)).fetchone():
             # Idempotent per record id: an evaluation resumed after it crashed between its commit
-            # and its journal line commits the same instance again; nothing is written twice.
+            # and its journal line commits the same instance again; nothing is written twice, and
+            # the first commit's own result comes back so the caller can finish what it began.
+            earlier = _committed(conn, record_id)
+            if earlier is not None:
+                return earlier
             log_event(conn, "record_skipped", reason="already committed", task_id=task_id, record_id=record_id)
             return UpdateResult(record_id=record_id, skipped="already committed")
         insert_record(conn, record, vector)
@@ -124,5 +139,37 @@ def record_outcome(
         distill = due_distillation(conn, total, config)
         if distill:
             log_event(conn, "distill_due", record_id=record.id, records=total, what=distill)
-    return UpdateResult(record_id=record.id, label=passed, credited=credited, missing_hints=tuple(missing),
-                        pruned=tuple(h["id"] for h in pruned), distill=distill)
+        result = UpdateResult(record_id=record.id, label=passed, credited=credited, missing_hints=tuple(missing),
+                              pruned=tuple(h["id"] for h in pruned), distill=distill)
+        log_event(conn, "record_committed", record_id=record.id, label=passed, credited=credited,
+                  missing_hints=missing, pruned=list(result.pruned), distill=distill)
+    return result
+
+
+def _committed(conn: Any, record_id: str) -> UpdateResult | None:
+    """What the commit of `record_id` did, from its `record_committed` event (None: a record
+    committed before commits were logged, or written another way: an import, `memory add`)."""
+    row = conn.execute("SELECT detail FROM events WHERE kind = 'record_committed' AND record_id = ? "
+                       "ORDER BY seq DESC LIMIT 1", (record_id,)).fetchone()
+    if row is None:
+        return None
+    done = json.loads(row[0])
+    return UpdateResult(record_id=record_id, label=bool(done["label"]), credited=dict(done["credited"]),
+                        missing_hints=tuple(done["missing_hints"]), pruned=tuple(done["pruned"]),
+                        distill=done["distill"], replayed=True)
+
+
+def distillation_done(store: MemoryStore, record_id: str) -> dict[str, Any] | None:
+    """How the distillation that the commit of `record_id` made due ended (what
+    `finish_distillation` recorded), or None while it is pending."""
+    with store.read() as conn:
+        row = conn.execute("SELECT detail FROM events WHERE kind = 'distill_done' AND record_id = ? "
+                           "ORDER BY seq DESC LIMIT 1", (record_id,)).fetchone()
+    return None if row is None else dict(json.loads(row[0])["outcome"])
+
+
+def finish_distillation(store: MemoryStore, record_id: str, outcome: Mapping[str, Any]) -> None:
+    """Record how the distillation the commit of `record_id` made due ended (ran, skipped, failed):
+    it is no longer pending, and a resumed commit reports `outcome` instead of running it again."""
+    with store.write() as conn:
+        log_event(conn, "distill_done", record_id=record_id, outcome=dict(outcome))

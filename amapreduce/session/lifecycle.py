@@ -18,12 +18,16 @@ everything it does. A run's `session.Session` opens and finishes it.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from amapreduce import telemetry
+from amapreduce.agents.tool_calls import tool_trace
+from amapreduce.errors import StorageError, is_storage_fault, storage_error
 from amapreduce.llm.factory import model_for_role
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint
@@ -41,8 +45,6 @@ from amapreduce.table.render import to_csv, to_markdown
 from amapreduce.trace import redact_secrets
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from amapreduce.journal import JournalWriter
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.settings import Settings
@@ -166,9 +168,17 @@ def start_run(settings: Settings, *, kind: RunKind, query: str, meter: UsageMete
     (see `ActiveRun.record_failure`) and the exception is re-raised.
     """
     started = time.perf_counter()
-    run_dir = RunDir.create(settings.runs_dir, query)
-    journal = open_run_journal(run_dir.path)
-    journal.append(RunStarted.now(command=kind, query=query, settings=settings))
+    try:
+        run_dir = RunDir.create(settings.runs_dir, query)
+    except OSError as exc:
+        raise storage_error(exc, then="no run was started") from exc
+    try:
+        journal = open_run_journal(run_dir.path)
+        journal.append(RunStarted.now(command=kind, query=query, settings=settings))
+    except (OSError, StorageError) as exc:
+        run_dir.close()
+        _remove_if_empty(run_dir.path)
+        raise _with_next_step(exc, "run the command again (no run was started)", run_dir.path) from exc
     run = ActiveRun(
         kind=kind, query=query, run_dir=run_dir, meter=meter, started=started, journal=journal,
         checkpoint=Checkpoint(journal),
@@ -219,15 +229,59 @@ def _recorded(run: ActiveRun, *, resumed: bool, labels: Mapping[str, object] | N
              telemetry.SESSION_ID: run.run_dir.opaque_name if hidden else run.run_dir.path.name,
              **telemetry.ours(kind=run.kind, run_dir=None if hidden else str(run.run_dir.path), resumed=resumed),
              **(labels or {})}
-    with telemetry.span("amapreduce.run", shown) as run.span:
+    with telemetry.span("amapreduce.run", shown) as run.span, tool_trace(run.run_dir.trace):
         try:
             yield run
-        except (Exception, KeyboardInterrupt) as exc:
+        except Exception as exc:
+            if not (isinstance(exc, StorageError) or is_storage_fault(exc)):
+                run.record_failure(exc)
+                raise
+            # A full or failing disk: one line naming the file and how to go on, written into
+            # `result.json` when it can be; the journal keeps every settled batch for the resume.
+            failed = _storage_failure(exc, run)
+            run.record_failure(failed)
+            raise failed from exc
+        except KeyboardInterrupt as exc:
             run.record_failure(exc)
             raise
         finally:
             run.journal.close()
             run.run_dir.close()
+
+
+def _storage_failure(exc: Exception, run: ActiveRun) -> StorageError:
+    """The `StorageError` that ends `run` (`exc` is one, or an `OSError` of the disk): what the
+    machine refused, and how to finish the run once that is fixed."""
+    where = str(run.run_dir.path)
+    if run.kind in (RunKind.ASK, RunKind.MAPREDUCE_RUN):
+        then = f"finish the run kept in {where!r} with `amapreduce runs resume {where}`"
+    elif run.kind is RunKind.EVAL:
+        then = "continue the evaluation with `amapreduce eval run --resume DIR`"
+    else:
+        then = "run the command again"
+    return _with_next_step(exc, then, run.run_dir.path)
+
+
+def _with_next_step(exc: Exception, then: str, folder: Path) -> StorageError:
+    """`exc` (a `StorageError`, or an `OSError` of the disk) as a `StorageError` that ends with `then`:
+    what to do once the disk is fixed. An error that names no file names `folder`."""
+    if isinstance(exc, StorageError):
+        if exc.errno is None:
+            return StorageError(f"{exc.message} Then {then}.", **exc.fields)
+        exc = OSError(exc.errno, os.strerror(exc.errno), exc.path)
+    if not isinstance(exc, OSError):
+        raise TypeError(f"not a storage fault: {exc!r}") from exc
+    return storage_error(exc, path=exc.filename if exc.filename is not None else folder, then=then)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove a run folder that holds nothing but an empty trace (its journal could not be created):
+    a run that never started leaves no folder that `runs list` would have to explain."""
+    trace = folder / "trace.jsonl"
+    if trace.is_file() and trace.stat().st_size == 0:
+        trace.unlink()
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def _mark_ending(span: telemetry.SpanHandle, ending: RunEnding, meter: UsageMeter, rows: int) -> None:

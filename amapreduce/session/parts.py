@@ -149,6 +149,7 @@ def build_parts(
     Raises:
         ConfigError: no sub-agent model, or an MCP config (`settings.mcp`) whose server did not start.
     """
+    from amapreduce.agents.tool_calls import record_tool_calls
     from amapreduce.llm.reply_cache import ReplyCache
     from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
     from amapreduce.mapreduce.merge import ModelMerger
@@ -166,6 +167,9 @@ def build_parts(
     toolbox = _start_mcp(settings, reserved={t.name for t in web_tools}, trace=trace)
     try:
         mcp_tools: list[Tool] = list(toolbox.tools) if toolbox is not None else []
+        # every call of every agent's tools is a `tool` line in the trace (and on its span)
+        web_tools = [record_tool_calls(t) for t in web_tools]
+        mcp_tools = [record_tool_calls(t) for t in mcp_tools]
         if solver is None:
             solver = SmolagentsSolver(
                 model=models["subagent"], tools=[*web_tools, *mcp_tools], max_steps=settings.subagent_max_steps

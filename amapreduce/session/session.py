@@ -350,9 +350,11 @@ class Session:
 
         from amapreduce.agents.manager import build_manager
         from amapreduce.agents.mapreduce_tool import MapReduceTool
+        from amapreduce.agents.tool_calls import record_tool_calls
 
         parts, answer = self.parts, None
-        manager = build_manager(self.models["manager"], [*parts.manager_tools, MapReduceTool(self)],
+        manager = build_manager(self.models["manager"],
+                                [*parts.manager_tools, record_tool_calls(MapReduceTool(self))],
                                 max_steps=self.settings.manager_max_steps, max_batches=self.settings.max_batches,
                                 trace=self.trace)
         self.progress.set_stage("manager")

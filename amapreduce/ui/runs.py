@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from starlette.exceptions import HTTPException
+
 from amapreduce.errors import UserError
 from amapreduce.llm.meter import format_recorded_cost
 from amapreduce.llm.usage import Usage
@@ -22,7 +24,7 @@ from amapreduce.table.table import Cell, CellStatus, Row, Table
 from amapreduce.trace import read_trace
 from amapreduce.ui.timeline import Timeline, read_timeline
 
-__all__ = ["DOWNLOADS", "CellView", "RunView", "as_dict", "as_list", "download", "run_view", "runs_view"]
+__all__ = ["DOWNLOADS", "CellView", "RunView", "as_dict", "as_list", "download", "own_file", "run_view", "runs_view"]
 
 DOWNLOADS = {"csv": ("table.csv", "text/csv"), "md": ("table.md", "text/markdown"),
              "jsonl": ("table.jsonl", "application/x-ndjson")}
@@ -213,7 +215,8 @@ def run_view(path: Path, *, order: str = "matrix", below: float | None = None) -
     """
     data = load_run(path.parent, str(path))
     has_table = isinstance(data.get("table"), dict)
-    downloads = [fmt for fmt, (name, _) in DOWNLOADS.items() if (path / name).is_file() or (fmt == "jsonl" and has_table)]
+    downloads = [fmt for fmt, (name, _) in DOWNLOADS.items()
+                 if ((path / name).is_file() and not (path / name).is_symlink()) or (fmt == "jsonl" and has_table)]
     return RunView(
         name=path.name, data=data, table=_table(data.get("table"), order=order, below=below),
         decisions=[_decision(d) for d in data.get("decisions") or [] if isinstance(d, dict)],
@@ -251,6 +254,20 @@ def _as_table(recorded: dict[str, Any]) -> Table:
     return table
 
 
+def own_file(folder: Path, name: str) -> Path:
+    """The file `name` of the run folder `folder`, refused (404, as a missing one) when it is a
+    symbolic link: a run's files are written by amapreduce, never linked, and a `table.csv` linked to
+    a file outside `runs/` used to be served (the folder routes already refused linked folders).
+
+    Raises:
+        HTTPException: 404 for a link (wherever it points) or a file that resolves out of `folder`.
+    """
+    file = folder / name
+    if file.is_symlink() or file.resolve().parent != folder.resolve():
+        raise HTTPException(404, f"no such file: {name!r} in the run {folder.name}.")
+    return file
+
+
 def download(path: Path, fmt: str) -> tuple[str, str, str]:
     """The table of the run folder `path` as (file name, media type, text) in `fmt` (csv, md, jsonl).
 
@@ -259,6 +276,7 @@ def download(path: Path, fmt: str) -> tuple[str, str, str]:
 
     Raises:
         UserError: unknown format, or the run has no such table.
+        HTTPException: 404 when the file (or `result.json`, for JSONL) is a symbolic link (`own_file`).
     """
     if fmt not in DOWNLOADS:
         raise UserError(f"unknown download format {fmt!r}: use csv, md or jsonl.")
@@ -267,7 +285,8 @@ def download(path: Path, fmt: str) -> tuple[str, str, str]:
         file = path / name
         if not file.is_file():
             raise UserError(f"the run {path.name} has no {name}.")
-        return name, media, file.read_text(encoding="utf-8")
+        return name, media, own_file(path, name).read_text(encoding="utf-8")
+    own_file(path, "result.json")
     recorded = load_run(path.parent, str(path)).get("table")
     if not isinstance(recorded, dict):
         raise UserError(f"the run {path.name} recorded no table.")

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from amapreduce.errors import ConfigError, RunError
+from amapreduce.errors import ConfigError, RunError, storage_error
 from amapreduce.web.main_text import extract_main_text
 from amapreduce.web.models import SearchResult
 
@@ -153,7 +153,6 @@ def build_corpus_index(
     Raises:
         ConfigError: bad name, missing input, `out` is a non-index folder, or two files map to one URL.
     """
-    import tantivy
 
     out = Path(out)
     index_name = name or out.name
@@ -175,37 +174,64 @@ def build_corpus_index(
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    (tmp / "tantivy").mkdir(parents=True)
     try:
-        index = tantivy.Index(_schema(), path=str(tmp / "tantivy"))
-        writer = index.writer(heap_size=64_000_000, num_threads=1)
-        dense_texts: list[str] = []
-        try:
-            for file, url in files:
-                content_type = INDEXABLE_SUFFIXES[file.suffix.lower()]
-                title, text = extract_main_text(file.read_bytes(), content_type, url=url)
-                writer.add_document(tantivy.Document(url=url, title=title or file.name, body=text, row=len(dense_texts)))
-                dense_texts.append(f"{title}\n{text}")
-            writer.commit()
-        except BaseException:
-            writer.rollback()  # stop tantivy's threads before the folder is deleted
-            raise
-        finally:
-            writer.wait_merging_threads()
-        if encoder is not None:
-            from amapreduce.web.hybrid import embed_documents, save_vectors
-
-            save_vectors(tmp, embed_documents(encoder, dense_texts))
-        manifest = CorpusManifest(name=index_name, documents=len(files), encoder=encoder)
-        (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        _write_index(tmp, files, index_name, encoder)
         out.parent.mkdir(parents=True, exist_ok=True)
         _replace_dir(tmp, out)
+    except ValueError as exc:  # tantivy reports its file-system errors as ValueError("An IO error occurred: ...")
+        fault = _index_io_error(exc, tmp)
+        if fault is None:
+            raise
+        raise storage_error(fault, then=f"run the command again (the corpus index {str(out)!r} was not changed)") from exc
+    except OSError as exc:
+        raise storage_error(exc, then=f"run the command again (the corpus index {str(out)!r} was not changed)") from exc
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     with _OPEN_LOCK:
         _OPEN.pop(out.resolve(), None)
-    return manifest
+    return CorpusManifest(name=index_name, documents=len(files), encoder=encoder)
+
+
+_TANTIVY_IO = re.compile(r"An IO error occurred.*?\(os error (\d+)\)(?: at path \"([^\"]*)\")?", re.DOTALL)
+
+
+def _index_io_error(exc: ValueError, folder: Path) -> OSError | None:
+    """The `OSError` inside tantivy's `ValueError` for a failed file operation (its `os error N`
+    and path), or None when `exc` is not one."""
+    found = _TANTIVY_IO.search(str(exc))
+    if found is None:
+        return None
+    number = int(found.group(1))
+    return OSError(number, os.strerror(number), found.group(2) or str(folder))
+
+
+def _write_index(tmp: Path, files: list[tuple[Path, str]], index_name: str, encoder: str | None) -> None:
+    """Build the whole index (tantivy, vectors, manifest) in the folder `tmp`."""
+    import tantivy
+
+    (tmp / "tantivy").mkdir(parents=True)
+    index = tantivy.Index(_schema(), path=str(tmp / "tantivy"))
+    writer = index.writer(heap_size=64_000_000, num_threads=1)
+    dense_texts: list[str] = []
+    try:
+        for file, url in files:
+            content_type = INDEXABLE_SUFFIXES[file.suffix.lower()]
+            title, text = extract_main_text(file.read_bytes(), content_type, url=url)
+            writer.add_document(tantivy.Document(url=url, title=title or file.name, body=text, row=len(dense_texts)))
+            dense_texts.append(f"{title}\n{text}")
+        writer.commit()
+    except BaseException:
+        writer.rollback()  # stop tantivy's threads before the folder is deleted
+        raise
+    finally:
+        writer.wait_merging_threads()
+    if encoder is not None:
+        from amapreduce.web.hybrid import embed_documents, save_vectors
+
+        save_vectors(tmp, embed_documents(encoder, dense_texts))
+    manifest = CorpusManifest(name=index_name, documents=len(files), encoder=encoder)
+    (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
 
 
 def _snippet(text: str, terms: set[str], limit: int = 240) -> str:
