@@ -92,3 +92,31 @@ def test_runs_whose_sub_questions_were_worded_alike_are_preferred() -> None:
     ranked = profile_of(lookups + rankings, template="Which country of __0__ ranks __1__ by area?")
     assert ranked.prompt_tokens_per_batch(1) == 18000 and "worded alike" in ranked.source
     assert profile_of(lookups + rankings, template="Name the CEO of __0__.").prompt_tokens_per_batch(1) == 2000  # none alike
+
+
+def test_plan_estimate_and_a_budget_below_it_refused_before_any_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from amapreduce.cli.app import main
+
+    runs = tmp_path / "runs"
+    for k in range(3):
+        run_folder(runs, f"20260101-00000{k}-r", rows=10, batches=10, calls_per_batch=2, prompt_per_call=1000)
+    monkeypatch.setenv("AMAPREDUCE_RUNS_DIR", str(runs))
+    monkeypatch.setenv("AMAPREDUCE_ENV_FILE", "/dev/null")
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"openai/m": {"input": 1e-6, "output": 2e-6}}), encoding="utf-8")
+    monkeypatch.setenv("AMAPREDUCE_PRICES_FILE", str(prices))
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"task_matrix": [[f"Item {i}"] for i in range(20)], "template": "Code of __0__?",
+                                "json_schema": ["item", "code"], "batch_strategy": {"type": "per_atom", "rationale": "r"}}))
+    assert main(["mapreduce", "plan", str(path), "--estimate", "--model", "openai/m", "--workers", "4", "--json"]) == 0
+    estimate = json.loads(capsys.readouterr().out)["estimate"]
+    assert estimate["calls"] == {"low": 32, "high": 48} and estimate["source"] == "3 past runs (model openai/m)"
+    assert estimate["cost_usd"]["low"] == pytest.approx(32000e-6 + 640 * 2e-6)
+    monkeypatch.setenv("AMAPREDUCE_MAX_COST_USD", "0.01")  # below the low end: refused, nothing started
+    monkeypatch.setenv("AMAPREDUCE_API_KEY", "sk-test")
+    before = sorted(p.name for p in runs.iterdir())
+    assert main(["mapreduce", "run", str(path), "--model", "openai/m", "--api-base", "http://127.0.0.1:9/v1"]) == 4
+    assert "over the budget of $0.0100: nothing was run" in capsys.readouterr().err
+    assert sorted(p.name for p in runs.iterdir()) == before

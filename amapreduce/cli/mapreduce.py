@@ -17,7 +17,11 @@ from amapreduce.cli.exit_codes import EXIT_CODES_HELP
 from amapreduce.cli.help import App
 
 if TYPE_CHECKING:
+    from amapreduce.decision.model import Decision
+    from amapreduce.mapreduce.batching import BatchPlan
+    from amapreduce.session.estimate import Estimate
     from amapreduce.session.outcome import RunOutcome
+    from amapreduce.settings import Settings
 
 __all__ = ["app", "report_run"]
 
@@ -40,8 +44,13 @@ def plan(
     decision_file: str = typer.Argument(..., metavar="DECISION.json", help="Decision file to validate."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
     max_batches: int | None = typer.Option(None, "--max-batches", min=1, help=MAX_BATCHES_HELP),
+    estimate: bool = typer.Option(False, "--estimate", help=(
+        "Also estimate the run's sub-agent calls, tokens, cost and wall time, from your past runs "
+        "(AMAPREDUCE_RUNS_DIR) of sub-questions worded alike, else documented defaults.")),
+    model: str | None = typer.Option(None, "--model", help="With --estimate: the sub-agent model to price."),
+    workers: opt.WorkersOpt = None,
 ) -> None:
-    """Validate a decision file and print its batch plan.
+    """Validate a decision file and print its batch plan (and, with --estimate, what running it would cost).
 
     Invalid input (missing file, bad JSON, failed validation, a file over AMAPREDUCE_MAX_DECISION_BYTES
     or AMAPREDUCE_MAX_DECISION_ROWS) exits 2 with a one-line reason. A plan of more than 60 batches is
@@ -51,7 +60,7 @@ def plan(
     from amapreduce.mapreduce.batching import plan_batches
     from amapreduce.settings import load_settings
 
-    settings = load_settings(max_batches=max_batches)
+    settings = load_settings(max_batches=max_batches, model=model, workers=workers)
     decision = load_decision(decision_file, max_bytes=settings.max_decision_bytes, max_rows=settings.max_decision_rows)
     cap = settings.batch_cap("user")
     if decision.discover is not None:
@@ -66,8 +75,12 @@ def plan(
         stage, batch_plan = "fill", plan_batches(decision, max_batches=cap)
         first, columns, keys = decision.task_text(0), decision.columns, decision.resolved_key_columns
         note = f"Each task runs the child decision {_child_name(decision.child)}." if decision.child is not None else ""
+    forecast = _estimate(settings, batch_plan, decision.template) if estimate else None
+    if forecast is not None and decision.child is not None:
+        note = (note + " " if note else "") + "The estimate covers this decision's own batches, not its children's."
     if as_json:
-        typer.echo(json.dumps({**batch_plan.to_json(), "stage": stage, **({"note": note} if note else {})},
+        typer.echo(json.dumps({**batch_plan.to_json(), "stage": stage, **({"note": note} if note else {}),
+                               **({"estimate": forecast.to_json()} if forecast is not None else {})},
                               ensure_ascii=False))
         return
     from rich.console import Console
@@ -97,6 +110,35 @@ def plan(
     console.print(f"First sub-query: [italic]{escape(first)}[/]")
     if note:
         console.print(escape(note))
+    for line in forecast.lines() if forecast is not None else []:
+        console.print(escape(line))
+
+
+def _estimate(settings: Settings, plan: BatchPlan, template: str) -> Estimate:
+    """What running `plan` would cost, from the past runs in the runs folder (`session.estimate`)."""
+    from amapreduce.llm.factory import model_for_role, new_meter
+    from amapreduce.session.estimate import estimate_plan, past_runs, profile_of
+
+    model_id = model_for_role(settings, "subagent")
+    profile = profile_of(past_runs(settings.runs_dir), model_id=model_id, template=template)
+    return estimate_plan(plan, workers=settings.workers, profile=profile, model_id=model_id,
+                         prices=new_meter(settings).prices)
+
+
+def _refuse_over_budget(settings: Settings, decision: Decision) -> None:
+    """Exit 4 before any call when even the low end of the run's estimate costs more than
+    `--max-cost`/`AMAPREDUCE_MAX_COST_USD` (an unpriced model is not refused: its cost is unknown)."""
+    from amapreduce.cli.exit_codes import EXIT_BUDGET
+    from amapreduce.mapreduce.batching import plan_batches
+
+    forecast = _estimate(settings, plan_batches(decision, max_batches=settings.batch_cap("user")), decision.template)
+    limit = settings.max_cost_usd
+    if forecast.cost_usd is not None and limit is not None and forecast.cost_usd[0] > limit:
+        typer.echo(f"error: the run would cost ${forecast.cost_usd[0]:.4f} - ${forecast.cost_usd[1]:.4f} "
+                   f"({forecast.calls[0]:,} - {forecast.calls[1]:,} model calls, from {forecast.source}), over the "
+                   f"budget of ${limit:.4f}: nothing was run. Raise AMAPREDUCE_MAX_COST_USD, or see the estimate with "
+                   "`amapreduce mapreduce plan DECISION.json --estimate`.", err=True)
+        raise typer.Exit(EXIT_BUDGET)
 
 
 def _child_name(child: object) -> str:
@@ -143,6 +185,8 @@ def run(
     from amapreduce.session.parts import require_model
 
     require_model(settings)
+    if settings.max_cost_usd is not None and decision.discover is None:
+        _refuse_over_budget(settings, decision)
     session = Session(settings, RunOptions(kind=RunKind.MAPREDUCE_RUN, query=Path(decision_file).stem, decision=decision,
                                            executor=opt.executor_for(settings, executor),
                                            show_progress=None if not as_json else False))
