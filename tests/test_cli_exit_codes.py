@@ -185,6 +185,12 @@ def test_ask_tells_a_budget_stop_4_from_a_failure_1(
         code = main([*base, "--api-base", CLOSED_PORT])
     out = json_out(capsys)
     assert out["status"] == "failed" and code == 1
+    # a failure after the run started leaves its `failed` run folder, and says how to go on with it
+    assert json.loads((Path(out["run_dir"]) / "result.json").read_text())["status"] == "failed"
+    assert out["resume"] == f"amapreduce runs resume {out['run_dir']}"
+    with allow_model_requests():
+        assert main([*base[:-1], "--api-base", CLOSED_PORT]) == 1
+    assert "Continue it with: amapreduce runs resume " in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("python_sigint")
