@@ -268,10 +268,11 @@ def test_the_ledger_keeps_each_attempts_calls_and_entries_and_a_halt_reaches_onl
     assert actor.spend(0.5, 10, "r1.0.0", "subagent", Usage(requests=1, input_tokens=10)) == (0.5, 15)
     actor.spend(0.25, 4, "r1.0.0", "subagent", Usage(requests=1, input_tokens=4))
     actor.spend(0.0, 3)  # the manager's call: the run's spend only
-    start = ExecutionStarted(execution=1, decision={}, plan={})
-    actor.keep("r1.0.0", start)
+    start, again = ExecutionStarted(execution=1, decision={}, plan={}), ExecutionStarted(execution=2, decision={}, plan={})
+    actor.keep("r1.0.0", 1, again)  # arrived first, journaled second
+    actor.keep("r1.0.0", 0, start)
     assert actor.left("r1.0.0") == AttemptLedger(usage={"subagent": Usage(requests=2, input_tokens=14)},
-                                                 entries=[start])
+                                                 entries=[start, again])
     assert actor.left("r1.0.0") == AttemptLedger(usage={}, entries=[])  # handed over once
     assert actor.spent() == (0.75, 22)
     actor.halt("r1", "chunk 0: the token budget is spent")

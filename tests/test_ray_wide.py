@@ -430,8 +430,8 @@ def test_a_chunk_whose_worker_died_runs_again_from_its_ledger_until_its_retries_
             (actor,) = fake.actors
             actor.spend.remote(0.0, 7, job.tag, "subagent", Usage(requests=1, input_tokens=7))
             if not job.saved:
-                actor.keep.remote(job.tag, ExecutionStarted(execution=1, decision=job.decision,
-                                                            plan=plan_manifest(job.plan)))
+                actor.keep.remote(job.tag, 0, ExecutionStarted(execution=1, decision=job.decision,
+                                                               plan=plan_manifest(job.plan)))
             raise WorkerCrashedError("the worker running the task died")
         sub = Decision.parse(job.decision)
         table = Table(sub.columns, sub.resolved_key_columns)

@@ -113,7 +113,7 @@ class LimiterActor:
         self._grants: list[tuple[str, float]] = []
         self._spent = [spent_usd, float(spent_tokens)]
         self._usage: dict[str, dict[str, Usage]] = {}
-        self._entries: dict[str, list[JournalEntry]] = {}
+        self._entries: dict[str, list[tuple[int, JournalEntry]]] = {}
         self._halted: dict[str, str] = {}
         """Why each halted wide run (by the first part of its attempts' tags) stopped."""
 
@@ -198,15 +198,18 @@ class LimiterActor:
     def _why(self, tag: str | None) -> str | None:
         return None if tag is None else self._halted.get(tag.split(".", 1)[0])
 
-    def keep(self, tag: str, entry: JournalEntry) -> None:
-        """An entry attempt `tag`'s engine journaled (its execution, a settled batch attempt)."""
+    def keep(self, tag: str, number: int, entry: JournalEntry) -> None:
+        """Entry `number` (0, 1, ... in journal order) that attempt `tag`'s engine journaled (its
+        execution, a settled batch attempt); calls may arrive out of order."""
         with self._lock:
-            self._entries.setdefault(tag, []).append(entry)
+            self._entries.setdefault(tag, []).append((number, entry))
 
     def left(self, tag: str) -> AttemptLedger:
-        """What attempt `tag` left: its calls' usage and its entries (forgotten here once read)."""
+        """What attempt `tag` left: its calls' usage and its entries in journal order (forgotten
+        here once read)."""
         with self._lock:
-            return AttemptLedger(usage=self._usage.pop(tag, {}), entries=self._entries.pop(tag, []))
+            entries = [entry for _, entry in sorted(self._entries.pop(tag, []), key=lambda kept: kept[0])]
+            return AttemptLedger(usage=self._usage.pop(tag, {}), entries=entries)
 
     def forget(self, tag: str) -> None:
         """Attempt `tag` came back with its own record: drop the actor's copy."""
@@ -353,16 +356,28 @@ def cluster_meter(limits: ClusterLimits | None, settings: Settings, *,
 
 
 class AttemptSink:
-    """A worker's journal sink that also keeps each entry in the actor's ledger of attempt `tag`
-    (durable there when `append` returns), so the work of a worker that dies is not lost."""
+    """A worker's journal sink that also keeps each entry in the actor's ledger of attempt `tag`,
+    so the work of a worker that dies is not lost.
+
+    Sent without waiting for the actor: the engine journals from its one loop, which must not wait
+    a round trip per settled batch (on a busy machine that tripled the time per batch); each entry
+    carries its number, so the ledger keeps journal order. An entry still on its way when the
+    worker is killed is lost with it, and its batch is asked again by the retry; `flush` waits for
+    all of them (a chunk that comes back)."""
 
     def __init__(self, limits: ClusterLimits, tag: str) -> None:
         self._actor, self._tag = _actor(limits), tag
         self.entries: list[JournalEntry] = []
+        self._sent: list[Any] = []
 
     def append(self, entry: JournalEntry) -> None:
-        _ray().get(self._actor.keep.remote(self._tag, entry))
+        self._sent.append(self._actor.keep.remote(self._tag, len(self.entries), entry))
         self.entries.append(entry)
+
+    def flush(self) -> None:
+        """Wait until the actor holds every entry sent."""
+        sent, self._sent = self._sent, []
+        _ray().get(sent)
 
 
 def halted(limits: ClusterLimits, tag: str) -> str | None:
