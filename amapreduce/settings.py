@@ -255,6 +255,10 @@ class Settings(BaseModel):
     Ray instance here, or the one `RAY_ADDRESS` names) or `ray:ADDRESS` (a running cluster); read
     by the CLI and the Python API alike, and parsed where an executor is built
     (`session.executor.parse_executor`, whose refusal names the flag or the variable it came from)."""
+    ray_retries: int = Field(default=3, ge=0)
+    """Times a Ray chunk or evaluation trial whose worker or node died is run again, on another
+    worker, before the run ends `failed` (`AMAPREDUCE_RAY_RETRIES`); a chunk goes on from the
+    batches its dead worker had settled."""
     mcp: Path | None = None
     """A JSON file of MCP servers, in Claude Desktop's `{"mcpServers": {...}}` format, whose tools
     every search sub-agent gets (`AMAPREDUCE_MCP`, `--mcp`; needs the `mcp` extra)."""

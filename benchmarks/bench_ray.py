@@ -115,7 +115,8 @@ def _count_ray_calls() -> dict[str, int]:
         def served(self) -> int:
             return self._served
 
-    for method in ("acquire", "settle", "defer", "admit", "record", "release", "spend", "spent", "budget", "grants"):
+    for method in ("acquire", "settle", "defer", "admit", "record", "release", "spend", "spent", "state", "budget",
+                   "grants", "keep", "left", "forget", "halt", "halted"):
         def serve(self: Any, *args: Any, _method: str = method, **kwargs: Any) -> Any:
             with self._served_lock:
                 self._served += 1

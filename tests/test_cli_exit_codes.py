@@ -16,6 +16,7 @@ import _thread
 import contextlib
 import json
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,6 +185,12 @@ def test_ask_tells_a_budget_stop_4_from_a_failure_1(
         code = main([*base, "--api-base", CLOSED_PORT])
     out = json_out(capsys)
     assert out["status"] == "failed" and code == 1
+    # a failure after the run started leaves its `failed` run folder, and says how to go on with it
+    assert json.loads((Path(out["run_dir"]) / "result.json").read_text())["status"] == "failed"
+    assert out["resume"] == f"amapreduce runs resume {out['run_dir']}"
+    with allow_model_requests():
+        assert main([*base[:-1], "--api-base", CLOSED_PORT]) == 1
+    assert "Continue it with: amapreduce runs resume " in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("python_sigint")
@@ -279,6 +286,10 @@ def test_eval_run_stopped_by_max_cost_exits_4(tmp_path: Path, monkeypatch: pytes
         ["mapreduce", "run", "DECISION", "--model", "no-provider-prefix"],
         ["eval", "run", "--benchmark", "sandbox", "--ids", "sbx_en_001", "--out", "ev", "--search", "bing"],
         ["eval", "run", "--benchmark", "sandbox", "--ids", "sbx_en_001", "--out", "ev", "--encoder", "bogus"],
+        # a Ray cluster nothing answers at, and an MCP server that will not start (issue 26)
+        ["mapreduce", "run", "DECISION", "--model", "sim-model", "--api-base", CLOSED_PORT, "--executor", "ray:127.0.0.1:9"],
+        ["ask", "q", "--model", "sim-model", "--api-base", CLOSED_PORT, "--no-memory", "--executor", "ray:127.0.0.1:9"],
+        ["mapreduce", "run", "DECISION", "--model", "sim-model", "--api-base", CLOSED_PORT, "--mcp", "MCP"],
     ],
 )
 def test_bad_input_exits_2_and_creates_no_run_folder(
@@ -286,7 +297,10 @@ def test_bad_input_exits_2_and_creates_no_run_folder(
 ) -> None:
     """These used to leave a `failed` run in runs/ (or, for `eval run`, an evaluation folder with a
     store, and `--search bing` even ran it: every trial failed and the evaluation exited 0)."""
-    argv = [decision_file(workdir) if a == "DECISION" else a for a in argv]
+    mcp = workdir / "mcp.json"
+    mcp.write_text(json.dumps({"mcpServers": {"dies": {"command": sys.executable,
+                                                       "args": ["-c", "import sys; sys.exit(3)"]}}}))
+    argv = [decision_file(workdir) if a == "DECISION" else str(mcp) if a == "MCP" else a for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1

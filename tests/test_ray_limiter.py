@@ -234,8 +234,8 @@ def test_a_worker_meter_holds_its_own_budget_and_the_clusters(monkeypatch: pytes
                 self.remote = fn
 
         def __init__(self) -> None:
-            self.spent = self._Remote(lambda: self.spent_so_far)
-            self.spend = self._Remote(lambda cost, tokens: None)
+            self.state = self._Remote(lambda tag=None: (*self.spent_so_far, None))
+            self.spend = self._Remote(lambda cost, tokens, tag=None, role=None, usage=None: None)
 
     class FakeRay:
         @staticmethod
@@ -253,3 +253,29 @@ def test_a_worker_meter_holds_its_own_budget_and_the_clusters(monkeypatch: pytes
     actor.spent_so_far = (1.5, 10)
     with pytest.raises(BudgetExceeded, match="cost budget of \\$1 is spent across the cluster"):
         other.check()
+
+
+def test_the_ledger_keeps_each_attempts_calls_and_entries_and_a_halt_reaches_only_its_run() -> None:
+    """The limiter actor's class, in this process: a call's usage goes to its attempt's ledger in the
+    same step as the run's spend; `left` hands an attempt's record over once; `halt` stops one wide
+    run's attempts, not another's nor the untagged calls of an `ask`'s manager."""
+    from amapreduce.cluster.limits import AttemptLedger, LimiterActor
+    from amapreduce.llm.meter import Budget
+    from amapreduce.llm.usage import Usage
+    from amapreduce.mapreduce.checkpoint import ExecutionStarted
+
+    actor = LimiterActor(Budget(max_tokens=100), 0.0, 5)
+    assert actor.spend(0.5, 10, "r1.0.0", "subagent", Usage(requests=1, input_tokens=10)) == (0.5, 15)
+    actor.spend(0.25, 4, "r1.0.0", "subagent", Usage(requests=1, input_tokens=4))
+    actor.spend(0.0, 3)  # the manager's call: the run's spend only
+    start, again = ExecutionStarted(execution=1, decision={}, plan={}), ExecutionStarted(execution=2, decision={}, plan={})
+    actor.keep("r1.0.0", 1, again)  # arrived first, journaled second
+    actor.keep("r1.0.0", 0, start)
+    assert actor.left("r1.0.0") == AttemptLedger(usage={"subagent": Usage(requests=2, input_tokens=14)},
+                                                 entries=[start, again])
+    assert actor.left("r1.0.0") == AttemptLedger(usage={}, entries=[])  # handed over once
+    assert actor.spent() == (0.75, 22)
+    actor.halt("r1", "chunk 0: the token budget is spent")
+    assert actor.state("r1.3.1") == (0.75, 22, "chunk 0: the token budget is spent")
+    assert actor.state("r2.0.0")[2] is None and actor.state()[2] is None
+    assert actor.halted("r1.0.2") == "chunk 0: the token budget is spent"

@@ -136,6 +136,12 @@ def test_a_budget_spent_across_the_cluster_stops_every_chunk_and_keeps_the_rows_
     assert record["status"].startswith("stopped: chunk ") and "token budget of 1 is spent across the cluster" in record["status"]
     requests = record["usage"]["total"]["requests"]
     assert 1 <= requests <= 2 and server.request_count == requests
+    # what the cluster had counted when it refused a call is in the driver's usage: the call that spent
+    # the budget is never lost with its chunk (it was when the stopped run cancelled the chunk that
+    # made it before it came back: 0 requests, on a busy machine)
+    counted = re.search(r"spent across the cluster \((\d+) tokens\)", record["status"])
+    total = record["usage"]["total"]
+    assert counted is not None and total["prompt_tokens"] + total["completion_tokens"] >= int(counted.group(1)) >= 1
     found = [r for r in record["table"]["rows"] if r["cells"]["code"]["status"] == "found"]
     assert requests <= len(found) <= 2 * requests  # the answers of the calls that went out are kept
     assert record["executor"]["chunks"] == 4 and record["executor"]["finished"] <= 4
@@ -295,6 +301,7 @@ class _FakeRay:
         self.finish, self.waits = finish, 0
         self.cancelled: list[_Ref] = []
         self.submitted: list[_Ref] = []
+        self.actors: list[Any] = []
 
     def is_initialized(self) -> bool:
         return True
@@ -310,8 +317,10 @@ class _FakeRay:
                     def remote(self, *args: Any) -> Any:
                         actor = target(*args)
                         methods = {name: getattr(actor, name) for name in dir(actor) if not name.startswith("_")}
-                        return type("Actor", (), {name: type("M", (), {"remote": staticmethod(
+                        handle = type("Actor", (), {name: type("M", (), {"remote": staticmethod(
                             lambda *a, m=m: _Ref(m(*a)))})() for name, m in methods.items()})()
+                        ray.actors.append(handle)
+                        return handle
                 return Handle()
 
             class Task:
@@ -326,7 +335,10 @@ class _FakeRay:
     def get(self, ref: _Ref) -> Any:
         return self.finish(ref.job) if ref.job is not None else ref.value
 
-    def wait(self, refs: list[_Ref], num_returns: int = 1) -> tuple[list[_Ref], list[_Ref]]:
+    def wait(self, refs: list[_Ref], num_returns: int = 1,
+             timeout: float | None = None) -> tuple[list[_Ref], list[_Ref]]:
+        if timeout is not None:  # the driver settling the chunks it cancelled: none came back
+            return [], refs
         self.waits += 1
         if self.waits > 1:
             raise KeyboardInterrupt
@@ -376,3 +388,83 @@ def test_ctrl_c_cancels_the_chunks_not_finished_and_keeps_the_rows_of_those_that
     assert [(r.task_index, r.values()["code"]) for r in wide.result.table.rows] == [(0, "ITEM0"), (1, "ITEM1")]
     assert wide.result.summary.incomplete_tasks == 4  # the tasks of the cancelled chunks
     assert meter.total().requests == 2  # the finished chunk's usage reached the run's meter
+
+
+class WorkerCrashedError(RuntimeError):
+    """As `ray.exceptions.WorkerCrashedError` (the fake's `RayError` is `RuntimeError`)."""
+
+
+class _Steady(_FakeRay):
+    """The fake Ray without the Ctrl-C: every `wait` gives the first ref."""
+
+    def wait(self, refs: list[_Ref], num_returns: int = 1,
+             timeout: float | None = None) -> tuple[list[_Ref], list[_Ref]]:
+        return refs[:1], refs[1:]
+
+
+def test_a_chunk_whose_worker_died_runs_again_from_its_ledger_until_its_retries_are_spent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunk 1's worker dies on every attempt, after one call and one journal entry, each kept in
+    the cluster limiter's ledger: it is sent again with what it settled, twice
+    (AMAPREDUCE_RAY_RETRIES=2), then the run ends `failed` with the other chunks' rows, and every
+    call of the dead attempts is in the run's usage and `ChunkFinished` is never written for it."""
+    from amapreduce.cluster.wide import ChunkRun, run_wide
+    from amapreduce.decision.model import Decision
+    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.llm.usage import Usage
+    from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.mapreduce.checkpoint import ExecutionStarted, plan_manifest
+    from amapreduce.mapreduce.result import MapReduceResult, RunEnding, RunStatus, RunSummary
+    from amapreduce.session.journal import ChunkFinished
+    from amapreduce.settings import load_settings
+    from amapreduce.table.table import Table
+    from amapreduce.trace import NullTrace
+
+    decision = Decision.parse({"task_matrix": [[f"item{i}"] for i in range(6)], "template": "code of __0__",
+                               "json_schema": ["item", "code"], "batch_strategy": {"type": "per_atom"}})
+    jobs: list[Any] = []
+
+    def finish(job: Any) -> ChunkRun:
+        jobs.append(job)
+        if job.index == 1:  # what its worker did before it died: one call, and its execution journaled
+            (actor,) = fake.actors
+            actor.spend.remote(0.0, 7, job.tag, "subagent", Usage(requests=1, input_tokens=7))
+            if not job.saved:
+                actor.keep.remote(job.tag, 0, ExecutionStarted(execution=1, decision=job.decision,
+                                                               plan=plan_manifest(job.plan)))
+            raise WorkerCrashedError("the worker running the task died")
+        sub = Decision.parse(job.decision)
+        table = Table(sub.columns, sub.resolved_key_columns)
+        for k, (item,) in enumerate(sub.task_matrix):
+            table.upsert({"item": item, "code": item.upper()}, task_index=k)
+        result = MapReduceResult(table=table, summary=RunSummary.of(table, sub, [], rounds=0, batches=2, timings={}),
+                                 plan=job.plan, attempts=(), ending=RunEnding(RunStatus.COMPLETE))
+        return ChunkRun(index=job.index, result=result, usage={"subagent": Usage(requests=2, input_tokens=10)},
+                        events=[], web={})
+
+    fake = _Steady(finish)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    settings = load_settings({}, max_batches=2, model="sim-model", ray_retries=2)
+    meter, journal = UsageMeter(), _Sink()
+    wide = run_wide(decision, plan_batches(decision, max_batches=None), settings, meter=meter, trace=NullTrace(),
+                    role_models={"subagent": "sim-model"}, journal=journal)
+    tries = [job for job in jobs if job.index == 1]
+    assert len(tries) == 3 and len({job.tag for job in tries}) == 3  # the first attempt and two retries
+    assert [len(job.saved) for job in tries] == [0, 1, 1]  # each retry goes on from what was settled
+    assert isinstance(tries[1].saved[0], ExecutionStarted) and tries[1].saved[0].execution == 2
+    assert wide.result.ending.status is RunStatus.FAILED
+    assert "chunk 1 failed in Ray after 2 retries (WorkerCrashedError" in (wide.result.ending.reason or "")
+    assert [r.task_index for r in wide.result.table.rows] == [0, 1, 4, 5]  # chunks 0 and 2 kept their rows
+    assert wide.chunks == 3 and wide.finished == 2
+    assert meter.total().requests == 2 + 2 + 3  # two chunks, and the three dead attempts' calls
+    finished = [e.chunk for e in journal.entries if isinstance(e, ChunkFinished)]
+    assert sorted(finished) == [0, 2]
+    assert [e.execution for e in journal.entries if isinstance(e, ExecutionStarted)] == [2]
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.entries: list[Any] = []
+
+    def append(self, entry: Any) -> None:
+        self.entries.append(entry)

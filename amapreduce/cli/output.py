@@ -9,6 +9,7 @@ this one, and `amapreduce --help` must not load the meter or the table code).
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from amapreduce.session.outcome import RunOutcome
     from amapreduce.table.table import Table
 
-__all__ = ["cost_cell", "counted", "effort_text", "hand_over", "usage_json", "write_table_copies"]
+__all__ = ["cost_cell", "counted", "effort_text", "hand_over", "resume_line", "usage_json", "write_table_copies"]
 
 
 def usage_json(meter: UsageMeter) -> dict[str, Any]:
@@ -80,6 +81,14 @@ def write_table_copies(
         atomic_write(csv_out, to_csv(table, evidence=evidence))
 
 
+def resume_line(outcome: RunOutcome) -> str | None:
+    """The command that goes on with a run that ended early (stopped, interrupted, failed) from
+    its journal; None for a run that finished."""
+    if not outcome.ending.status.ended_early:
+        return None
+    return f"amapreduce runs resume {shlex.quote(str(outcome.run_dir.path))}"
+
+
 def hand_over(
     outcome: RunOutcome, table: Table, markdown: str, *, as_json: bool, fields: dict[str, Any],
     counts: str, tail: str, out: Path | None, csv_out: Path | None, evidence: bool,
@@ -93,12 +102,15 @@ def hand_over(
 
     write_table_copies(table, markdown, out=out, csv_out=csv_out, evidence=evidence)
     error = outcome.ending.error
+    resume = resume_line(outcome)
     if as_json:
         typer.echo(json.dumps({
             **fields, "table_markdown": markdown, "usage": usage_json(outcome.meter),
             "run_dir": str(outcome.run_dir.path), "status": outcome.status, **({"error": error} if error else {}),
+            **({"resume": resume} if resume else {}),
         }, ensure_ascii=False))
     else:
         typer.echo(markdown)
-        typer.echo(f"{counts} ({outcome.status}{f': {error}' if error else ''}){tail}", err=True)
+        typer.echo(f"{counts} ({outcome.status}{f': {error}' if error else ''}){tail}"
+                   f"{f'. Continue it with: {resume}' if resume else ''}", err=True)
     exit_for_run(outcome.ending.status)

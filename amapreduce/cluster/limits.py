@@ -15,6 +15,16 @@ the cluster's window and asks the cluster's breaker, and builds its meter with `
 which adds each call's spend to the cluster's sum and checks the budget against that sum. Nothing
 outside `run.ray_*` modules knows Ray.
 
+The ledger. The actor also keeps, per attempt of a piece of work (a chunk or a trial, named by a
+`tag` the driver gives it), the usage of every call it made (added in the same actor call that
+adds the call's spend to the run's sum, so the ledger and the budget never disagree) and the
+journal entries its engine settled (`keep`). A worker that dies takes its own record with it; the
+actor's stays, and the driver reads it (`left`) to account for the dead attempt's calls and to
+let its retry go on from the batches already settled. `halt` tells every worker of one wide run
+(the tags `RUN.CHUNK.TRY` of its attempts) that the run stops; others sharing the actor (an `ask`'s
+manager) go on: a queued attempt starts, sees it and gives back nothing; a running one stops before its
+next call, as a spent budget stops it (`DriverStopped`), and returns what it found.
+
 The actor is threaded (`max_concurrency`): a caller waiting for its turn in the window, or for
 the breaker's probe, holds one of the actor's threads, as a thread of a local run would wait in
 its process. An open breaker's error is built in the caller (`breaker.provider_unavailable`)
@@ -33,17 +43,18 @@ from typing import TYPE_CHECKING, Any
 
 from amapreduce.breaker import BreakerPolicy, CircuitBreaker, Outage, provider_unavailable
 from amapreduce.cluster.ray import require_ray
-from amapreduce.errors import ConfigError
+from amapreduce.errors import BudgetExceeded, ConfigError
 from amapreduce.llm.meter import Budget, Price, UsageMeter, check_budget
 from amapreduce.llm.models import BreakerGate, use_provider_gates
+from amapreduce.llm.usage import Usage
 from amapreduce.ratelimit import WindowGate, WindowLimiter, WindowPolicy
 
 if TYPE_CHECKING:
-    from amapreduce.llm.usage import Usage
+    from amapreduce.journal import JournalEntry
     from amapreduce.settings import Settings
 
-__all__ = ["NAMESPACE", "ClusterGates", "ClusterLimiter", "ClusterLimits", "ClusterMeter", "cluster_limits",
-           "cluster_meter"]
+__all__ = ["NAMESPACE", "AttemptLedger", "AttemptSink", "ClusterGates", "ClusterLimiter", "ClusterLimits", "ClusterMeter",
+           "DriverStopped", "cluster_limits", "cluster_meter", "halted"]
 
 NAMESPACE = "amapreduce"
 """The Ray namespace of the limiter actors (a named actor is found by name within one namespace)."""
@@ -61,6 +72,19 @@ class ClusterLimits:
 
     name: str
     namespace: str = NAMESPACE
+
+
+class DriverStopped(BudgetExceeded):
+    """The run's driver stopped the cluster (another chunk's stop, Ctrl-C): a worker's next call
+    is refused as a spent budget's is, so its engine stops cleanly and returns its rows."""
+
+
+@dataclass(frozen=True)
+class AttemptLedger:
+    """What one attempt (`tag`) left in the actor: its calls' usage by role, the entries it settled."""
+
+    usage: dict[str, Usage]
+    entries: list[JournalEntry]
 
 
 class _Refused(Exception):
@@ -88,6 +112,10 @@ class LimiterActor:
         self._next_ticket = 0
         self._grants: list[tuple[str, float]] = []
         self._spent = [spent_usd, float(spent_tokens)]
+        self._usage: dict[str, dict[str, Usage]] = {}
+        self._entries: dict[str, list[tuple[int, JournalEntry]]] = {}
+        self._halted: dict[str, str] = {}
+        """Why each halted wide run (by the first part of its attempts' tags) stopped."""
 
     def _window(self, key: str, policy: WindowPolicy) -> WindowLimiter:
         with self._lock:
@@ -144,17 +172,60 @@ class LimiterActor:
         """A request ended without an outcome (see `CircuitBreaker.release`)."""
         self._breaker(key, policy).release(probe)
 
-    def spend(self, cost_usd: float, tokens: int) -> tuple[float, int]:
-        """Add one call's spend; return the run's (dollars, tokens) so far."""
+    def spend(self, cost_usd: float, tokens: int, tag: str | None = None, role: str | None = None,
+              usage: Usage | None = None) -> tuple[float, int]:
+        """Add one call's spend (and, with a `tag`, its usage to that attempt's ledger); return the
+        run's (dollars, tokens) so far."""
         with self._lock:
             self._spent[0] += cost_usd
             self._spent[1] += tokens
+            if tag is not None and role is not None and usage is not None:
+                mine = self._usage.setdefault(tag, {})
+                mine[role] = mine.get(role, Usage()) + usage
             return self._spent[0], int(self._spent[1])
 
     def spent(self) -> tuple[float, int]:
         """The run's (dollars, tokens) so far, every worker's and what the driver had spent before."""
         with self._lock:
             return self._spent[0], int(self._spent[1])
+
+    def state(self, tag: str | None = None) -> tuple[float, int, str | None]:
+        """The run's (dollars, tokens) so far, and why the driver halted attempt `tag`'s run (None:
+        it goes on)."""
+        with self._lock:
+            return self._spent[0], int(self._spent[1]), self._why(tag)
+
+    def _why(self, tag: str | None) -> str | None:
+        return None if tag is None else self._halted.get(tag.split(".", 1)[0])
+
+    def keep(self, tag: str, number: int, entry: JournalEntry) -> None:
+        """Entry `number` (0, 1, ... in journal order) that attempt `tag`'s engine journaled (its
+        execution, a settled batch attempt); calls may arrive out of order."""
+        with self._lock:
+            self._entries.setdefault(tag, []).append((number, entry))
+
+    def left(self, tag: str) -> AttemptLedger:
+        """What attempt `tag` left: its calls' usage and its entries in journal order (forgotten
+        here once read)."""
+        with self._lock:
+            entries = [entry for _, entry in sorted(self._entries.pop(tag, []), key=lambda kept: kept[0])]
+            return AttemptLedger(usage=self._usage.pop(tag, {}), entries=entries)
+
+    def forget(self, tag: str) -> None:
+        """Attempt `tag` came back with its own record: drop the actor's copy."""
+        with self._lock:
+            self._usage.pop(tag, None)
+            self._entries.pop(tag, None)
+
+    def halt(self, run: str, reason: str) -> None:
+        """Wide run `run` stops: every later `state` of its attempts says why (see the module doc)."""
+        with self._lock:
+            self._halted.setdefault(run, reason)
+
+    def halted(self, tag: str) -> str | None:
+        """Why attempt `tag`'s run was halted (None: it goes on)."""
+        with self._lock:
+            return self._why(tag)
 
     def budget(self) -> Budget:
         """The run's budget."""
@@ -226,20 +297,26 @@ class ClusterMeter(UsageMeter):
     meter when the worker's result comes back.
     """
 
-    def __init__(self, actor: Any, budget: Budget, *, local_budget: Budget | None = None, **kwargs: Any) -> None:
+    def __init__(self, actor: Any, budget: Budget, *, local_budget: Budget | None = None, tag: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(budget=budget, **kwargs)
         self._actor = actor
         self.local_budget = local_budget or Budget()
+        self.tag = tag
+        """The attempt whose ledger in the actor each call's usage is added to (None: none kept)."""
 
     def check(self) -> None:
-        cost, tokens = _ray().get(self._actor.spent.remote())
+        cost, tokens, halted = _ray().get(self._actor.state.remote(self.tag))
+        if halted is not None:
+            raise DriverStopped(f"the run's driver stopped the cluster ({halted})", kind="halted")
         check_budget(self.budget, float(cost), int(tokens), where=" across the cluster")
         own = self.total()  # after the cluster's: where both are the run's budget, the cluster's is reached first
         check_budget(self.local_budget, own.cost_usd, own.total_tokens)
 
     def record(self, role: str, model_id: str, usage: Usage) -> Usage:
         priced = super().record(role, model_id, usage)
-        _ray().get(self._actor.spend.remote(priced.cost_usd, priced.total_tokens))
+        _ray().get(self._actor.spend.remote(priced.cost_usd, priced.total_tokens, self.tag, role,
+                                            priced if self.tag is not None else None))
         return priced
 
 
@@ -264,17 +341,48 @@ def cluster_limits(limits: ClusterLimits | None) -> Iterator[None]:
         use_provider_gates(previous)
 
 
-def cluster_meter(limits: ClusterLimits | None, settings: Settings,
-                  *, prices_by_prefix: Mapping[str, Price] | None = None) -> UsageMeter:
-    """A worker's meter: charged to the cluster's budget (`ClusterMeter`), or with `limits` None
-    the settings' own budget (`llm.factory.new_meter`)."""
+def cluster_meter(limits: ClusterLimits | None, settings: Settings, *,
+                  prices_by_prefix: Mapping[str, Price] | None = None, tag: str | None = None) -> UsageMeter:
+    """A worker's meter: charged to the cluster's budget (`ClusterMeter`, its calls kept in the
+    ledger of attempt `tag`), or with `limits` None the settings' own budget (`llm.factory.new_meter`)."""
     from amapreduce.llm.factory import new_meter
 
     local = new_meter(settings, prices_by_prefix=prices_by_prefix)
     if limits is None:
         return local
     actor = _actor(limits)
-    return ClusterMeter(actor, _ray().get(actor.budget.remote()), local_budget=local.budget, prices=local.prices)
+    return ClusterMeter(actor, _ray().get(actor.budget.remote()), local_budget=local.budget, prices=local.prices,
+                        tag=tag)
+
+
+class AttemptSink:
+    """A worker's journal sink that also keeps each entry in the actor's ledger of attempt `tag`,
+    so the work of a worker that dies is not lost.
+
+    Sent without waiting for the actor: the engine journals from its one loop, which must not wait
+    a round trip per settled batch (on a busy machine that tripled the time per batch); each entry
+    carries its number, so the ledger keeps journal order. An entry still on its way when the
+    worker is killed is lost with it, and its batch is asked again by the retry; `flush` waits for
+    all of them (a chunk that comes back)."""
+
+    def __init__(self, limits: ClusterLimits, tag: str) -> None:
+        self._actor, self._tag = _actor(limits), tag
+        self.entries: list[JournalEntry] = []
+        self._sent: list[Any] = []
+
+    def append(self, entry: JournalEntry) -> None:
+        self._sent.append(self._actor.keep.remote(self._tag, len(self.entries), entry))
+        self.entries.append(entry)
+
+    def flush(self) -> None:
+        """Wait until the actor holds every entry sent."""
+        sent, self._sent = self._sent, []
+        _ray().get(sent)
+
+
+def halted(limits: ClusterLimits, tag: str) -> str | None:
+    """Why the driver halted attempt `tag`'s run (None: it goes on): a queued attempt asks first."""
+    return _ray().get(_actor(limits).halted.remote(tag))  # type: ignore[no-any-return]
 
 
 class ClusterLimiter:
@@ -285,9 +393,15 @@ class ClusterLimiter:
         limits: how workers find it.
     """
 
-    def __init__(self, actor: Any, limits: ClusterLimits) -> None:
+    def __init__(self, actor: Any, limits: ClusterLimits, *, owned: bool = True) -> None:
         self._actor = actor
         self.limits = limits
+        self._owned = owned
+
+    @classmethod
+    def find(cls, limits: ClusterLimits) -> ClusterLimiter:
+        """A handle on a limiter another part of the driver started (`stop` leaves it running)."""
+        return cls(_actor(limits), limits, owned=False)
 
     @property
     def actor(self) -> Any:
@@ -315,6 +429,20 @@ class ClusterLimiter:
         """Every (provider, grant time) given so far, on the actor's clock."""
         return list(_ray().get(self._actor.grants.remote()))
 
+    def left(self, tag: str) -> AttemptLedger:
+        """What attempt `tag` left in the actor (see `LimiterActor.left`)."""
+        ledger = _ray().get(self._actor.left.remote(tag))
+        return ledger if isinstance(ledger, AttemptLedger) else AttemptLedger(usage={}, entries=[])
+
+    def forget(self, tag: str) -> None:
+        """Attempt `tag` came back: its copy in the actor is not needed."""
+        self._actor.forget.remote(tag)
+
+    def halt(self, run: str, reason: str) -> None:
+        """Tell every worker of wide run `run` that it stops (see `LimiterActor.halt`)."""
+        _ray().get(self._actor.halt.remote(run, reason))
+
     def stop(self) -> None:
-        """End the actor (its limits end with the run)."""
-        _ray().kill(self._actor, no_restart=True)
+        """End the actor (its limits end with the run); a limiter found (`find`) is left running."""
+        if self._owned:
+            _ray().kill(self._actor, no_restart=True)

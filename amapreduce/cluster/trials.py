@@ -5,7 +5,11 @@ Ray modules (this one, `cluster.limits`, `cluster.wide`), and there only inside 
 command asked for `--executor ray`; a missing `ray` extra is a `ConfigError` (exit 2) that names it.
 
 With `ray`, each (instance, trial) is one Ray task (`bench.trial.run_detached`, one CPU, never
-retried: a trial spends money, and the driver reruns what did not finish on `--resume`). The task
+retried by Ray itself: a trial spends money). A trial whose worker or node died
+(`cluster.ray.worker_died`) is submitted again, up to `Settings.ray_retries` times
+(`AMAPREDUCE_RAY_RETRIES`), and runs afresh on another worker (a trial is one `ask` run: its dead
+worker's folder is gone with it); only then does the evaluation stop, and `--resume` reruns what
+did not finish. The task
 gets plain data (the trial's settings, the instance's snapshot image, put in the object store once
 per instance, and how to reach the cluster's limiter) and returns plain data; the driver scores,
 journals and commits (`bench.evaluate`). One `cluster.limits.ClusterLimiter` per evaluation
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -43,14 +48,16 @@ from amapreduce.bench.trial import (
     open_snapshot_image,
 )
 from amapreduce.cluster.ray import ray_module as _ray
-from amapreduce.cluster.ray import ray_session
+from amapreduce.cluster.ray import ray_session, worker_died
 from amapreduce.errors import RunError
 
 if TYPE_CHECKING:
     from amapreduce.cluster.limits import ClusterLimiter
     from amapreduce.llm.meter import Price, UsageMeter
 
-__all__ = ["RayTrials", "run_detached"]
+__all__ = ["RayTrials", "TrialHandle", "run_detached"]
+
+_log = logging.getLogger(__name__)
 
 
 def run_detached(job: TrialJob, image: bytes | None) -> TrialRun:
@@ -93,6 +100,17 @@ def _detached(job: TrialJob, image: bytes | None, simulated: SimulatedModels | N
         folder = Path(run.run_dir)
         files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
         return replace(run, run_dir=folder.name, files=files)
+
+
+@dataclasses.dataclass
+class TrialHandle:
+    """A submitted trial: its job and snapshot (to submit it again), its task now, its retries."""
+
+    job: TrialJob
+    image: Any
+    ref: Any
+    retries: int = 0
+    cancelled: bool = False
 
 
 class RayTrials:
@@ -147,31 +165,49 @@ class RayTrials:
         ray = _ray()
         shared = ray.put(image) if image is not None else None
         limits = self._limiter.limits if self._limiter is not None else None
-        return [self._task.remote(dataclasses.replace(job, limits=limits), shared) for job in jobs]
+        handles = []
+        for job in jobs:
+            mine = dataclasses.replace(job, limits=limits)
+            handles.append(TrialHandle(job=mine, image=shared, ref=self._task.remote(mine, shared)))
+        return handles
 
-    def result(self, handle: Any) -> TrialRun:
-        """The trial's run, once its task finished.
+    def result(self, handle: TrialHandle) -> TrialRun:
+        """The trial's run, once its task finished; a trial whose worker died runs again (see the
+        module doc) until its retries are spent.
 
         Raises:
-            RunError: the task failed in Ray (its worker died, it was cancelled, it could not be
-                unpickled); the evaluation stops and `--resume` reruns the trial.
+            RunError: the task failed in Ray (its worker died and its retries are spent, it was
+                cancelled, it could not be unpickled); the evaluation stops and `--resume` reruns it.
         """
         ray = _ray()
-        try:
-            run = ray.get(handle)
-        except ray.exceptions.RayError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise RunError(f"a trial failed in Ray ({type(exc).__name__}: {first}); continue with --resume") from exc
+        while True:
+            try:
+                run = ray.get(handle.ref)
+                break
+            except ray.exceptions.RayError as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                died = worker_died(exc)
+                if died and not handle.cancelled and handle.retries < handle.job.settings.ray_retries:
+                    handle.retries += 1
+                    _log.warning("trial %s/%d: its Ray worker died (%s); running it again (retry %d of %d)",
+                                 handle.job.task_id, handle.job.trial, type(exc).__name__, handle.retries,
+                                 handle.job.settings.ray_retries)
+                    handle.ref = self._task.remote(handle.job, handle.image)
+                    continue
+                spent = f" after {handle.retries} retries" if died else ""
+                raise RunError(f"a trial failed in Ray{spent} ({type(exc).__name__}: {first}); continue with "
+                               "--resume") from exc
         if not isinstance(run, TrialRun):
             raise RunError(f"a Ray task returned {type(run).__name__}, not a trial's run")
         return run
 
-    def cancel(self, handles: Sequence[Any]) -> None:
+    def cancel(self, handles: Sequence[TrialHandle]) -> None:
         """Cancel tasks whose results will not be read (finished ones are unaffected). A running
         trial gets `KeyboardInterrupt`, as Ctrl-C in a local run: its `ask` run ends `interrupted`."""
         ray = _ray()
         for handle in handles:
-            ray.cancel(handle)
+            handle.cancelled = True
+            ray.cancel(handle.ref)
 
     def close(self) -> None:
         """Leave the Ray session (`ray_session`: a local instance this object started stops; a

@@ -6,7 +6,7 @@ machine's threads should carry. With `--executor ray`, a plain decision (no `dis
 `child`) whose plan has more batches than one chunk holds is cut into chunks of whole batches
 (`chunk_plan`): a chunk is its rows as a sub-decision (`Decision.with_matrix`) and its batches,
 unchanged but for their row numbers, so every sub-agent is asked what a local run asks it. Each
-chunk is one Ray task (`run_chunk`: one CPU, never retried, since a chunk spends money) running the
+chunk is one Ray task (`run_chunk`: one CPU, never retried by Ray itself, since a chunk spends money) running the
 threaded engine on plain data: the settings, the sub-decision as JSON, its plan. A chunk holds
 `chunk_batches(settings)` batches: the batch cap when one is set (`--max-batches`; a plan over the
 cap, refused locally, is split instead), else `CHUNK_BATCHES_PER_WORKER` per sub-agent thread, so
@@ -16,9 +16,19 @@ The merge. The driver merges the chunks' rows into one table in matrix order (ro
 mapped back to the full matrix; `Table.merge_row`, the rule of a local run's reduce) and adds their
 usage to the run's meter (so `result.json` counts every remote call) and their trace events to the
 run's trace (each tagged with its `chunk`). Every worker's model calls go through the cluster's
-limiter and budget (`cluster.limits`). A chunk that stopped (the budget, a provider down) or a
-Ctrl-C in the driver cancels the chunks not finished (`ray.cancel`) and keeps the rows of those
-that were.
+limiter and budget (`cluster.limits`).
+
+Failures and stops. A chunk whose worker or node died (`cluster.ray.worker_died`) is run again, up to
+`Settings.ray_retries` times (`AMAPREDUCE_RAY_RETRIES`), on whichever worker Ray gives it: each
+attempt keeps its calls' usage and its settled batch attempts in the cluster limiter's ledger as it
+goes (`cluster.limits.AttemptSink`), so the driver accounts for the dead attempt's calls, journals
+its batch attempts, and hands them to the retry, which replays them and runs only the rest. Only
+when a chunk's retries are spent does the run end `failed`, with the rows of every chunk that came
+back. A chunk that stopped (the budget, a provider down), a failure, or a Ctrl-C in the driver
+halts its chunks (`ClusterLimiter.halt`): a queued chunk gives back nothing, a running one stops
+before its next call and comes back with its rows and usage; after Ctrl-C (or `STOP_GRACE_S`)
+the chunks still out are cancelled (`ray.cancel`) and what they spent is read from the ledger. So
+`result.json` counts every call a worker finished, whatever stopped the run.
 
 The journal. With the run's journal (`journal`), the driver records the wide run (`WideStarted`)
 and, as each chunk comes back, the chunk's own engine entries: each worker's engine runs with a
@@ -30,7 +40,7 @@ is replayed in the driver from its entries (the engine's own replay: no model ca
 attempts but no end (a budget stop) is sent with them and goes on where it stopped, the rest run
 afresh. A chunk still running when the driver is killed, or cancelled (`ray.cancel` interrupts the
 worker, and Ray hands back no return value for a cancelled task), leaves nothing: its attempts
-live in the worker until the chunk returns, and it runs again.
+are in the ledger, and a resume goes on from those the driver journaled.
 
 `ask --executor ray` (`RayExecutor.attach`): the manager runs in the driver, and its session
 runs a plain decision of more than one chunk here, on the session's one cluster limiter: the driver's models are built inside it (the manager's
@@ -43,19 +53,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from amapreduce.cluster.limits import (
+    AttemptSink,
     ClusterLimiter,
     ClusterLimits,
     ClusterMeter,
     cluster_limits,
     cluster_meter,
+    halted,
 )
-from amapreduce.cluster.ray import ray_session, require_ray
+from amapreduce.cluster.ray import check_cluster, ray_session, require_ray, worker_died
 from amapreduce.errors import RunCancelled
 from amapreduce.llm.factory import model_for_role
 from amapreduce.llm.meter import UsageMeter
@@ -81,11 +95,18 @@ if TYPE_CHECKING:
     from amapreduce.mapreduce.checkpoint import EntrySink
     from amapreduce.settings import Settings
 
-__all__ = ["CHUNK_BATCHES_PER_WORKER", "ChunkJob", "ChunkRun", "DriverMeter", "RayExecutor", "chunk_batches",
-           "chunk_plan", "run_chunk", "run_wide"]
+__all__ = ["CHUNK_BATCHES_PER_WORKER", "STOP_GRACE_S", "ChunkJob", "ChunkRun", "DriverMeter",
+           "RayExecutor", "chunk_batches", "chunk_plan", "run_chunk", "run_wide"]
+
+_log = logging.getLogger(__name__)
 
 CHUNK_BATCHES_PER_WORKER = 4
 """Batches per chunk for each sub-agent thread of a chunk, when no batch cap is set."""
+STOP_GRACE_S = 120.0
+"""Seconds a stopped run waits for its running chunks to stop on their own (before their next
+call) and come back with their rows, before it cancels them."""
+CANCEL_SETTLE_S = 10.0
+"""Seconds the driver waits for cancelled chunks to end, so their ledger holds all they spent."""
 
 
 def chunk_batches(settings: Settings) -> int:
@@ -108,7 +129,9 @@ class ChunkJob:
     limits: ClusterLimits | None = None
     """The cluster's limiter (None: the worker's own limits, as a local run)."""
     saved: tuple[JournalEntry, ...] = ()
-    """The chunk's journaled execution and attempts (a resumed run): replayed, not run again."""
+    """The chunk's journaled execution and attempts (a resumed run, a retry): replayed, not run again."""
+    tag: str | None = None
+    """This attempt's name in the cluster limiter's ledger (None: nothing kept there)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,16 +180,21 @@ class _Kept:
         self.entries.append(entry)
 
 
-def run_chunk(job: ChunkJob) -> ChunkRun:
+def run_chunk(job: ChunkJob) -> ChunkRun | None:
     """Run one chunk (in a Ray worker): build the parts from the settings, run the engine on the
-    sub-decision's plan, and return plain data. A stopped engine returns its partial result."""
+    sub-decision's plan, and return plain data. A stopped engine returns its partial result; a
+    chunk whose run was halted before it started returns None."""
     from amapreduce.decision.model import Decision
     from amapreduce.session.parts import build_models, build_parts
 
+    if job.limits is not None and job.tag is not None and halted(job.limits, job.tag) is not None:
+        return None
     decision = Decision.parse(job.decision)
-    trace, kept = _Collected(), _Kept()
+    trace = _Collected()
+    kept: _Kept | AttemptSink = (AttemptSink(job.limits, job.tag) if job.limits is not None and job.tag is not None
+                                 else _Kept())
     with cluster_limits(job.limits):
-        meter = cluster_meter(job.limits, job.settings)
+        meter = cluster_meter(job.limits, job.settings, tag=job.tag)
         models = build_models(job.settings, ("subagent", "extraction"), meter=meter, trace=trace)
         with build_parts(job.settings, models=models, trace=trace, decisions_by="user") as parts:
             try:
@@ -174,6 +202,8 @@ def run_chunk(job: ChunkJob) -> ChunkRun:
             except RunCancelled as exc:
                 result = exc.partial
             web = parts.web_usage()
+        if isinstance(kept, AttemptSink):
+            kept.flush()  # the ledger is complete before the driver forgets it
     return ChunkRun(index=job.index, result=result, usage=meter.by_role(), events=trace.events, web=web,
                     entries=kept.entries)
 
@@ -234,57 +264,160 @@ def run_wide(
         journal.append(WideStarted(decision=decision.model_dump(mode="json"), plan=plan_manifest(plan),
                                    chunk_batches=size, address=address))
     finished = {e.chunk for e in saved if isinstance(e, ChunkFinished)}
-
-    def job(k: int, cluster: ClusterLimits | None) -> ChunkJob:
-        rows, sub_plan = jobs_data[k]
-        sub = decision.with_matrix([decision.task_matrix[i] for i in rows]).model_dump(mode="json")
-        mine = tuple(e for e in saved if isinstance(e, ExecutionStarted | BatchAttempt) and e.execution == k + 1)
-        return ChunkJob(index=k, rows=rows, decision=sub, plan=sub_plan, settings=settings, limits=cluster, saved=mine)
-
-    done: dict[int, ChunkRun] = {}
+    chunks = _Chunks(decision, jobs_data, settings, saved, meter=meter, trace=trace, journal=journal,
+                     role_models=role_models or {})
     for k in sorted(finished):  # replayed here from the journal: no model is asked
-        done[k] = run_chunk(job(k, None))
-        _absorb(done[k], meter, trace, {})
-    stop: RunEnding | None = None
+        chunks.replay(k)
     with ray_session(address):
         limiter = ClusterLimiter.start(budget=meter.budget, spent=meter.total()) if limits is None else None
-        cluster = limiter.limits if limiter is not None else limits
-        task = ray.remote(num_cpus=1, max_retries=0)(run_chunk)
-        pending: dict[Any, int] = {}
+        handle = limiter or ClusterLimiter.find(limits)  # type: ignore[arg-type]  # one of the two is set
         try:
-            for k in range(len(jobs_data)):
-                if k not in finished:
-                    pending[task.remote(job(k, cluster))] = k
-            while pending and stop is None:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for ref in ready:
-                    k = pending.pop(ref)
-                    try:
-                        chunk = ray.get(ref)
-                    except ray.exceptions.RayError as exc:
-                        first = (str(exc).strip().splitlines() or [""])[0]
-                        stop = RunEnding(RunStatus.FAILED, f"chunk {k} failed in Ray ({type(exc).__name__}: {first})")
-                        continue
-                    done[k] = chunk
-                    _absorb(chunk, meter, trace, role_models or {})
-                    if journal is not None:
-                        _journal(journal, chunk)
-                    if chunk.result.ending.status.ended_early and stop is None:
-                        stop = dataclasses.replace(chunk.result.ending,
-                                                   reason=f"chunk {k}: {chunk.result.ending.reason or 'stopped'}")
-        except KeyboardInterrupt:
-            stop = INTERRUPTED
+            chunks.run(ray, handle, [k for k in range(len(jobs_data)) if k not in finished])
         finally:
-            for ref in pending:
-                ray.cancel(ref)
             if limiter is not None:
                 limiter.stop()
-    result = _merged(decision, plan, settings, [(jobs_data[k][0], done[k]) for k in sorted(done)], stop,
+    done = chunks.done
+    result = _merged(decision, plan, settings, [(jobs_data[k][0], done[k]) for k in sorted(done)], chunks.stop,
                      wall_s=time.perf_counter() - started)
     web: dict[str, Any] = {}
     for k in sorted(done):
         web = _added(web, done[k].web)
     return WideRun(result=result, web=web, chunks=len(jobs_data), finished=len(done))
+
+
+class _Chunks:
+    """The driver's side of one wide run: the chunks' jobs, attempts, retries and what came back."""
+
+    def __init__(self, decision: Decision, jobs: list[tuple[tuple[int, ...], BatchPlan]], settings: Settings,
+                 saved: Sequence[JournalEntry], *, meter: UsageMeter, trace: Trace, journal: EntrySink | None,
+                 role_models: dict[str, str]) -> None:
+        self.decision, self.jobs, self.settings, self.saved = decision, jobs, settings, saved
+        self.meter, self.trace, self.journal, self.role_models = meter, trace, journal, role_models
+        self.done: dict[int, ChunkRun] = {}
+        """The chunks that came back (finished, or stopped with their rows)."""
+        self.stop: RunEnding | None = None
+        """Why the run ended early (None: it did not)."""
+        self._run_id = uuid.uuid4().hex[:12]
+        self._tries: dict[int, int] = {}
+        self._carried: dict[int, list[JournalEntry]] = {}
+        """Entries of a chunk's dead attempts (journaled, renumbered as the chunk's execution): its retry replays them."""
+        self._spent: dict[int, dict[str, Usage]] = {}
+        """Usage of a chunk's dead attempts (its `ChunkFinished` records every attempt's)."""
+
+    def job(self, k: int, cluster: ClusterLimits | None) -> ChunkJob:
+        """Chunk `k`'s job: its rows, sub-decision and plan, and what was saved of it (journal, dead attempts)."""
+        rows, sub_plan = self.jobs[k]
+        sub = self.decision.with_matrix([self.decision.task_matrix[i] for i in rows]).model_dump(mode="json")
+        mine = tuple(e for e in self.saved if isinstance(e, ExecutionStarted | BatchAttempt) and e.execution == k + 1)
+        tag = f"{self._run_id}.{k}.{self._tries.get(k, 0)}" if cluster is not None else None
+        return ChunkJob(index=k, rows=rows, decision=sub, plan=sub_plan, settings=self.settings, limits=cluster,
+                        saved=(*mine, *self._carried.get(k, ())), tag=tag)
+
+    def replay(self, k: int) -> None:
+        """A chunk the journal holds as finished, replayed in the driver (no model is asked)."""
+        chunk = run_chunk(self.job(k, None))
+        if chunk is None:  # only a halted cluster's chunk gives back nothing: no cluster here
+            raise RuntimeError(f"chunk {k} gave nothing back when replayed")
+        self.done[k] = chunk
+        _absorb(chunk, self.meter, self.trace, {})
+
+    def run(self, ray: Any, limiter: ClusterLimiter, todo: list[int]) -> None:
+        """Send `todo`'s chunks to Ray and take them back: retry the dead, stop on the first early
+        end (see the module doc)."""
+        task = ray.remote(num_cpus=1, max_retries=0)(run_chunk)
+        pending: dict[Any, tuple[int, str]] = {}
+
+        def submit(k: int) -> None:
+            job = self.job(k, limiter.limits)
+            pending[task.remote(job)] = (k, job.tag or "")
+
+        try:
+            for k in todo:
+                submit(k)
+            while pending and self.stop is None:
+                self._take(ray, limiter, pending, submit, ray.wait(list(pending), num_returns=1)[0])
+            if pending:
+                limiter.halt(self._run_id, self.stop.reason or self.stop.label if self.stop is not None else "stopped")
+                self._drain(ray, limiter, pending, submit, STOP_GRACE_S)
+        except KeyboardInterrupt:
+            self.stop = INTERRUPTED
+            limiter.halt(self._run_id, "interrupted")
+        finally:
+            for ref in pending:
+                ray.cancel(ref)
+            if pending:
+                ray.wait(list(pending), num_returns=len(pending), timeout=CANCEL_SETTLE_S)
+            for k, tag in pending.values():
+                self._lost(limiter, k, tag)
+
+    def _drain(self, ray: Any, limiter: ClusterLimiter, pending: dict[Any, tuple[int, str]],
+               submit: Any, grace_s: float) -> None:
+        """After a stop: take back the chunks that stop on their own within `grace_s`."""
+        deadline = time.monotonic() + grace_s
+        while pending and (left := deadline - time.monotonic()) > 0:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=left)
+            if not ready:
+                return
+            self._take(ray, limiter, pending, submit, ready)
+
+    def _take(self, ray: Any, limiter: ClusterLimiter, pending: dict[Any, tuple[int, str]], submit: Any,
+              ready: list[Any]) -> None:
+        for ref in ready:
+            k, tag = pending.pop(ref)
+            try:
+                chunk = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                self._failed(limiter, k, tag, exc, submit)
+                continue
+            if chunk is None:  # halted before it started
+                limiter.forget(tag)
+                continue
+            limiter.forget(tag)
+            self._came_back(chunk)
+
+    def _came_back(self, chunk: ChunkRun) -> None:
+        k = chunk.index
+        self.done[k] = chunk
+        _absorb(chunk, self.meter, self.trace, self.role_models)
+        if self.journal is not None:
+            _journal(self.journal, chunk, before=self._spent.get(k, {}))
+        if chunk.result.ending.status.ended_early and self.stop is None:
+            self.stop = dataclasses.replace(chunk.result.ending,
+                                            reason=f"chunk {k}: {chunk.result.ending.reason or 'stopped'}")
+
+    def _failed(self, limiter: ClusterLimiter, k: int, tag: str, exc: Exception, submit: Any) -> None:
+        """Attempt `tag` of chunk `k` came back as an error: account for it, and retry it when its
+        worker died and retries are left (else the run fails)."""
+        self._lost(limiter, k, tag)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        died = worker_died(exc)
+        tries = self._tries.get(k, 0)
+        if died and tries < self.settings.ray_retries and self.stop is None:
+            self._tries[k] = tries + 1
+            self.trace.write("chunk_retried", chunk=k, attempt=tries + 2, error=f"{type(exc).__name__}: {first}")
+            _log.warning("chunk %d: its Ray worker died (%s); running it again (retry %d of %d)", k,
+                         type(exc).__name__, tries + 1, self.settings.ray_retries)
+            submit(k)
+            return
+        if self.stop is None:
+            spent = f" after {tries} retries" if died else ""
+            self.stop = RunEnding(RunStatus.FAILED, f"chunk {k} failed in Ray{spent} ({type(exc).__name__}: {first})")
+
+    def _lost(self, limiter: ClusterLimiter, k: int, tag: str) -> None:
+        """An attempt that gave back no result: its calls' usage into the run's meter, its settled
+        batch attempts into the journal, both kept for the chunk's next attempt (from the ledger)."""
+        ledger = limiter.left(tag)
+        if ledger.usage:
+            _absorb_usage(ledger.usage, self.meter, self.role_models)
+            spent = self._spent.setdefault(k, {})
+            for role, usage in ledger.usage.items():
+                spent[role] = spent.get(role, Usage()) + usage
+        # renumbered as the chunk's execution; a continued execution has no start of its own
+        entries = [e.model_copy(update={"execution": k + 1}) for e in ledger.entries]
+        self._carried.setdefault(k, []).extend(entries)
+        if self.journal is not None:
+            for entry in entries:
+                self.journal.append(entry)
 
 
 class DriverMeter(ClusterMeter):
@@ -315,8 +448,10 @@ class RayExecutor:
         """The attached run's cluster limiter (None: not attached)."""
 
     def check(self) -> None:
-        """Refuse when the `ray` extra is missing (exit 2, before anything is made)."""
+        """Refuse when the `ray` extra is missing, or the cluster at the spec's address does not
+        answer or turns this driver away (`check_cluster`): exit 2, before anything is made."""
         require_ray()
+        check_cluster(self.spec.address)
 
     def chunk_batches(self, settings: Settings) -> int:
         """Batches per chunk: an attached `ask`'s `CHUNK_BATCHES_PER_WORKER` per worker, else `chunk_batches`."""
@@ -351,22 +486,30 @@ class RayExecutor:
                         role_models=roles, journal=journal, saved=saved, limits=self._limits, size=size)
 
 
-def _journal(journal: EntrySink, chunk: ChunkRun) -> None:
+def _journal(journal: EntrySink, chunk: ChunkRun, *, before: dict[str, Usage]) -> None:
     """A chunk that came back into the run's journal: its engine's entries as execution
-    `chunk + 1`, then, if it ran to its end, `ChunkFinished` (a stopped chunk's attempts are kept:
-    a resume goes on from them)."""
+    `chunk + 1`, then, if it ran to its end, `ChunkFinished` with the usage of all its attempts
+    (`before`: its dead ones'; a stopped chunk's attempts are kept: a resume goes on from them)."""
     number = chunk.index + 1
     for entry in chunk.entries:
         journal.append(entry.model_copy(update={"execution": number}))
     if not chunk.result.ending.status.ended_early:
-        journal.append(ChunkFinished(chunk=chunk.index, execution=number, usage=chunk.usage))
+        usage = dict(before)
+        for role, used in chunk.usage.items():
+            usage[role] = usage.get(role, Usage()) + used
+        journal.append(ChunkFinished(chunk=chunk.index, execution=number, usage=usage))
+
+
+def _absorb_usage(usage: dict[str, Usage], meter: UsageMeter, role_models: dict[str, str]) -> None:
+    """Usage a chunk's attempt spent, by role, into the run's meter (priced there by its model)."""
+    add = meter.absorb if isinstance(meter, DriverMeter) else meter.record
+    for role, used in usage.items():
+        add(role, role_models.get(role, "unknown"), dataclasses.replace(used, cost_usd=0.0))
 
 
 def _absorb(chunk: ChunkRun, meter: UsageMeter, trace: Trace, role_models: dict[str, str]) -> None:
     """A finished chunk's usage into the run's meter, its trace events into the run's trace."""
-    add = meter.absorb if isinstance(meter, DriverMeter) else meter.record
-    for role, usage in chunk.usage.items():
-        add(role, role_models.get(role, "unknown"), dataclasses.replace(usage, cost_usd=0.0))
+    _absorb_usage(chunk.usage, meter, role_models)
     if trace.enabled:
         for event, data in chunk.events:
             trace.write(event, **{**data, "chunk": chunk.index})

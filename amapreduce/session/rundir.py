@@ -14,9 +14,11 @@ after its last start (its process lives, or is gone), else its `RunStatus` (`com
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
+import shutil
 import time
 import unicodedata
 from collections.abc import Mapping
@@ -95,6 +97,14 @@ class RunDir:
     def close(self) -> None:
         """Close the trace."""
         self.trace.close()
+
+    def discard(self) -> None:
+        """Remove the folder (closed first): a run refused while it was being set up, before any
+        work, leaves nothing behind (`session.Session`)."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the runs folder too, when this run was all it held
+            self.path.parent.rmdir()
 
 
 def run_path(runs_dir: Path, name: str) -> Path:

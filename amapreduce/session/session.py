@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce import telemetry
 from amapreduce._atomic import write_json
-from amapreduce.errors import ConfigError, RunCancelled, find_cause
+from amapreduce.errors import ConfigError, RunCancelled, UserError, find_cause
 from amapreduce.llm.factory import model_for_role, new_meter
 from amapreduce.mapreduce.prior import NoPrior, Prior, PriorRequest
 from amapreduce.mapreduce.result import (
@@ -196,8 +196,10 @@ class Session:
     def __enter__(self) -> Session:
         try:
             self._open()
-        except BaseException:
+        except BaseException as exc:
             self._stack.close()
+            if isinstance(exc, UserError) and self._resuming is None and self._run is not None:
+                self._run.run_dir.discard()  # refused while setting up (an MCP server that will not start): exit 2, no folder
             raise
         return self
 
