@@ -89,7 +89,7 @@ class RunOptions:
     """What a run is and what it plugs in, beside its `Settings`."""
 
     kind: RunKind = RunKind.ASK
-    """What the run is listed as (`ask`, `mapreduce_run`, `demo`, `eval`)."""
+    """What the run is listed as (`ask`, `mapreduce_run`, `demo`, `eval`, `enrich`)."""
     query: str = ""
     """The question (or the label a `mapreduce run` is named by)."""
     task_id: str | None = None
@@ -296,6 +296,28 @@ class Session:
         self.prior = self._prior_provider.prior(request)
         return self.prior
 
+    def plan_stage(self, decision: Decision) -> tuple[BatchPlan, Prior]:
+        """The plan stage of a run whose decision was made in code (`enrich`): the decision's batch
+        plan under the run's cap and the experiential prior for it (recorded in `result.json`),
+        traced as an `ask`'s plan stage is. A memory that fails is traced, and the run goes on
+        without its prior, as the `mapreduce` tool's plan stage goes on.
+
+        Raises:
+            DecisionError: the plan is larger than the cap.
+        """
+        from amapreduce.errors import AmapreduceError
+
+        self.progress.set_stage("plan")
+        plan = self.plan_of(decision)
+        try:
+            prior = self.prior_for(decision)
+        except AmapreduceError as exc:
+            self.trace.write("prior_error", error=str(exc))
+            prior = self.prior = Prior(text=f"Experiential memory is unavailable for this run ({exc}).")
+        self.trace.write("plan_stage", batches=len(plan.batches), rows=plan.num_rows, strategy=plan.strategy,
+                         prior=prior.text, hint_ids=list(prior.hint_ids))
+        return plan, prior
+
     # -- executing --------------------------------------------------------------------------------
 
     def execute(self, decision: Decision, plan: BatchPlan | None = None) -> tuple[MapReduceResult, int]:
@@ -437,9 +459,12 @@ class Session:
         discoveries = [r.discovery.to_json() for r in ledger.results if r.discovery is not None]
         if not self.options.kind.is_ask:
             decision = ledger.decisions[0].model_dump(mode="json") if ledger.decisions else None
+            planned = {} if self.prior is None else {
+                "prior": {"text": self.prior.text, "hint_ids": list(self.prior.hint_ids)}}
             if self._wide_extra is not None:
-                return {"decision": decision, **self._wide_extra}
-            return {"decision": decision, "web": web, **({"discovery": discoveries[0]} if discoveries else {})}
+                return {"decision": decision, **self._wide_extra, **planned}
+            return {"decision": decision, "web": web, **({"discovery": discoveries[0]} if discoveries else {}),
+                    **planned}
         prior = self.prior
         return {
             "task_id": self.options.task_id,
@@ -490,5 +515,6 @@ def _decision_plan(decision: Decision, settings: Settings,
 def _default_roles(options: RunOptions) -> tuple[str, ...]:
     """The roles a run builds a model for: the manager's only for an `ask`, the memory's only with a store."""
     manager = ("manager",) if options.kind.is_ask else ()
-    memory = ("memory",) if options.kind.is_ask and options.memory_store is not None else ()
+    plans = options.kind.is_ask or options.kind is RunKind.ENRICH  # the runs with a plan stage
+    memory = ("memory",) if plans and options.memory_store is not None else ()
     return (*manager, "subagent", "extraction", *memory)
