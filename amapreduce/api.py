@@ -1,4 +1,5 @@
-"""The Python API: a question (or a decision, or a list to enrich) in, a table and a pandas DataFrame out.
+"""The Python API: a question (or a decision) in, a table and a pandas DataFrame out (a list to
+enrich: `amapreduce.enrich_api`).
 
 Why a module of its own: a run is a `session.Session`, which needs a `Settings` object and
 returns the one `RunOutcome`, which is right for the CLI and awkward in a notebook. `ask` and
@@ -36,7 +37,7 @@ import ctypes
 import functools
 import os
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -62,7 +63,6 @@ __all__ = [
     "RunUsage",
     "ask",
     "ask_async",
-    "enrich",
     "run_decision",
     "run_decision_async",
     "to_dataframe",
@@ -401,78 +401,6 @@ def run_decision(
     with session:
         outcome = session.run()
     return _returned(RunResult(outcome))
-
-
-def enrich(
-    data: pd.DataFrame | str | os.PathLike[str],
-    *,
-    columns: Sequence[str] | Mapping[str, Any],
-    key: str | Sequence[str] | None = None,
-    instructions: str | None = None,
-    evidence: bool = False,
-    batch_size: int | None = None,
-    model: str | None = None,
-    api_base: str | None = None,
-    api_key: str | SecretStr | None = None,
-    search: str | None = None,
-    workers: int | None = None,
-    memory: str | os.PathLike[str] | bool | None = None,
-    max_cost: float | None = None,
-    max_tokens: int | None = None,
-    runs_dir: str | os.PathLike[str] | None = None,
-    show_progress: bool | None = False,
-    **settings: Any,
-) -> pd.DataFrame:
-    """Enrich a list you already have, as `amapreduce enrich` does: each row becomes one
-    sub-question, `columns` are found for it, and the list comes back with them added.
-
-    Args:
-        data: the rows (a DataFrame), or the path of a list file (.csv, .tsv, .xlsx, .parquet,
-            .jsonl, .json; refused over `Settings.enrich_max_file_mb`).
-        columns: the columns to add: names, or a map of name to `{"description": ...}`.
-        key: the column(s) that name each row (default: the first column whose values name every
-            row once).
-        instructions: extra guidance for every sub-agent.
-        evidence: also add, after each new column `c`, `c status`, `c source`, `c quote` and
-            `c evidence`.
-        batch_size: rows per sub-agent (default: 16 cells per sub-agent over the row's width).
-        model, api_base, api_key, search, workers, memory, max_cost, max_tokens, runs_dir,
-            show_progress, **settings: as for `ask`.
-
-    Returns:
-        The input rows in their order, every input column as given, then the new columns (None where
-        not found) and `enrich_status` (`complete`, `partial`, `failed`; no row is ever left out).
-        `attrs` holds `run_dir` and `status` (`complete`, `incomplete`, `stopped: ...`).
-
-    Raises:
-        UserError: bad input (no such column, a repeated or blank key, an empty or too large file,
-            a column already in the list), before any model call and with no run directory made.
-        ConfigError, RunError, KeyboardInterrupt: as for `ask`.
-    """
-    import pandas as pd
-
-    from amapreduce.enrichment import EnrichRequest, read_list, run_enrichment
-    from amapreduce.memory.schema import memory_store_for
-
-    named = {"model": model, "api_base": api_base, "api_key": api_key, "search": search, "workers": workers,
-             "max_cost": max_cost, "max_tokens": max_tokens, "runs_dir": runs_dir}
-    config = _settings(named, settings)
-    if isinstance(data, pd.DataFrame):
-        frame, label = data, "enrich"
-    elif isinstance(data, str | os.PathLike):
-        frame, label = read_list(Path(data), max_mb=config.enrich_max_file_mb), f"enrich-{Path(data).stem}"
-    else:
-        raise UserError(f"data must be a DataFrame or the path of a list file, got {type(data).__name__}.")
-    keys = [key] if isinstance(key, str) else key
-    request = EnrichRequest.of(frame, columns, key_columns=keys, instructions=instructions, batch_size=batch_size,
-                               label=label)
-    request.decision()  # a cell the template cannot take is refused here, before anything runs
-    store = memory_store_for(memory if isinstance(memory, bool | None) else Path(memory), config, named="memory=")
-    done = run_enrichment(request, config, memory_store=store, show_progress=show_progress)
-    _returned(RunResult(done.outcome))
-    out = done.frame(evidence=evidence)
-    out.attrs.update(run_dir=str(done.outcome.run_dir.path), status=str(done.outcome.status))
-    return out
 
 
 class _Interruptible:

@@ -30,9 +30,12 @@ if TYPE_CHECKING:
     import pandas as pd
     from smolagents import Tool
 
+    from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
+    from amapreduce.mapreduce.batching import BatchPlan
     from amapreduce.mapreduce.prior import PriorProvider
     from amapreduce.mapreduce.solver import BatchSolver
+    from amapreduce.session import Session
     from amapreduce.session.outcome import RunOutcome
     from amapreduce.session.parts import InnerFactory
     from amapreduce.settings import Settings
@@ -104,11 +107,34 @@ def run_enrichment(
     ))
     with session:
         write_json(session.run_dir / ENRICH_FILE, request.to_json())
-        plan, _prior = session.plan_stage(decision)
-        outcome = session.run(decision, plan)
+        outcome = session.run(decision, _plan_stage(session, decision))
         done = Enrichment(request, outcome)
         done.write(outcome.run_dir.path / ENRICHED_FILE, evidence=True)
     return done
+
+
+def _plan_stage(session: Session, decision: Decision) -> BatchPlan:
+    """The plan stage of an enrichment (its decision is made in code, so no manager revises it):
+    the batch plan under the run's cap and the experiential memory's prior for the decision,
+    traced and recorded in `result.json` (`prior`). A memory that fails is traced and the run goes
+    on without its prior, as the `mapreduce` tool's plan stage goes on.
+
+    Raises:
+        DecisionError: the plan is larger than the cap.
+    """
+    from amapreduce.errors import AmapreduceError
+    from amapreduce.mapreduce.prior import Prior
+
+    session.progress.set_stage("plan")
+    plan = session.plan_of(decision)
+    try:
+        prior = session.prior_for(decision)
+    except AmapreduceError as exc:
+        session.trace.write("prior_error", error=str(exc))
+        prior = session.prior = Prior(text=f"Experiential memory is unavailable for this run ({exc}).")
+    session.trace.write("plan_stage", batches=len(plan.batches), rows=plan.num_rows, strategy=plan.strategy,
+                        prior=prior.text, hint_ids=list(prior.hint_ids))
+    return plan
 
 
 def resumed_enrichment(outcome: RunOutcome) -> Enrichment:

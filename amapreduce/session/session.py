@@ -296,28 +296,6 @@ class Session:
         self.prior = self._prior_provider.prior(request)
         return self.prior
 
-    def plan_stage(self, decision: Decision) -> tuple[BatchPlan, Prior]:
-        """The plan stage of a run whose decision was made in code (`enrich`): the decision's batch
-        plan under the run's cap and the experiential prior for it (recorded in `result.json`),
-        traced as an `ask`'s plan stage is. A memory that fails is traced, and the run goes on
-        without its prior, as the `mapreduce` tool's plan stage goes on.
-
-        Raises:
-            DecisionError: the plan is larger than the cap.
-        """
-        from amapreduce.errors import AmapreduceError
-
-        self.progress.set_stage("plan")
-        plan = self.plan_of(decision)
-        try:
-            prior = self.prior_for(decision)
-        except AmapreduceError as exc:
-            self.trace.write("prior_error", error=str(exc))
-            prior = self.prior = Prior(text=f"Experiential memory is unavailable for this run ({exc}).")
-        self.trace.write("plan_stage", batches=len(plan.batches), rows=plan.num_rows, strategy=plan.strategy,
-                         prior=prior.text, hint_ids=list(prior.hint_ids))
-        return plan, prior
-
     # -- executing --------------------------------------------------------------------------------
 
     def execute(self, decision: Decision, plan: BatchPlan | None = None) -> tuple[MapReduceResult, int]:
@@ -459,8 +437,7 @@ class Session:
         discoveries = [r.discovery.to_json() for r in ledger.results if r.discovery is not None]
         if not self.options.kind.is_ask:
             decision = ledger.decisions[0].model_dump(mode="json") if ledger.decisions else None
-            planned = {} if self.prior is None else {
-                "prior": {"text": self.prior.text, "hint_ids": list(self.prior.hint_ids)}}
+            planned = {"prior": {"text": p.text, "hint_ids": list(p.hint_ids)}} if (p := self.prior) else {}
             if self._wide_extra is not None:
                 return {"decision": decision, **self._wide_extra, **planned}
             return {"decision": decision, "web": web, **({"discovery": discoveries[0]} if discoveries else {}),
