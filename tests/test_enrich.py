@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 
 import amapreduce
 from amapreduce.cli.app import main
+from amapreduce.demo.enrichment import enrich_command
 from amapreduce.demo.model import SimulatedAtlasModel
 from amapreduce.demo.run import load_sandbox_tasks, score_answer
 from amapreduce.enrichment import ENRICH_FILE, ENRICHED_FILE, EnrichRequest
@@ -260,6 +262,23 @@ def test_a_killed_enrichment_resumes_without_redoing_finished_batches(
     assert kept["Item"].tolist() == order and kept["Code"].tolist() == [i.upper() for i in order]
 
 
+def test_the_demo_enriches_a_sandbox_list_and_scores_it(tmp_path: Path) -> None:
+    from amapreduce.demo.run import run_demo
+    from amapreduce.settings import load_settings
+
+    settings = load_settings({}, runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache", workers=4)
+    outcome = run_demo("sbx_enrich_002", settings)
+    assert outcome.ask.kind == "enrich" and outcome.ask.status == "complete"
+    assert outcome.score["f1_by_item"] == 1.0 and outcome.score["score"] == 1.0
+    assert outcome.evidence()["verified"] == 14 * 3
+    record = json.loads((outcome.ask.run_dir.path / "result.json").read_text())
+    assert record["prior"]["text"]  # the plan stage ran (no memory here: the no-memory prior)
+    enriched = pd.read_csv(outcome.ask.run_dir.path / ENRICHED_FILE, dtype=str, keep_default_na=False)
+    _tasks, world = load_sandbox_tasks(settings)
+    given = pd.read_csv(world.enrich_dir / "sbx_enrich_002.csv", dtype=str, keep_default_na=False)
+    assert enriched[["Country", "ISO code"]].equals(given) and set(enriched["enrich_status"]) == {"complete"}
+
+
 def test_the_sandbox_list_of_244_countries_is_enriched_complete_with_item_f1_1(
     tmp_path: Path, env: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -267,11 +286,14 @@ def test_the_sandbox_list_of_244_countries_is_enriched_complete_with_item_f1_1(
     task = tasks["sbx_enrich_001"]
     given = world.enrich_dir / "sbx_enrich_001.csv"
     out = tmp_path / "countries.csv"
-    model = SimulatedAtlasModel(model_id="simulated-sandbox")
-    with OpenAICompatibleServer(model) as srv, allow_model_requests():
-        code = main(["enrich", str(given), "--columns", "Capital, ISO3 Code, Currency Code", "--model",
-                     "simulated-sandbox", "--api-base", srv.base_url, "--search", f"corpus:{world.index_dir}",
-                     "--workers", "8", "--no-memory", "--out", str(out), "--json"])
+    with OpenAICompatibleServer(SimulatedAtlasModel()) as srv, allow_model_requests():
+        # The command `demo sbx_enrich_001 --serve` prints, as a user pastes it.
+        printed = enrich_command("sbx_enrich_001", world, srv.base_url)
+        env_part, _, command = printed.partition(" amapreduce ")
+        assert env_part == "AMAPREDUCE_EXTRACTION_MODEL=none"
+        args = shlex.split(command)
+        assert args[:2] == ["enrich", str(given.resolve())]
+        code = main([*args, "--workers", "8", "--no-memory", "--out", str(out), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
     assert report["rows"] == 244 and report["row_status"]["complete"] == 244 and report["status"] == "complete"

@@ -153,16 +153,20 @@ def _serve(task_id: str | None, port: int, settings: Any, scouting: Scouting) ->
     chosen = task_id or DEFAULT_TASK
     if chosen not in tasks:
         raise UserError(f"unknown sandbox task {chosen!r}. Sandbox tasks are: {', '.join(sorted(tasks))}.")
-    if chosen.startswith(ENRICH_PREFIX):
-        raise UserError(f"{chosen} enriches a given list with no manager, so there is no question to serve; "
-                        f"run it with `amapreduce demo {chosen}`.")
+    command = None
+    if chosen.startswith(ENRICH_PREFIX):  # a given list: the `enrich` command line, not `ask`'s
+        from amapreduce.demo.enrichment import enrich_command
+
+        def command(base_url: str) -> str:
+            return enrich_command(chosen, world, base_url)
     try:
         stop = threading.Event()  # never set: only Ctrl-C ends the wait
 
         def wait() -> None:
             stop.wait()
 
-        serve(port, world.index_dir, tasks[chosen].query, echo=typer.echo, wait=wait, scouting=scouting)
+        serve(port, world.index_dir, tasks[chosen].query, echo=typer.echo, wait=wait, scouting=scouting,
+              command=command)
     except OSError as exc:  # the port is taken
         raise UserError(f"cannot serve on 127.0.0.1:{port}: {exc.strerror or exc}. Choose another --port.") from None
 

@@ -9,7 +9,9 @@ through the real tools; it never sees the gold.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from amapreduce.errors import UserError
 
@@ -18,13 +20,42 @@ if TYPE_CHECKING:
     from amapreduce.sandbox import SandboxWorld
     from amapreduce.settings import Settings
 
-__all__ = ["enrich_task_ids", "sandbox_request"]
+__all__ = ["enrich_command", "enrich_spec", "enrich_task_ids", "sandbox_request"]
 
 
 def enrich_task_ids(world: SandboxWorld) -> list[str]:
     """The enrichment tasks' ids, in file order."""
     lines = world.enrich_tasks_file.read_text(encoding="utf-8").splitlines()
     return [json.loads(line)["instance_id"] for line in lines if line.strip()]
+
+
+def enrich_spec(task_id: str, world: SandboxWorld) -> dict[str, Any]:
+    """The `enrich` field of task `task_id`: `input` (relative to the world), `columns`, `key_columns`.
+
+    Raises:
+        UserError: `task_id` is not an enrichment task, or its line is damaged.
+    """
+    for line in world.enrich_tasks_file.read_text(encoding="utf-8").splitlines():
+        item = json.loads(line) if line.strip() else {}
+        if item.get("instance_id") == task_id:
+            spec = item.get("enrich")
+            if not isinstance(spec, dict) or not {"input", "columns", "key_columns"} <= spec.keys():
+                raise UserError(f"the enrichment task {task_id!r} is damaged; rebuild the sandbox world.")
+            return spec
+    raise UserError(f"{task_id!r} is not a sandbox enrichment task; they are {', '.join(enrich_task_ids(world))}.")
+
+
+def enrich_command(task_id: str, world: SandboxWorld, base_url: str) -> str:
+    """The `amapreduce enrich` command line that runs task `task_id` against the endpoint at `base_url`
+    (`demo --serve`)."""
+    from amapreduce.demo.serve import SERVED_MODEL_NAME
+
+    spec = enrich_spec(task_id, world)
+    listed = (world.enrich_tasks_file.parent / spec["input"]).resolve()
+    return ("AMAPREDUCE_EXTRACTION_MODEL=none amapreduce enrich " + shlex.quote(str(listed))
+            + " --columns " + shlex.quote(", ".join(spec["columns"]))
+            + "".join(f" --key {shlex.quote(k)}" for k in spec["key_columns"])
+            + f" --model {SERVED_MODEL_NAME} --api-base {base_url} --search corpus:{Path(world.index_dir).resolve()}")
 
 
 def sandbox_request(task_id: str, world: SandboxWorld, settings: Settings) -> EnrichRequest:
@@ -35,14 +66,6 @@ def sandbox_request(task_id: str, world: SandboxWorld, settings: Settings) -> En
     """
     from amapreduce.enrichment import EnrichRequest, read_list
 
-    for line in world.enrich_tasks_file.read_text(encoding="utf-8").splitlines():
-        item = json.loads(line) if line.strip() else {}
-        if item.get("instance_id") != task_id:
-            continue
-        try:
-            spec = item["enrich"]
-            frame = read_list(world.enrich_tasks_file.parent / spec["input"], max_mb=settings.enrich_max_file_mb)
-            return EnrichRequest.of(frame, list(spec["columns"]), key_columns=list(spec["key_columns"]), label=task_id)
-        except (KeyError, TypeError) as exc:
-            raise UserError(f"the enrichment task {task_id!r} is damaged ({exc}); rebuild the sandbox world.") from None
-    raise UserError(f"{task_id!r} is not a sandbox enrichment task; they are {', '.join(enrich_task_ids(world))}.")
+    spec = enrich_spec(task_id, world)
+    frame = read_list(world.enrich_tasks_file.parent / spec["input"], max_mb=settings.enrich_max_file_mb)
+    return EnrichRequest.of(frame, list(spec["columns"]), key_columns=list(spec["key_columns"]), label=task_id)
