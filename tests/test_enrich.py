@@ -303,3 +303,18 @@ def test_the_sandbox_list_of_244_countries_is_enriched_complete_with_item_f1_1(
     table = (Path(report["run_dir"]) / "table.md").read_text()
     assert markdown["kind"] == "enrich"
     assert score_answer(task, world.enrich_gold_dir, table)["f1_by_item"] == 1.0
+
+
+def test_the_sandbox_benchmark_runs_the_enrichment_tasks(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMAPREDUCE_CACHE_DIR", str(tmp_path / "cache"))
+    _tasks, world = load_sandbox_tasks(Settings(cache_dir=tmp_path / "cache"))
+    code = main(["eval", "run", "--benchmark", "sandbox", "--tasks", str(world.enrich_tasks_file), "--gold-dir",
+                 str(world.enrich_gold_dir), "--trials", "1", "--out", str(tmp_path / "eval"), "--no-memory",
+                 "--workers", "4", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    assert report["status"] == "complete" and report["tasks"] == 2
+    assert report["summary"]["f1_by_item"]["min_n"] == 1.0
+    kinds = {json.loads(p.read_text())["kind"] for p in (tmp_path / "eval").rglob("result.json")}
+    assert kinds == {"enrich"}
