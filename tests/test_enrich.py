@@ -318,3 +318,28 @@ def test_the_sandbox_benchmark_runs_the_enrichment_tasks(tmp_path: Path, capsys:
     assert report["summary"]["f1_by_item"]["min_n"] == 1.0
     kinds = {json.loads(p.read_text())["kind"] for p in (tmp_path / "eval").rglob("result.json")}
     assert kinds == {"enrich"}
+
+
+def test_the_plan_stage_reads_the_memorys_prior(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from amapreduce.demo.serve import serving_model
+
+    monkeypatch.setenv("AMAPREDUCE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("AMAPREDUCE_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("AMAPREDUCE_EXTRACTION_MODEL", "none")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    _tasks, world = load_sandbox_tasks(Settings(cache_dir=tmp_path / "cache"))
+    store = tmp_path / "memory"
+    assert main(["eval", "run", "--benchmark", "sandbox", "--tasks", str(world.enrich_tasks_file), "--gold-dir",
+                 str(world.enrich_gold_dir), "--ids", "sbx_enrich_002", "--trials", "1", "--out", str(tmp_path / "eval"),
+                 "--memory", str(store), "--encoder", "hashing", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory"]["records_after"] == 1
+    with OpenAICompatibleServer(serving_model()) as srv, allow_model_requests():
+        code = main(["enrich", str(world.enrich_dir / "sbx_enrich_002.csv"), "--columns", "Capital, Population",
+                     "--model", "simulated", "--api-base", srv.base_url, "--search", f"corpus:{world.index_dir}",
+                     "--memory", str(store), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["row_status"]["complete"] == 14
+    record = json.loads((Path(out["run_dir"]) / "result.json").read_text())
+    assert record["kind"] == "enrich" and "Similar task that succeeded" in record["prior"]["text"]
+    assert Path(out["run_dir"]).name.endswith("-enrich-sbx-enrich-002-add-capital-popula")

@@ -187,7 +187,7 @@ def _enrich_trial(spec: EnrichSpec, job: TrialJob, settings: Settings, *, inner:
     frame = read_list(spec.input, max_mb=settings.enrich_max_file_mb)
     request = EnrichRequest.of(frame, spec.columns, key_columns=spec.key_columns, label=job.task_id)
     return run_enrichment(request, settings, inner=inner, meter=meter, prior_provider=prior_provider,
-                          task_id=job.task_id).outcome
+                          task_id=job.task_id, query=job.query).outcome
 
 
 def memory_model_for(settings: Settings) -> Any | None:

@@ -192,7 +192,7 @@ def run_demo(
 
             outcome = run_enrichment(sandbox_request(chosen, world, run_settings), run_settings,
                                      inner=lambda role: model, meter=meter, prior_provider=prior,
-                                     show_progress=show_progress, task_id=chosen).outcome
+                                     show_progress=show_progress, task_id=chosen, query=task.query).outcome
         else:
             run = Session(run_settings, RunOptions(
                 kind=RunKind.DEMO, query=task.query, task_id=chosen, inner=lambda role: model, meter=meter,

@@ -79,7 +79,7 @@ class EnrichRequest:
     """Extra guidance for every sub-agent (`--instructions`)."""
     batch_size: int = 1
     label: str = "enrich"
-    """Names the run directory and is recorded as its query."""
+    """Names the list: the start of the run's `query` (the CLI's is `enrich-<file name>`)."""
     keys: list[tuple[str, ...]] = field(default_factory=list, repr=False)
     """Each row's normalised key, in row order (how the enriched table's rows are found again)."""
 
@@ -124,6 +124,13 @@ class EnrichRequest:
             raise UserError(f"the batch size must be at least 1, got {size}.")
         return cls(frame=frame, columns=wanted, key_columns=tuple(keys), key_inferred=inferred,
                    instructions=(instructions or "").strip(), batch_size=size, label=label, keys=row_keys)
+
+    @property
+    def query(self) -> str:
+        """What the run is asked, in words: the run directory's name, its recorded query and what the
+        plan stage retrieves the memory's prior by (`companies: add CEO, Founded to 400 rows (key: Company)`)."""
+        return (f"{self.label}: add {', '.join(self.columns)} to {len(self.frame)} rows "
+                f"(key: {', '.join(self.key_columns)})")
 
     @property
     def context_columns(self) -> tuple[str, ...]:

@@ -88,8 +88,10 @@ def run_enrichment(
     solver: BatchSolver | None = None,
     show_progress: bool | None = False,
     task_id: str | None = None,
+    query: str | None = None,
 ) -> Enrichment:
     """Enrich `request`'s rows as one `Session` of kind `enrich` (see the module's docstring).
+    `query` is what the run records as asked (default `EnrichRequest.query`; a benchmark task's: its question).
 
     Raises:
         ConfigError, UserError: pre-flight refused the run (nothing is made).
@@ -101,9 +103,9 @@ def run_enrichment(
 
     decision = request.decision()
     session = Session(settings, RunOptions(
-        kind=RunKind.ENRICH, query=request.label, decision=decision, inner=inner, web_tools=web_tools, meter=meter,
-        memory_store=memory_store, prior_provider=prior_provider, solver=solver, show_progress=show_progress,
-        task_id=task_id,
+        kind=RunKind.ENRICH, query=query or request.query, decision=decision, inner=inner, web_tools=web_tools,
+        meter=meter, memory_store=memory_store, prior_provider=prior_provider, solver=solver,
+        show_progress=show_progress, task_id=task_id,
     ))
     with session:
         write_json(session.run_dir / ENRICH_FILE, request.to_json())
