@@ -163,6 +163,11 @@ def test_an_unknown_suffix_and_a_missing_engine_are_usage_errors(tmp_path: Path,
     odd.write_text("x")
     assert main(["enrich", str(odd), "--columns", "Code", "--model", "m", "--no-memory"]) == 2
     assert "is not a list file enrich reads" in capsys.readouterr().err
+    sheet = tmp_path / "list.xlsx"
+    sheet.write_bytes(b"not a workbook")
+    assert main(["enrich", str(sheet), "--columns", "Code", "--model", "m", "--no-memory"]) == 2
+    err = capsys.readouterr().err  # without openpyxl its name; with it, why the file is no workbook
+    assert "needs openpyxl" in err or f"cannot read {str(sheet)!r} as excel" in err
     assert not env.exists()
 
 

@@ -10,6 +10,7 @@ code `NA` or an id `007` must come back unchanged in the enriched copy, not as N
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,7 +89,7 @@ def read_list(path: str | Path, *, max_mb: float) -> pd.DataFrame:
                         f"installed ({exc}); install it, or save the list as CSV.") from None
     except pd.errors.EmptyDataError:
         raise UserError(f"input file {str(p)!r} has no header and no rows.") from None
-    except (ValueError, UnicodeDecodeError, OSError, pd.errors.ParserError) as exc:
+    except (ValueError, UnicodeDecodeError, OSError, pd.errors.ParserError, zipfile.BadZipFile) as exc:
         reason = " ".join(str(exc).split())
         raise UserError(f"cannot read {str(p)!r} as {fmt}: {reason}.") from None
     if frame.empty:
