@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from amapreduce.memory.protocol import InstanceSession
     from amapreduce.session.outcome import RunOutcome
 
-__all__ = ["DEFAULT_TASK", "ENRICH_PREFIX", "DemoOutcome", "demo_settings", "gold_dir_of", "load_sandbox_tasks", "run_demo", "score_answer",
-           "score_answer_corrected"]
+__all__ = ["DEFAULT_TASK", "ENRICH_PREFIX", "DemoOutcome", "demo_settings", "gold_dir_of", "load_sandbox_tasks",
+           "run_demo", "score_answer", "score_answer_corrected"]
 
 ENRICH_PREFIX = "sbx_enrich_"
 """The ids of the enrichment tasks: a given list enriched as `amapreduce enrich` does (`demo.enrichment`)."""
