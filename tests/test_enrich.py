@@ -120,8 +120,10 @@ def test_evidence_adds_a_status_source_quote_and_evidence_per_new_cell(
     path = _items_csv(tmp_path, 4)
     with OpenAICompatibleServer(FunctionModel(ItemAgents(unknown=frozenset({"item002"})), model_id="sim-model")) as srv, \
             allow_model_requests():
-        code = main(_cli(path, srv, "--key", "Item", "--evidence"))
+        code = main(_cli(path, srv, "--key", "Item", "--evidence", "--instructions", "Codes are upper case."))
+        prompts = json.dumps(srv.requests)
     captured = capsys.readouterr()
+    assert "Codes are upper case." in prompts and 'Note: \\"note 1\\"' in prompts  # instructions and context
     assert code == 3
     assert "key: Item;" in captured.err  # given, not inferred
     got = pd.read_csv(__import__("io").StringIO(captured.out), dtype=str, keep_default_na=False)
@@ -348,3 +350,15 @@ def test_the_plan_stage_reads_the_memorys_prior(tmp_path: Path, capsys: pytest.C
     record = json.loads((Path(out["run_dir"]) / "result.json").read_text())
     assert record["kind"] == "enrich" and "Similar task that succeeded" in record["prior"]["text"]
     assert Path(out["run_dir"]).name.endswith("-enrich-sbx-enrich-002-add-capital-popula")
+
+
+def test_a_budget_stop_keeps_every_row(tmp_path: Path, env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, out = _items_csv(tmp_path, 6), tmp_path / "out.jsonl"
+    with OpenAICompatibleServer(FunctionModel(ItemAgents(), model_id="sim-model")) as srv, allow_model_requests():
+        code = main(_cli(path, srv, "--key", "Item", "--batch-size", "1", "--workers", "1", "--max-tokens", "1",
+                         "--out", str(out)))
+    err = capsys.readouterr().err
+    assert code == 4, err  # stopped by the budget; the partial list is written
+    got = pd.read_json(out, lines=True, dtype=False)
+    assert got["Item"].tolist() == pd.read_csv(path)["Item"].tolist()
+    assert "failed" in set(got["enrich_status"]) and "stopped" in err
