@@ -1,7 +1,8 @@
 """amapreduce: Agentic MapReduce for wide search.
 
 `amapreduce.ask(question, model=...)` answers a question with a table (`RunResult.to_pandas()`),
-`amapreduce.run_decision(decision, ...)` runs a decision you wrote (`amapreduce.api`); each is one
+`amapreduce.run_decision(decision, ...)` runs a decision you wrote, `amapreduce.enrich(df, columns=[...])`
+adds columns to a list you have (`amapreduce.api`, `amapreduce.enrich_api`); each is one
 `Session` (`RunOptions` in, one `RunOutcome` out), which is exported for plugging in your own parts, and
 so are the engine's own parts, for building on them. The public API is listed in `__all__` and tested. Heavy names are imported lazily on first
 access so that `import amapreduce` (and `amapreduce --help`) stays fast.
@@ -59,6 +60,7 @@ _LAZY: dict[str, str] = {
     "Usage": "amapreduce.llm.usage",
     "ask": "amapreduce.api",
     "ask_async": "amapreduce.api",
+    "enrich": "amapreduce.enrich_api",
     "load_decision": "amapreduce.decision.model",
     "plan_batches": "amapreduce.mapreduce.batching",
     "run_decision": "amapreduce.api",
@@ -103,6 +105,7 @@ __all__ = [
     "__version__",
     "ask",
     "ask_async",
+    "enrich",
     "load_decision",
     "plan_batches",
     "run_decision",

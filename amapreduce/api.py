@@ -1,4 +1,5 @@
-"""The Python API: a question (or a decision) in, a table and a pandas DataFrame out.
+"""The Python API: a question (or a decision) in, a table and a pandas DataFrame out (a list to
+enrich: `amapreduce.enrich_api`).
 
 Why a module of its own: a run is a `session.Session`, which needs a `Settings` object and
 returns the one `RunOutcome`, which is right for the CLI and awkward in a notebook. `ask` and

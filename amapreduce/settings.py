@@ -183,6 +183,9 @@ class Settings(BaseModel):
     comma-separated in `AMAPREDUCE_DENIED_DOMAINS`."""
     crawl_max_chars: int = Field(default=20_000, ge=100)
     """Character budget of one crawled page's text (`AMAPREDUCE_CRAWL_MAX_CHARS`)."""
+    enrich_max_file_mb: float = Field(default=200.0, gt=0)
+    """Largest input file `amapreduce enrich` (and `amapreduce.enrich` given a path) reads, in MiB
+    (`AMAPREDUCE_ENRICH_MAX_FILE_MB`): a larger one is refused before it is read."""
     search_min_interval_s: float = Field(default=1.0, ge=0)
     """Minimum seconds between two calls to one remote search backend (`AMAPREDUCE_SEARCH_MIN_INTERVAL_S`)."""
     search_breaker_failures: int = Field(default=5, ge=1)

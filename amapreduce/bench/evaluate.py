@@ -442,7 +442,7 @@ class _TrialRunner:
         left = self._budget_stop()
         settings = self.settings if left is None else self.settings.model_copy(update={"max_cost_usd": left})
         return TrialJob(task_id=iid, trial=trial, query=self.tasks[iid].query, settings=settings,
-                        memory_config=self.config.memory_config,
+                        memory_config=self.config.memory_config, enrich=self.tasks[iid].enrich,
                         models=self.simulated.rebuild if self.simulated is not None else None)
 
     def _budget_stop(self) -> float | None:

@@ -30,9 +30,11 @@ from amapreduce.bench.journal import PriorRecord
 from amapreduce.errors import ProviderRejected, RunError, find_cause
 
 if TYPE_CHECKING:
+    from amapreduce.evaluation.loaders import EnrichSpec
     from amapreduce.llm.meter import Price, UsageMeter
     from amapreduce.llm.usage import Usage
     from amapreduce.memory import ExperientialMemory
+    from amapreduce.session.outcome import RunOutcome
     from amapreduce.session.parts import InnerFactory
     from amapreduce.settings import Settings
 
@@ -76,6 +78,8 @@ class TrialJob:
     models: Callable[[], SimulatedModels] | None = None
     """Builds the simulated models of an offline evaluation in the process that runs the trial (a
     module-level function, so it crosses to a worker by name); None: the settings' real models."""
+    enrich: EnrichSpec | None = None
+    """An enrichment task's list: the trial runs `amapreduce enrich`'s session on it (no manager)."""
     limits: Any = None
     """How a remote trial reaches its executor's shared limiter (the providers' windows and
     breakers and the `--max-cost` every remote trial draws on): opaque here, the executor's own
@@ -149,11 +153,14 @@ def execute_trial(job: TrialJob, *, runs_dir: Path, simulated: SimulatedModels |
         meter = new_meter(settings, prices_by_prefix=prices)
     started = time.perf_counter()
     try:
-        session = Session(settings, RunOptions(kind=RunKind.EVAL, query=job.query, task_id=job.task_id, trial=job.trial,
-                                               inner=inner, meter=meter, prior_provider=prior_provider,
-                                               show_progress=False))
-        with session:
-            outcome = session.ask()
+        if job.enrich is not None:
+            outcome = _enrich_trial(job.enrich, job, settings, inner=inner, meter=meter, prior_provider=prior_provider)
+        else:
+            session = Session(settings, RunOptions(kind=RunKind.EVAL, query=job.query, task_id=job.task_id,
+                                                   trial=job.trial, inner=inner, meter=meter,
+                                                   prior_provider=prior_provider, show_progress=False))
+            with session:
+                outcome = session.ask()
     except Exception as exc:  # noqa: BLE001 - a failed trial is recorded (status failed) and never committed
         refused = find_cause(exc, ProviderRejected)
         return TrialRun(status="failed", answer=None, failure=f"{type(exc).__name__}: {exc}",
@@ -170,6 +177,17 @@ def execute_trial(job: TrialJob, *, runs_dir: Path, simulated: SimulatedModels |
         subagents=int(outcome.record.get("completeness", {}).get("attempts") or 0),
         completeness=dict(outcome.record.get("completeness", {})), wall_s=wall, run_dir=str(outcome.run_dir.path),
     )
+
+
+def _enrich_trial(spec: EnrichSpec, job: TrialJob, settings: Settings, *, inner: InnerFactory | None,
+                  meter: UsageMeter | None, prior_provider: ExperientialMemory | None) -> RunOutcome:
+    """An enrichment task's trial: its list read and enriched as `amapreduce enrich` does."""
+    from amapreduce.enrichment import EnrichRequest, read_list, run_enrichment
+
+    frame = read_list(spec.input, max_mb=settings.enrich_max_file_mb)
+    request = EnrichRequest.of(frame, spec.columns, key_columns=spec.key_columns, label=job.task_id)
+    return run_enrichment(request, settings, inner=inner, meter=meter, prior_provider=prior_provider,
+                          task_id=job.task_id, query=job.query).outcome
 
 
 def memory_model_for(settings: Settings) -> Any | None:

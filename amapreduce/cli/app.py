@@ -29,6 +29,7 @@ __all__ = ["app", "main", "run"]
 _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
     ("amapreduce.cli.ask", "register", None, "Answer questions and inspect runs."),
     ("amapreduce.cli.mapreduce", "app", "mapreduce", "Validate, plan and run MapReduce decisions."),
+    ("amapreduce.cli.enrich", "register", None, "Enrich a list you already have."),
     ("amapreduce.cli.eval", "app", "eval", "Run benchmarks end to end (the memory learns), score answers like the official scorers, report."),
     ("amapreduce.cli.memory", "app", "memory", "Inspect, search, prune, distil and teach the experiential memory."),
     ("amapreduce.cli.web", "register", None, "Search, crawl, cache and corpus commands."),

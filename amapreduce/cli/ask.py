@@ -192,10 +192,11 @@ def runs_resume(
     as_json: bool = typer.Option(False, "--json", help=(
         "Print exactly one JSON object on stdout (as `mapreduce run --json`, or `ask --json` for an `ask` run).")),
 ) -> None:
-    """Finish a killed or interrupted `mapreduce run` or `ask` in its own run directory.
+    """Finish a killed or interrupted `mapreduce run`, `enrich` or `ask` in its own run directory.
 
     Batches the run's journal marks done are not run again; the rest, the patch rounds and the
-    final table follow, with the run's own settings. For `ask`, the decisions the manager had
+    final table follow, with the run's own settings (an `enrich` run writes its enriched list again:
+    CSV on stdout and enriched.csv in the run directory). For `ask`, the decisions the manager had
     executed are reused: the manager is not asked again. A `mapreduce run` on Ray (--executor
     ray) resumes on Ray, on the cluster it ran on: the chunks it had finished are replayed from
     the journal, not run again. A run that already finished is left as
@@ -203,6 +204,7 @@ def runs_resume(
     otherwise the exit code says how the resumed run ended, as for the command that started it.
     """
     from amapreduce.cli.mapreduce import report_run
+    from amapreduce.session.journal import RunKind
     from amapreduce.session.resume import resume, resume_settings, saved_run
     from amapreduce.session.rundir import run_path
     from amapreduce.settings import load_settings
@@ -220,6 +222,12 @@ def runs_resume(
 
         executor = executor_for(f"ray:{saved.wide.address}" if saved.wide.address else "ray")
     outcome = resume(path, saved, settings, show_progress=None if not as_json else False, executor=executor)
+    if outcome.kind is RunKind.ENRICH:  # the enriched list again, from the run's `enrich.json`
+        from amapreduce.cli.enrich import report_enrichment
+        from amapreduce.enrichment import resumed_enrichment
+
+        report_enrichment(resumed_enrichment(outcome), as_json=as_json)
+        return
     (report_ask if outcome.kind.is_ask else report_run)(outcome, as_json=as_json)
 
 

@@ -28,7 +28,7 @@ _NOTE = (
 
 
 def demo(
-    task_id: str | None = typer.Argument(None, help="Sandbox task id (default: sbx_en_001)."),
+    task_id: str | None = typer.Argument(None, help="Sandbox task id (default: sbx_en_001; sbx_enrich_* enrich a given list as `amapreduce enrich` does)."),
     faults: float = typer.Option(0.0, "--faults", min=0.0, max=1.0, help="Fault rate of the simulated model (0-1)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the fault injection (and of --wrong-values)."),
     wrong_values: float = typer.Option(0.0, "--wrong-values", min=0.0, max=1.0, metavar="RATE", help=(
@@ -145,7 +145,7 @@ def _serve(task_id: str | None, port: int, settings: Any, scouting: Scouting) ->
     """`demo --serve`: serve until Ctrl-C (which ends the command with 130, as any interrupt)."""
     import threading
 
-    from amapreduce.demo.run import DEFAULT_TASK, load_sandbox_tasks
+    from amapreduce.demo.run import DEFAULT_TASK, ENRICH_PREFIX, load_sandbox_tasks
     from amapreduce.demo.serve import serve
     from amapreduce.errors import UserError
 
@@ -153,13 +153,20 @@ def _serve(task_id: str | None, port: int, settings: Any, scouting: Scouting) ->
     chosen = task_id or DEFAULT_TASK
     if chosen not in tasks:
         raise UserError(f"unknown sandbox task {chosen!r}. Sandbox tasks are: {', '.join(sorted(tasks))}.")
+    command = None
+    if chosen.startswith(ENRICH_PREFIX):  # a given list: the `enrich` command line, not `ask`'s
+        from amapreduce.demo.enrichment import enrich_command
+
+        def command(base_url: str) -> str:
+            return enrich_command(chosen, world, base_url)
     try:
         stop = threading.Event()  # never set: only Ctrl-C ends the wait
 
         def wait() -> None:
             stop.wait()
 
-        serve(port, world.index_dir, tasks[chosen].query, echo=typer.echo, wait=wait, scouting=scouting)
+        serve(port, world.index_dir, tasks[chosen].query, echo=typer.echo, wait=wait, scouting=scouting,
+              command=command)
     except OSError as exc:  # the port is taken
         raise UserError(f"cannot serve on 127.0.0.1:{port}: {exc.strerror or exc}. Choose another --port.") from None
 

@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     from amapreduce.memory.protocol import InstanceSession
     from amapreduce.session.outcome import RunOutcome
 
-__all__ = ["DEFAULT_TASK", "DemoOutcome", "demo_settings", "gold_dir_of", "load_sandbox_tasks", "run_demo", "score_answer",
-           "score_answer_corrected"]
+__all__ = ["DEFAULT_TASK", "ENRICH_PREFIX", "DemoOutcome", "demo_settings", "gold_dir_of", "load_sandbox_tasks",
+           "run_demo", "score_answer", "score_answer_corrected"]
 
+ENRICH_PREFIX = "sbx_enrich_"
+"""The ids of the enrichment tasks: a given list enriched as `amapreduce enrich` does (`demo.enrichment`)."""
 DEFAULT_TASK = "sbx_en_001"
 """The task `amapreduce demo` runs when none is given (13 countries: quick and readable)."""
 
@@ -78,19 +80,22 @@ class DemoOutcome:
 
 
 def load_sandbox_tasks(settings: Settings) -> tuple[dict[str, TaskSpec], Any]:
-    """The sandbox tasks by id (the 42 wide-search tasks, then the discovery tasks `sbx_disc_*`),
-    and the sandbox world (its index built under the cache dir)."""
+    """The sandbox tasks by id (the 42 wide-search tasks, then the discovery tasks `sbx_disc_*`, then
+    the enrichment tasks `sbx_enrich_*`), and the sandbox world (its index built under the cache dir)."""
     from amapreduce.evaluation.loaders import load_tasks
     from amapreduce.sandbox import sandbox_world
 
     world = sandbox_world(settings.cache_dir)
-    return {**load_tasks(world.tasks_file, "widesearch"), **load_tasks(world.discovery_tasks_file, "widesearch")}, world
+    return {**load_tasks(world.tasks_file, "widesearch"), **load_tasks(world.discovery_tasks_file, "widesearch"),
+            **load_tasks(world.enrich_tasks_file, "widesearch")}, world
 
 
 def gold_dir_of(world: Any, task_id: str) -> Path:
-    """The folder holding `task_id`'s gold table (the discovery tasks keep theirs apart)."""
-    return Path(world.discovery_gold_dir if (Path(world.discovery_gold_dir) / f"{task_id}.csv").is_file()
-                else world.gold_dir)
+    """The folder holding `task_id`'s gold table (the discovery and enrichment tasks keep theirs apart)."""
+    for folder in (world.discovery_gold_dir, world.enrich_gold_dir):
+        if (Path(folder) / f"{task_id}.csv").is_file():
+            return Path(folder)
+    return Path(world.gold_dir)
 
 
 def demo_settings(base: Settings, index_dir: Any) -> Settings:
@@ -179,13 +184,22 @@ def run_demo(
     memory = _demo_memory(memory_store) if memory_store is not None else None
     instance = InstanceSession(memory, task_id=chosen, query=task.query) if memory is not None else None
     try:
-        run = Session(run_settings, RunOptions(
-            kind=RunKind.DEMO, query=task.query, task_id=chosen, inner=lambda role: model,
-            meter=new_meter(run_settings, prices_by_prefix=SIMULATED_PRICES),
-            prior_provider=instance.snapshot if instance is not None else None, show_progress=show_progress,
-        ))
-        with run:
-            outcome = run.ask()
+        meter = new_meter(run_settings, prices_by_prefix=SIMULATED_PRICES)
+        prior = instance.snapshot if instance is not None else None
+        if chosen.startswith(ENRICH_PREFIX):  # a given list: `amapreduce enrich`'s session, no manager
+            from amapreduce.demo.enrichment import sandbox_request
+            from amapreduce.enrichment import run_enrichment
+
+            outcome = run_enrichment(sandbox_request(chosen, world, run_settings), run_settings,
+                                     inner=lambda role: model, meter=meter, prior_provider=prior,
+                                     show_progress=show_progress, task_id=chosen, query=task.query).outcome
+        else:
+            run = Session(run_settings, RunOptions(
+                kind=RunKind.DEMO, query=task.query, task_id=chosen, inner=lambda role: model, meter=meter,
+                prior_provider=prior, show_progress=show_progress,
+            ))
+            with run:
+                outcome = run.ask()
         gold = gold_dir_of(world, chosen)
         score = score_answer(task, gold, outcome.markdown)
         corrected, corrections = score_answer_corrected(task, gold, outcome.markdown)

@@ -48,13 +48,16 @@ def ask_command(query: str, base_url: str, index_dir: Any) -> str:
 
 
 def serve(port: int, index_dir: Any, query: str, *, echo: Callable[[str], None],
-          wait: Callable[[], None], scouting: Scouting = "mapreduce") -> int:
-    """Serve until `wait` returns (the CLI waits for Ctrl-C); return the number of requests answered."""
+          wait: Callable[[], None], scouting: Scouting = "mapreduce",
+          command: Callable[[str], str] | None = None) -> int:
+    """Serve until `wait` returns (the CLI waits for Ctrl-C); return the number of requests answered.
+    The command line printed is `ask`'s for `query`, or `command(base_url)` when given (an
+    enrichment task's `enrich` command)."""
     from amapreduce.testing.openai_server import OpenAICompatibleServer
 
     with OpenAICompatibleServer(serving_model(scouting), port=port, keep_requests=False) as server:
         echo(f"Serving the simulated model (deterministic code, not an LLM) at {server.base_url} "
              "(loopback only; any model name is accepted). Ctrl-C stops it. In another terminal:")
-        echo(ask_command(query, server.base_url, index_dir))
+        echo(command(server.base_url) if command is not None else ask_command(query, server.base_url, index_dir))
         wait()
         return server.request_count

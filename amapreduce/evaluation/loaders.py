@@ -56,6 +56,17 @@ class EvalSpec(BaseModel):
     eval_pipeline: dict[str, ColumnRule]
 
 
+class EnrichSpec(BaseModel):
+    """The `enrich` field of an enrichment task: the list to enrich, the columns to add, its key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: str
+    """The list file, relative to the tasks file's folder (made absolute by `load_tasks`)."""
+    columns: list[str]
+    key_columns: list[str]
+
+
 class TaskSpec(BaseModel):
     """One benchmark task (WideSearch or DeepWideSearch), with `evaluation` decoded.
 
@@ -71,6 +82,9 @@ class TaskSpec(BaseModel):
     language: str = ""
     entity: str = ""
     topic: str = ""
+    enrich: EnrichSpec | None = None
+    """An enrichment task's given list (the sandbox's `enrich_tasks.jsonl`): its trials enrich it as
+    `amapreduce enrich` does instead of asking `query`."""
 
 
 class PredictionLine(BaseModel):
@@ -143,6 +157,8 @@ def load_tasks(path: Path, benchmark: Literal["widesearch", "deepwidesearch"]) -
             item["query"] = item["question"]
         if not isinstance(item.get("entity", ""), str):
             item["entity"] = json.dumps(item["entity"], ensure_ascii=False)
+        if isinstance(item.get("enrich"), dict) and isinstance(item["enrich"].get("input"), str):
+            item["enrich"] = {**item["enrich"], "input": str(path.parent / item["enrich"]["input"])}
         try:
             task = TaskSpec.model_validate(item)
         except ValidationError as exc:

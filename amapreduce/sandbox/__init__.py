@@ -49,6 +49,13 @@ class SandboxWorld(BaseModel):
     kept out of `tasks_file` so the sandbox benchmark does not run them by default."""
     discovery_gold_dir: Path = WORLD_DIR / "discovery_gold"
     """Gold tables of the discovery tasks, `<instance_id>.csv`."""
+    enrich_tasks_file: Path = WORLD_DIR / "enrich_tasks.jsonl"
+    """The enrichment tasks (`sbx_enrich_*`, WideSearch format plus an `enrich` field: the input
+    list, the columns to add, the key; `amapreduce.sandbox.enrichment`)."""
+    enrich_dir: Path = WORLD_DIR / "enrich"
+    """The enrichment tasks' input lists, `<instance_id>.csv`."""
+    enrich_gold_dir: Path = WORLD_DIR / "enrich_gold"
+    """Gold tables of the enrichment tasks, `<instance_id>.csv`."""
 
 
 def _pages_digest(pages: Path) -> str:

@@ -64,6 +64,7 @@ from amapreduce.sandbox.discovery import (
     discovery_lists,
     discovery_tasks,
 )
+from amapreduce.sandbox.enrichment import ENRICH_DIR, ENRICH_GOLD_DIR, ENRICH_TASKS_FILE, enrich_tasks
 from amapreduce.sandbox.tasks import FAMILIES, build_tasks, evaluation, wide_query
 
 __all__ = ["CITY_COUNTRIES", "CONTINENTS", "DATA_VERSION", "FAMILIES", "INDEX_NAME", "build_world", "main"]
@@ -214,6 +215,7 @@ def build_world(out: Path) -> dict[str, int]:
     counts["lists"] += 1
     home_links += [_link("lists/currency-eur.html", "Countries using the euro")]
     home_links.append(_build_discovery(out, countries, by_iso, counts))
+    _build_enrichment(out, countries, counts)
     home_links += [_link(f"lists/cities-{cc.lower()}.html", f"Large cities of {by_iso[cc]['name']}") for cc in CITY_COUNTRIES]
     _write(pages / "index.html", _page("Sandbox Atlas — home", "Sandbox Atlas", (
         "<p>The Sandbox Atlas describes the countries, territories and large cities of the world. Start from a list:</p>\n"
@@ -272,6 +274,21 @@ def _build_discovery(out: Path, countries: list[Country], by_iso: dict[str, Coun
         counts["discovery_tasks"] = counts.get("discovery_tasks", 0) + 1
     _write(out / "discovery_tasks.jsonl", "\n".join(lines) + "\n")
     return _link(DISCOVERY_HUB, "Lists of large cities")
+
+
+def _build_enrichment(out: Path, countries: list[Country], counts: dict[str, int]) -> None:
+    """Write the enrichment tasks: their lines, input lists and gold (`amapreduce.sandbox.enrichment`).
+    They ask about the country pages already written: no page of their own."""
+    lines = []
+    for task in enrich_tasks(countries, wide_query, evaluation):
+        spec = {"input": f"{ENRICH_DIR}/{task['id']}.csv", "columns": task["added"], "key_columns": task["keys"]}
+        lines.append(json.dumps({"instance_id": task["id"], "query": task["query"],
+                                 "evaluation": evaluation(task["columns"], task["keys"], task["numeric"]),
+                                 "language": "en", "enrich": spec}, ensure_ascii=False))
+        _write(out / ENRICH_DIR / f"{task['id']}.csv", _csv(task["input_columns"], task["input_rows"]))
+        _write(out / ENRICH_GOLD_DIR / f"{task['id']}.csv", _csv(task["columns"], task["rows"]))
+        counts["enrich_tasks"] = counts.get("enrich_tasks", 0) + 1
+    _write(out / ENRICH_TASKS_FILE, "\n".join(lines) + "\n")
 
 
 def _diff(a: Path, b: Path) -> list[str]:

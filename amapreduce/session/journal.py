@@ -125,19 +125,22 @@ class RunKind(StrEnum):
 
     `demo` and `eval` runs are `ask` runs (the manager, the mapreduce tool, a prior) started by
     `amapreduce demo` and by an `eval run` trial: `memory learn` takes all three, `runs resume`
-    finishes `ask` and `mapreduce_run` runs (a demo is rerun, an evaluation resumed with
-    `eval run --resume`).
+    finishes `ask`, `mapreduce_run` and `enrich` runs (a demo is rerun, an evaluation resumed with
+    `eval run --resume`). An `enrich` run is a `mapreduce_run` whose decision was made from a
+    user's list, with a plan stage (the memory's prior) before it.
     """
 
     ASK = "ask"
     MAPREDUCE_RUN = "mapreduce_run"
     DEMO = "demo"
     EVAL = "eval"
+    ENRICH = "enrich"
+    """`amapreduce enrich`: a user's list enriched by one decision made from its rows (no manager)."""
 
     @property
     def is_ask(self) -> bool:
         """True for the runs of the `ask` lifecycle (`ask`, `demo`, `eval`)."""
-        return self is not RunKind.MAPREDUCE_RUN
+        return self in (RunKind.ASK, RunKind.DEMO, RunKind.EVAL)
 
 
 class RunStarted(JournalEntry):

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RESUMABLE_COMMANDS", "resume", "resume_settings", "saved_decisions", "saved_run"]
 
-RESUMABLE_COMMANDS = (RunKind.MAPREDUCE_RUN, RunKind.ASK)
+RESUMABLE_COMMANDS = (RunKind.MAPREDUCE_RUN, RunKind.ASK, RunKind.ENRICH)
 """The run kinds `runs resume` continues."""
 
 _HOW_TO_FINISH = {
@@ -68,7 +68,7 @@ def saved_run(path: Path) -> RunJournal:
     if kind not in RESUMABLE_COMMANDS:
         raise UserError(
             f"the run in {str(path)!r} is a `{kind}` run, which `runs resume` does not continue "
-            f"(only {' and '.join(f'`{c}`' for c in RESUMABLE_COMMANDS)} runs): {_HOW_TO_FINISH[kind]}."
+            f"(only {', '.join(f'`{c}`' for c in RESUMABLE_COMMANDS)} runs): {_HOW_TO_FINISH[kind]}."
         )
     return saved
 

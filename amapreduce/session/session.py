@@ -89,7 +89,7 @@ class RunOptions:
     """What a run is and what it plugs in, beside its `Settings`."""
 
     kind: RunKind = RunKind.ASK
-    """What the run is listed as (`ask`, `mapreduce_run`, `demo`, `eval`)."""
+    """What the run is listed as (`ask`, `mapreduce_run`, `demo`, `eval`, `enrich`)."""
     query: str = ""
     """The question (or the label a `mapreduce run` is named by)."""
     task_id: str | None = None
@@ -441,9 +441,11 @@ class Session:
         discoveries = [r.discovery.to_json() for r in ledger.results if r.discovery is not None]
         if not self.options.kind.is_ask:
             decision = ledger.decisions[0].model_dump(mode="json") if ledger.decisions else None
+            planned = {"prior": {"text": p.text, "hint_ids": list(p.hint_ids)}} if (p := self.prior) else {}
             if self._wide_extra is not None:
-                return {"decision": decision, **self._wide_extra}
-            return {"decision": decision, "web": web, **({"discovery": discoveries[0]} if discoveries else {})}
+                return {"decision": decision, **self._wide_extra, **planned}
+            return {"decision": decision, "web": web, **({"discovery": discoveries[0]} if discoveries else {}),
+                    **planned}
         prior = self.prior
         return {
             "task_id": self.options.task_id,
@@ -494,5 +496,6 @@ def _decision_plan(decision: Decision, settings: Settings,
 def _default_roles(options: RunOptions) -> tuple[str, ...]:
     """The roles a run builds a model for: the manager's only for an `ask`, the memory's only with a store."""
     manager = ("manager",) if options.kind.is_ask else ()
-    memory = ("memory",) if options.kind.is_ask and options.memory_store is not None else ()
+    plans = options.kind.is_ask or options.kind is RunKind.ENRICH  # the runs with a plan stage
+    memory = ("memory",) if plans and options.memory_store is not None else ()
     return (*manager, "subagent", "extraction", *memory)
