@@ -14,7 +14,11 @@ from types import ModuleType
 
 import amapreduce
 
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 650
+"""A module past this is a sign of a concept too many: split it by a domain noun (as `mapreduce.backup`
+holds the straggler policy the engine's loop applies), never just to fit under the number. Raised from
+500 when the engine's loop took the backup attempts (issue 28): splitting the loop itself would have
+spread one control flow over two files."""
 
 
 def test_all_is_sorted_and_importable() -> None:
