@@ -22,12 +22,12 @@ runs_app = App()
 
 def ask(
     query: str = typer.Argument(..., help="The wide-search question."),
-    model: str | None = typer.Option(None, "--model", help="LiteLLM id (openai/gpt-5-mini) or the server's model name."),
+    model: opt.ModelOpt = None,
     api_base: opt.ApiBaseOpt = None,
     search: opt.SearchOpt = None,
     workers: opt.WorkersOpt = None,
-    memory: Path | None = typer.Option(None, "--memory", help="Experiential-memory store for the plan stage."),
-    no_memory: bool = typer.Option(False, "--no-memory", help="Run without experiential memory."),
+    memory: opt.MemoryOpt = None,
+    no_memory: opt.NoMemoryOpt = False,
     mcp: opt.McpOpt = None,
     mcp_manager: bool = typer.Option(False, "--mcp-manager", help="Give the MCP servers' tools to the manager too."),
     out: opt.OutOpt = None,

@@ -55,6 +55,10 @@ SearchOpt = Annotated[str | None, typer.Option("--search", help=(
 ApiBaseOpt = Annotated[str | None, typer.Option(
     "--api-base", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")]
 WorkersOpt = Annotated[int | None, typer.Option("--workers", min=1, help="Sub-agents running at once.")]
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", help="LiteLLM id (openai/gpt-5-mini) or the server's model name.")]
+MemoryOpt = Annotated[Path | None, typer.Option("--memory", help="Experiential-memory store for the plan stage.")]
+NoMemoryOpt = Annotated[bool, typer.Option("--no-memory", help="Run without experiential memory.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Also write the markdown table here.")]
 CsvOpt = Annotated[Path | None, typer.Option("--csv", help="Also write the table as CSV here.")]
 EXECUTOR_HELP = ("Where the work runs: local (threads here), ray (a Ray instance on this machine) or ray:ADDRESS "
