@@ -102,10 +102,13 @@ def test_demo_cli_wrong_values_json(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert sum(cell["evidence"] == "unverified" for cell in cells) == out["evidence"]["unverified"]
     view = run_view(Path(out["run_dir"]))  # the UI's run page marks cells by their evidence
     assert view.table is not None
-    drawn = [cell for row in view.table["rows"] for cell in row]
+    drawn = [cell for row in view.table["rows"] for cell in row.cells]
     assert sum("cell-unverified" in cell.css for cell in drawn) == out["evidence"]["unverified"]
     assert sum("cell-verified" in cell.css for cell in drawn) == out["evidence"]["verified"]
     assert any("quote: Population | " in cell.title for cell in drawn)
+    # the made-up quotes are the least sure cells: 0.3 (unverified) against at least 0.9 (verified)
+    assert {c.confidence for c in drawn if "cell-unverified" in c.css} <= {0.3, 0.15}
+    assert min(c.confidence or 0 for c in drawn if "cell-verified" in c.css) >= 0.9
     name, _media, text = download(Path(out["run_dir"]), "jsonl")
     rows = [json.loads(line) for line in text.splitlines()]
     assert name == "table.jsonl" and sum(list(r["_evidence"].values()).count("unverified") for r in rows) == out["evidence"]["unverified"]

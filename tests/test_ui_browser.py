@@ -94,7 +94,8 @@ def test_run_page_in_chromium_shows_cells_statuses_and_timeline(
     assert {c.get_attribute("data-status") for c in cells} == {"found"}
     assert cells[1].value_of_css_property("background-color") == FOUND_GREEN
     hover = cells[1].get_attribute("title").splitlines()
-    assert hover == ["status: found, verified", "source: corpus://sandbox/countries/ar.html", "quote: Capital | Buenos Aires"]
+    assert hover == ["status: found, verified, confidence 0.9", "source: corpus://sandbox/countries/ar.html",
+                     "quote: Capital | Buenos Aires"]
     bars = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.bar")
     assert len(bars) == json.loads((run / "result.json").read_text())["completeness"]["attempts"]
     assert bars[0].value_of_css_property("fill") == "rgb(63, 163, 91)"  # an ok attempt is green
