@@ -11,11 +11,9 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,11 +31,11 @@ from amapreduce.enrichment import ENRICH_FILE, ENRICHED_FILE, EnrichRequest
 from amapreduce.errors import UserError
 from amapreduce.llm.guard import allow_model_requests
 from amapreduce.llm.messages import message_text
-from amapreduce.mapreduce.checkpoint import BatchAttempt
-from amapreduce.session.journal import JOURNAL_NAME, read_run_journal
+from amapreduce.session.journal import JOURNAL_NAME
 from amapreduce.settings import Settings
 from amapreduce.testing.openai_server import OpenAICompatibleServer
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, final_answer
+from tests.test_run_resume import done_batches, killed_at_the_end, wait_for
 
 ITEM = re.compile(r'Item:? "(item\d{3})"')
 
@@ -201,21 +199,6 @@ def test_a_request_survives_its_run_directory_file() -> None:
     assert 'Country "__0__"' in request.template() and 'Code: "__1__"' in request.template()
 
 
-def _done_batches(run_dir: Path) -> set[str]:
-    saved = read_run_journal(run_dir)
-    assert saved is not None
-    return {e.batch_id for e in saved.entries if isinstance(e, BatchAttempt) and e.done}
-
-
-def _wait_for(what: str, check: Any, timeout_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if got := check():
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
 def gated() -> Iterator[tuple[OpenAICompatibleServer, ItemAgents]]:
     agents = ItemAgents(open_for=3)
@@ -239,16 +222,10 @@ def test_a_killed_enrichment_resumes_without_redoing_finished_batches(
          "--batch-size", "1", "--workers", "2", "--json")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    try:
-        run_dir = _wait_for("the run directory", lambda: next((p for p in runs.glob("*") if (p / JOURNAL_NAME).is_file()), None))
-        _wait_for("finished batches", lambda: (run_dir / JOURNAL_NAME).read_bytes().count(b'"done":true') >= 3)
-        child.send_signal(signal.SIGKILL)
-        child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    done_before = _done_batches(run_dir)
+    with killed_at_the_end(child):
+        run_dir = wait_for("the run directory", lambda: next((p for p in runs.glob("*") if (p / JOURNAL_NAME).is_file()), None))
+        wait_for("finished batches", lambda: (run_dir / JOURNAL_NAME).read_bytes().count(b'"done":true') >= 3)
+    done_before = done_batches(run_dir)
     assert 3 <= len(done_before) < rows and not (run_dir / "result.json").exists()
     assert (run_dir / ENRICH_FILE).is_file()
     asked_before = Counter(agents.asked)

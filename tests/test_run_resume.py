@@ -79,7 +79,7 @@ def killed_at_the_end(child: subprocess.Popen[bytes]) -> Iterator[None]:
             child.wait()
 
 
-def _wait_for(what: str, check: Any, timeout_s: float = 120.0) -> Any:
+def wait_for(what: str, check: Any, timeout_s: float = 120.0) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got = check()
@@ -89,7 +89,7 @@ def _wait_for(what: str, check: Any, timeout_s: float = 120.0) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _done_batches(run_dir: Path) -> set[str]:
+def done_batches(run_dir: Path) -> set[str]:
     saved = read_run_journal(run_dir)
     assert saved is not None
     return {e.batch_id for e in saved.entries if isinstance(e, BatchAttempt) and e.done}
@@ -106,8 +106,8 @@ def _start_and_stop(tmp_path: Path, base_url: str, sig: signal.Signals) -> Path:
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
-        run_dir = _wait_for("the run directory", lambda: next((p for p in runs.glob("*") if (p / JOURNAL_NAME).is_file()), None))
-        _wait_for("finished batches", lambda: (run_dir / "journal.jsonl").read_bytes().count(b'"done":true') >= ANSWERED_BEFORE_KILL)
+        run_dir = wait_for("the run directory", lambda: next((p for p in runs.glob("*") if (p / JOURNAL_NAME).is_file()), None))
+        wait_for("finished batches", lambda: (run_dir / "journal.jsonl").read_bytes().count(b'"done":true') >= ANSWERED_BEFORE_KILL)
         child.send_signal(sig)
         child.communicate(timeout=120)
     finally:
@@ -125,7 +125,7 @@ def test_a_stopped_run_is_resumed_without_asking_a_finished_batch_again(
     srv, agents = server
     run_dir = _start_and_stop(tmp_path, srv.base_url, sig)
     runs = run_dir.parent
-    done_before = _done_batches(run_dir)
+    done_before = done_batches(run_dir)
     assert ANSWERED_BEFORE_KILL <= len(done_before) < ROWS
     asked_before = Counter(agents.asked)
     if sig is signal.SIGKILL:
@@ -197,9 +197,9 @@ def test_a_run_killed_with_a_backup_in_flight_is_resumed_counting_each_batch_onc
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     with killed_at_the_end(child):
-        run_dir = _wait_for("the run directory", lambda: next((p for p in runs.glob("*") if (p / JOURNAL_NAME).is_file()), None))
-        backed_up = _wait_for("a backup in flight", lambda: [item for item, n in agents.asked.items() if n > 1])
-    done_before = _done_batches(run_dir)
+        run_dir = wait_for("the run directory", lambda: next((p for p in runs.glob("*") if (p / JOURNAL_NAME).is_file()), None))
+        backed_up = wait_for("a backup in flight", lambda: [item for item, n in agents.asked.items() if n > 1])
+    done_before = done_batches(run_dir)
     assert len(done_before) == ANSWERED_BEFORE_KILL
     held = f"batch-{int(backed_up[0][4:]) + 1:03d}"
     assert held not in done_before
@@ -291,10 +291,10 @@ def test_a_killed_ask_is_resumed_from_the_managers_decision_without_asking_the_m
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             )
             with killed_at_the_end(child):
-                run_dir = _wait_for("the run directory", lambda: next(iter(runs.glob("*")), None))
-                _wait_for("finished batches", lambda: (run_dir / JOURNAL_NAME).is_file()
+                run_dir = wait_for("the run directory", lambda: next(iter(runs.glob("*")), None))
+                wait_for("finished batches", lambda: (run_dir / JOURNAL_NAME).is_file()
                           and (run_dir / JOURNAL_NAME).read_bytes().count(b'"done":true') >= ANSWERED_BEFORE_KILL)
-            done_before = _done_batches(run_dir)
+            done_before = done_batches(run_dir)
             asked_before, manager_calls_before = Counter(agents.asked), agents.manager_calls
             agents.release.set()
             monkeypatch.setenv("AMAPREDUCE_EXTRACTION_MODEL", "none")

@@ -37,7 +37,7 @@ def ask(
     max_cost: float | None = typer.Option(None, "--max-cost", help=(
         "Stop after spending this many dollars. Models with no known price (a local vLLM or llama.cpp model) count "
         "as $0: price them in the JSON file named by AMAPREDUCE_PRICES_FILE, or use --max-tokens.")),
-    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Stop after this many tokens."),
+    max_tokens: opt.MaxTokensOpt = None,
     otel: opt.OtelOpt = False,
     executor: opt.ExecutorOpt = None,
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),

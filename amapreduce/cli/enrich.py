@@ -49,7 +49,7 @@ def enrich(
     no_memory: opt.NoMemoryOpt = False,
     verify: opt.VerifyOpt = None,
     max_cost: float | None = typer.Option(None, "--max-cost", help="Stop after spending this many dollars."),
-    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Stop after this many tokens."),
+    max_tokens: opt.MaxTokensOpt = None,
     max_file_mb: float | None = typer.Option(None, "--max-file-mb", help=(
         "Refuse a larger input file, in MiB (default: AMAPREDUCE_ENRICH_MAX_FILE_MB, else 200).")),
     otel: opt.OtelOpt = False,

@@ -59,6 +59,7 @@ ModelOpt = Annotated[str | None, typer.Option(
     "--model", help="LiteLLM id (openai/gpt-5-mini) or the server's model name.")]
 MemoryOpt = Annotated[Path | None, typer.Option("--memory", help="Experiential-memory store for the plan stage.")]
 NoMemoryOpt = Annotated[bool, typer.Option("--no-memory", help="Run without experiential memory.")]
+MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Stop after this many tokens.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Also write the markdown table here.")]
 CsvOpt = Annotated[Path | None, typer.Option("--csv", help="Also write the table as CSV here.")]
 EXECUTOR_HELP = ("Where the work runs: local (threads here), ray (a Ray instance on this machine) or ray:ADDRESS "
