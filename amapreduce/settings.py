@@ -234,6 +234,10 @@ class Settings(BaseModel):
     prices_file: Path | None = None
     """JSON price overrides, `{"model_id": {"input": $/token, "output": $/token}}`, consulted
     before LiteLLM's price map (`AMAPREDUCE_PRICES_FILE`)."""
+    memory_advice: Literal["suggest", "apply"] = "suggest"
+    """What the plan stage does with the structured advice the memory computes for a draft
+    (`AMAPREDUCE_MEMORY_ADVICE`): `suggest` (the paper's behaviour) shows it to the manager, who may
+    accept it with `use_advice: true`; `apply` has the plan stage apply supported advice itself."""
     memory_encoder: str = "minilm"
     """Encoder of NEW memory stores: `minilm`, `st:MODEL` (e.g. a multilingual model) or
     `hashing[:DIM]`; an existing store keeps its own (`AMAPREDUCE_MEMORY_ENCODER`)."""

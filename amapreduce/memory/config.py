@@ -7,6 +7,8 @@ means a typo in a config file fails loudly instead of silently falling back to a
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from amapreduce.memory.labels import DEFAULT_UTILITY_THRESHOLD, RULES
@@ -66,6 +68,22 @@ class MemoryConfig(BaseModel):
     """Hints shown (numbered) to the distillation model; a fuller pool makes REMOVE cost −3."""
     merge_batch: int = Field(default=10, ge=2, le=50)
     """Hints merged per model call; each batch shrinks to at most max(1, len/3) hints."""
+    credit_rule: Literal["used", "all"] = "used"
+    """Which hints of a run's prior get its credit g(u) (Eq. 13): `used` (the default) credits a hint
+    whose typed advice the executed decision followed, or, for a hint without typed advice, one the
+    projection cited for this draft; a hint whose advice the decision contradicts gets nothing.
+    `all` is the paper's rule: every hint of the prior is credited, followed or not."""
+    advice: bool = True
+    """Compute structured advice (`memory.advice`) from the retrieved records and show hints' typed
+    payloads to the manager; off: the prior is prose only (hints and exemplars), as in the paper."""
+    retrieval: Literal["ranked", "random"] = "ranked"
+    """`ranked`: neighbours by similarity and hints by s(h) = w_h + v(h; q) (the paper). `random`
+    exists for ablations only: k⁺/k⁻ random records and k_H random hints, whatever the query."""
+    min_advice_records: int = Field(default=2, ge=1, le=100)
+    """Similar records a batching choice needs before the computed advice may propose it."""
+    advice_margin: float = Field(default=0.02, ge=0.0, le=1.0, allow_inf_nan=False)
+    """Mean utility by which a proposed choice must beat the draft's choice (or the draft's choice
+    must be unseen and the proposal's success rate 1)."""
     seed: int = 0
     """Seed of every random choice (FINCH, pair sampling), so a distillation is reproducible."""
 
