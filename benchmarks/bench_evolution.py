@@ -1,24 +1,32 @@
-"""Does the experiential memory learn? The sandbox benchmark with memory on vs off, and the regret of what it learns.
+"""Does the experiential memory learn, and which part of it does the work? The sandbox benchmark's ablations.
 
-    python benchmarks/bench_evolution.py [--trials 2] [--limit N] [--out DIR] [--encoder hashing]
-    python benchmarks/bench_evolution.py --smoke     # the smallest run, which CI runs
+    python benchmarks/bench_evolution.py [--trials 2] [--limit N] [--arms off,full] [--out DIR] [--encoder hashing]
+    python benchmarks/bench_evolution.py --json     # exactly one JSON object on stdout (progress on stderr)
+    python benchmarks/bench_evolution.py --smoke    # the smallest run, which CI runs
 
-1. Runs `amapreduce eval run --benchmark sandbox` (the library call behind it: `run_benchmark`) twice in
-   this process, on the same tasks and seeds: with a fresh memory that learns, and with `--no-memory`.
-   Prints per task (means over trials): sub-agents, model calls, prompt tokens, wall time, Item F1,
-   for the first and the second half of the task order, and the on/off ratios.
-2. For each question family, tries every batch size of a small grid as a *fixed* decision (the
-   simulated manager is handed a forced batching hint instead of the memory's prior; it follows it
-   through the real `mapreduce` tool) and finds the best fixed decision by mean utility u. The
-   learned decisions' regret is the utility they lose against it, in %, both measured on the
-   second half of the task order (memory-on trials; a negative regret means the learned decisions
-   beat every fixed size of the grid on those tasks).
+1. Runs `amapreduce eval run --benchmark sandbox` (the library call behind it: `run_benchmark`) once per
+   arm in this process, on the same tasks, in the same order (`amapreduce.sandbox.benchmark_order`:
+   round-robin across the question families) with the same trials (trial k is the simulated
+   model's sample k-1), each arm with a fresh memory store:
+   `off` (no memory), `full` (the sandbox defaults), `random_retrieval` (random neighbours and
+   hints), `no_credit` (g(u) = 0), `no_distillation` (the hint pool is never distilled),
+   `credit_all` (every hint of the prior is credited, the paper's rule) and `prose_only` (no
+   computed or typed advice: the prior is prose only). Per arm it prints the means per task over
+   the **second half** of the task order: sub-agents, model calls, prompt tokens, Item F1, utility
+   u, the largest regret over the families, and the final hint pool (w, support = provenance size,
+   the typed advice payload).
+2. For each question family, tries every batching of a grid as a *fixed* decision on the second
+   half's tasks (per_atom with 1-12 rows per sub-agent; for two-column matrices also by_attr, whole
+   groups or groups of 2-4): the simulated manager writes its own decision and the probe replaces
+   its batching (`ForcedModel`) before the real `mapreduce` tool runs it. The best fixed choice of a
+   family is the one with the highest mean utility; an arm's regret in a family is the utility its
+   decisions lose against it, in % (negative: it beat every fixed choice of the grid).
 
 What this measures: the learning machinery (records → FINCH clusters → distillation → retrieval →
-prior → decision) end to end over the real pipeline, with the SIMULATED model (deterministic code,
-not an LLM): its sub-agents lose rows past an output capacity, its manager explores by sample and
-follows applicable hints. It says nothing about an LLM's judgment. Everything runs in process
-through smolagents' agent loop; no HTTP (the simulated model is called in process).
+prior → advice → decision) end to end over the real pipeline, with the SIMULATED model
+(deterministic code, not an LLM): its sub-agents lose rows past an output capacity, and with the
+sandbox's trial settings (one retry, no patch round) an oversized batch ends with rows missing.
+It says nothing about an LLM's judgment. Everything runs in process; no HTTP.
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ import json
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,142 +45,246 @@ from amapreduce.bench.evaluate import run_benchmark
 from amapreduce.bench.journal import EvalConfig, benchmark_defaults
 from amapreduce.cli.eval_options import options_for
 from amapreduce.demo.benchmark import sandbox_models
-from amapreduce.demo.hints import HINT_HEADER, BatchingHint, format_hint
 from amapreduce.demo.model import SimulatedAtlasModel
-from amapreduce.demo.run import demo_settings
+from amapreduce.demo.plan import Batching, default_batching, plan_cap, with_batching
+from amapreduce.demo.run import demo_settings, score_answer
 from amapreduce.evaluation.loaders import load_tasks
 from amapreduce.llm.factory import new_meter
-from amapreduce.mapreduce.prior import Prior, PriorRequest
 from amapreduce.memory.labels import UtilityWeights, utility
-from amapreduce.sandbox import sandbox_families, sandbox_world
+from amapreduce.sandbox import benchmark_order, sandbox_families, sandbox_world
 from amapreduce.session import RunOptions, Session
 from amapreduce.settings import load_settings
-from amapreduce.testing.scripted import SIMULATED_PRICES
+from amapreduce.testing.scripted import SIMULATED_PRICES, Reply
 
-GRID = (1, 2, 3, 4, 5, 6, 8, 12)
-FIELDS = ("subagents", "model_calls", "prompt_tokens", "wall_s", "f1_by_item")
-
-
-class ForcedBatching:
-    """A prior provider that hands the manager one fixed batching hint per row shape (grid probe only)."""
-
-    def __init__(self, rows: int) -> None:
-        hints = [format_hint(BatchingHint(attributes=a, rows=rows, matrix_columns=w))
-                 for w in (1, 2) for a in range(1, 8)]
-        self.text = HINT_HEADER + "\n" + "\n".join(f"- {h}" for h in hints)
-
-    def prior(self, request: PriorRequest) -> Prior:
-        return Prior(text=self.text)
-
-
-def _evaluate(name: str, out: Path, ids: list[str], trials: int, memory: bool, encoder: str, settings: Any,
-              tasks: dict[str, Any], world: Any, options: Any) -> dict[str, Any]:
-    defaults = benchmark_defaults("sandbox")
-    config = EvalConfig(benchmark="sandbox", tasks_file=str(world.tasks_file), gold_dir=str(world.gold_dir),
-                        task_ids=ids, trials=trials, search=f"corpus:{world.index_dir}",
-                        memory_store=str(out / name / "memory") if memory else None, learn=memory,
-                        encoder=encoder if memory else None, memory_config=dict(defaults.memory),
-                        cost_weight=defaults.cost_weight, delay_weight=defaults.delay_weight)
-    print(f"[{name}] {len(ids)} tasks x {trials} trials ...", file=sys.stderr, flush=True)
-    outcome = run_benchmark(config, out=out / name, tasks=tasks, settings=settings, options=options,
-                            simulated=sandbox_models())
-    return outcome.results
+ARMS: dict[str, dict[str, Any] | None] = {
+    "off": None,
+    "full": {},
+    "random_retrieval": {"retrieval": "random"},
+    "no_credit": {"reward_pass": 0, "reward_fail": 0},
+    "no_distillation": {"distill_start": 10**9},
+    "credit_all": {"credit_rule": "all"},
+    "prose_only": {"advice": False},
+}
+"""Each arm's `MemoryConfig` fields over the sandbox defaults (None: no memory)."""
+FIELDS = ("subagents", "model_calls", "prompt_tokens", "item_f1", "utility")
+"""Per-task figures of an arm, as (JSON key); read from `results.json` (`f1_by_item` is the Item F1)."""
+_SOURCE = {"item_f1": "f1_by_item"}
+PER_ATOM = (1, 2, 3, 4, 5, 6, 8, 12)
+BY_ATTR: tuple[int | None, ...] = (None, 2, 3, 4)
+"""Group sizes of by_attr in the grid (None: whole groups), tried on two-column matrices only."""
 
 
-def _per_task(results: dict[str, Any], field: str) -> list[float]:
-    return [statistics.fmean(float(r[field]) for r in results["per_task"][i]) for i in results["task_order"]]
+def _label(batching: Batching) -> str:
+    """`per_atom:4`, `by_attr:all`, `by_attr:2`."""
+    return f"{batching.strategy}:{batching.rows if batching.rows else 'all'}"
 
 
-def _halves(values: list[float]) -> tuple[float, float]:
-    mid = len(values) // 2
-    return statistics.fmean(values[:mid]), statistics.fmean(values[mid:])
+def grid_choices(matrix_columns: int, smoke: bool = False) -> list[Batching]:
+    """The fixed batchings the grid tries on a family whose matrix has `matrix_columns` columns."""
+    choices = [Batching(rows=k, rationale=f"grid: {k} rows per batch") for k in PER_ATOM]
+    if matrix_columns >= 2:
+        choices += [Batching(strategy="by_attr", rows=k, rationale="grid: by_attr") for k in BY_ATTR]
+    return choices[:1] if smoke else choices
 
 
-def _grid(ids: list[str], families: dict[str, str], tasks: dict[str, Any], world: Any, settings: Any,
-          out: Path, sizes: tuple[int, ...] = GRID) -> dict[str, dict[int, float]]:
-    """Mean utility per family and fixed batch size."""
-    from amapreduce.demo.run import score_answer
+class ForcedModel(SimulatedAtlasModel):
+    """The simulated model whose manager sends its matrix decisions with one fixed batching (grid probe only).
 
-    weights = UtilityWeights(cost=benchmark_defaults("sandbox").cost_weight)
-    by_family: dict[str, dict[int, list[float]]] = {}
-    for rows in sizes:
-        print(f"[grid] batch size {rows} ...", file=sys.stderr, flush=True)
-        for iid in ids:
-            model = SimulatedAtlasModel()
-            run_settings = settings.model_copy(update={"runs_dir": out / "grid" / f"rows{rows}"})
-            options = RunOptions(query=tasks[iid].query, inner=lambda role, m=model: m,
-                                 meter=new_meter(run_settings, prices_by_prefix=SIMULATED_PRICES),
-                                 prior_provider=ForcedBatching(rows), task_id=iid, show_progress=False)
-            with Session(run_settings, options) as session:
-                outcome = session.ask()
-            score = score_answer(tasks[iid], world.gold_dir, outcome.markdown)
-            usage = outcome.meter.total()
-            u = utility(score, tokens=usage.total_tokens, delay_s=0.0, weights=weights)
-            by_family.setdefault(families[iid], {}).setdefault(rows, []).append(u)
-    return {f: {k: statistics.fmean(v) for k, v in sizes.items()} for f, sizes in by_family.items()}
+    Per_atom rows are raised as far as the plan cap requires, as the manager's own batching is.
+    """
+
+    def __init__(self, batching: Batching) -> None:
+        super().__init__()
+        self.batching = batching
+
+    def _drive(self, decision: dict[str, Any], texts: list[str]) -> Reply:
+        if "task_matrix" not in decision or "discover" in decision:
+            return super()._drive(decision, texts)
+        chosen = self.batching
+        if chosen.strategy == "per_atom":
+            floor = default_batching(decision["task_matrix"], plan_cap(texts)).rows or 1
+            chosen = Batching(rows=max(chosen.rows or 1, floor), rationale=chosen.rationale)
+        return super()._drive(with_batching(decision, chosen), texts)
+
+
+def _hint_pool(store: Path) -> list[dict[str, Any]]:
+    """The store's hints, best first: text, w, support (provenance size), typed advice (None: none)."""
+    from amapreduce.memory.store import MemoryStore, list_hints
+
+    if not store.is_dir():
+        return []
+    memory = MemoryStore(store, readonly=True, create=False)
+    try:
+        with memory.read() as conn:
+            hints = [dict(h) for h in list_hints(conn)]
+    finally:
+        memory.close()
+    hints.sort(key=lambda h: (-int(h["w"]), h["seq"]))
+    return [{"w": int(h["w"]), "support": int(h["support"]), "advice": h.get("advice"), "text": h["text"]}
+            for h in hints]
+
+
+class Bench:
+    """One benchmark run's shared inputs: the world, the tasks in benchmark order, the settings."""
+
+    def __init__(self, out: Path, limit: int | None, trials: int, encoder: str) -> None:
+        base = load_settings(cache_dir=out / "cache")
+        self.out, self.trials, self.encoder = out, trials, encoder
+        self.world = sandbox_world(base.cache_dir)
+        self.tasks = load_tasks(self.world.tasks_file, "widesearch")
+        self.families = sandbox_families(self.world)
+        order = benchmark_order(self.families)
+        self.ids = order[:limit] if limit else order
+        self.second = self.ids[len(self.ids) // 2:]
+        self.defaults = benchmark_defaults("sandbox")
+        trial_settings = base.model_copy(update={"runs_dir": out / "runs", **self.defaults.settings})
+        self.settings = demo_settings(trial_settings, self.world.index_dir)
+        self.weights = UtilityWeights(cost=self.defaults.cost_weight, delay=self.defaults.delay_weight)
+
+    def arm(self, name: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Run one arm; its second-half means per task, per-family utilities and final hint pool."""
+        memory = overrides is not None
+        store = self.out / name / "memory"
+        options = options_for("widesearch", None, "identity", None, settings=self.settings,
+                              meter=new_meter(self.settings))
+        config = EvalConfig(benchmark="sandbox", tasks_file=str(self.world.tasks_file),
+                            gold_dir=str(self.world.gold_dir), task_ids=self.ids, trials=self.trials,
+                            search=f"corpus:{self.world.index_dir}", memory_store=str(store) if memory else None,
+                            learn=memory, encoder=self.encoder if memory else None,
+                            memory_config={**self.defaults.memory, **(overrides or {})},
+                            cost_weight=self.defaults.cost_weight, delay_weight=self.defaults.delay_weight)
+        started = time.monotonic()
+        print(f"[{name}] {len(self.ids)} tasks x {self.trials} trials ...", file=sys.stderr, flush=True)
+        results = run_benchmark(config, out=self.out / name, tasks=self.tasks, settings=self.settings,
+                                options=options, simulated=sandbox_models()).results
+        per_task = results["per_task"]
+
+        def mean(iid: str, field: str) -> float:
+            return statistics.fmean(float(r[_SOURCE.get(field, field)]) for r in per_task[iid])
+
+        figures: dict[str, Any] = {f: statistics.fmean(mean(i, f) for i in self.second) for f in FIELDS}
+        figures["first_half"] = {f: statistics.fmean(mean(i, f) for i in self.ids[: len(self.ids) // 2])
+                                 for f in FIELDS}
+        by_family: dict[str, list[float]] = {}
+        for iid in self.second:
+            by_family.setdefault(self.families[iid], []).extend(float(r["utility"]) for r in per_task[iid])
+        figures["family_utility"] = {f: statistics.fmean(v) for f, v in sorted(by_family.items())}
+        figures["memory"] = {k: results["memory"][k] for k in ("records_before", "records_after", "hints_before",
+                                                               "hints_after")}
+        figures["negatives"] = sum(1 for rows in per_task.values() for r in rows if float(r.get("score", 1.0)) < 1.0)
+        figures["hints"] = _hint_pool(store) if memory else []
+        figures["wall_s"] = round(time.monotonic() - started, 1)
+        return figures
+
+    def grid(self, smoke: bool) -> dict[str, dict[str, float]]:
+        """Mean utility per family and fixed batching, on the second half's tasks (sample 0, one run each)."""
+        from amapreduce.demo.plan import parse_intent
+
+        by_family: dict[str, dict[str, list[float]]] = {}
+        for iid in self.second:
+            intent = parse_intent(self.tasks[iid].query)
+            width = 2 if intent is not None and intent.kind in ("ranked", "top_cities") else 1
+            for batching in grid_choices(width, smoke):
+                model = ForcedModel(batching)
+                settings = self.settings.model_copy(update={"runs_dir": self.out / "grid" / _label(batching).replace(":", "-")})
+                options = RunOptions(query=self.tasks[iid].query, inner=lambda role, m=model: m,
+                                     meter=new_meter(settings, prices_by_prefix=SIMULATED_PRICES), task_id=iid,
+                                     show_progress=False)
+                with Session(settings, options) as session:
+                    outcome = session.ask()
+                score = score_answer(self.tasks[iid], self.world.gold_dir, outcome.markdown)
+                u = utility(score, tokens=outcome.meter.total().total_tokens, delay_s=0.0, weights=self.weights)
+                by_family.setdefault(self.families[iid], {}).setdefault(_label(batching), []).append(u)
+            print(f"[grid] {iid} done", file=sys.stderr, flush=True)
+        return {f: {k: statistics.fmean(v) for k, v in choices.items()} for f, choices in sorted(by_family.items())}
+
+
+def regrets(grid: dict[str, dict[str, float]], family_utility: dict[str, float]) -> dict[str, float]:
+    """Regret in % per family: (u of the best fixed choice − the arm's mean u) / u of the best."""
+    out = {}
+    for family, choices in grid.items():
+        best = max(choices.values())
+        if family in family_utility and best:
+            out[family] = 100 * (best - family_utility[family]) / abs(best)
+    return out
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _num(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def _table(arms: dict[str, dict[str, Any]], echo: Callable[[str], None]) -> None:
+    names = list(arms)
+    echo(f"{'second half, per task':<22}" + "".join(f"{n:>17}" for n in names))
+    for field in (*FIELDS, "regret_max"):
+        echo(f"{field:<22}" + "".join(f"{_num(arms[n].get(field)):>17.3f}" for n in names))
+    if "off" in arms and "full" in arms:
+        off, full = arms["off"], arms["full"]
+        echo(f"full/off sub-agents: {full['subagents'] / off['subagents']:.2f} (target <= 0.5), "
+             f"Item F1 {full['item_f1']:.3f} vs off {off['item_f1']:.3f} (target: equal or better)")
+        for name in names:
+            if name not in ("off", "full"):
+                a = arms[name]
+                echo(f"{name} vs full: sub-agents {100 * (a['subagents'] / full['subagents'] - 1):+.1f} %, "
+                     f"utility {100 * (a['utility'] / full['utility'] - 1):+.1f} %, Item F1 {a['item_f1'] - full['item_f1']:+.3f}")
+    for name in names:
+        pool = arms[name].get("hints") or []
+        if pool:
+            echo(f"hint pool of {name} ({len(pool)} hints; w, support, advice):")
+            for hint in pool:
+                echo(f"  w={hint['w']:>3} support={hint['support']:>3} advice={json.dumps(hint['advice'])} "
+                     f"| {hint['text'][:110]}")
 
 
 def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--trials", type=int, default=2)
-    parser.add_argument("--limit", type=int, default=None, help="only the first N sandbox tasks")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N tasks of the benchmark order")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default: all of {', '.join(ARMS)})")
     parser.add_argument("--out", type=Path, default=None, help="keep the evaluation folders here")
-    parser.add_argument("--encoder", default="hashing", help="encoder of the fresh memory store")
+    parser.add_argument("--encoder", default="hashing", help="encoder of the fresh memory stores")
     parser.add_argument("--no-grid", action="store_true", help="skip the fixed-decision grid and the regret")
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout (the table on stderr)")
     parser.add_argument("--smoke", action="store_true",
-                        help="the smallest run (checks that it runs): 2 tasks, 1 trial, a grid of one batch size")
+                        help="the smallest run (checks that it runs): 2 tasks, 1 trial, a grid of one batching")
     args = parser.parse_args(argv)
     if args.smoke:
         args.trials, args.limit = 1, 2
     if args.limit is not None and args.limit < 2:
-        parser.error("--limit must be at least 2: the figures compare the first and the second half of the tasks")
+        parser.error("--limit must be at least 2: the figures are the second half of the task order")
+    chosen = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if unknown := [a for a in chosen if a not in ARMS]:
+        parser.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
+    if args.json:
+        echo = _stderr  # the table goes to stderr, stdout holds the one JSON object
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-evolution-"))
-    base = load_settings(cache_dir=out / "cache")
-    world = sandbox_world(base.cache_dir)
-    tasks = load_tasks(world.tasks_file, "widesearch")
-    families = sandbox_families(world)
-    ids = list(tasks)[: args.limit] if args.limit else list(tasks)
-    settings = demo_settings(base.model_copy(update={"runs_dir": out / "runs"}), world.index_dir)
-    options = options_for("widesearch", None, "identity", None, settings=settings, meter=new_meter(settings))
-    on = _evaluate("memory-on", out, ids, args.trials, True, args.encoder, settings, tasks, world, options)
-    off = _evaluate("memory-off", out, ids, args.trials, False, args.encoder, settings, tasks, world, options)
-
+    started = time.monotonic()
+    bench = Bench(out, args.limit, args.trials, args.encoder)
+    arms = {name: bench.arm(name, ARMS[name]) for name in chosen}
+    grid = {} if args.no_grid else bench.grid(args.smoke)
+    for figures in arms.values():
+        figures["regret"] = regrets(grid, figures["family_utility"])
+        figures["regret_max"] = max(figures["regret"].values(), default=None)  # None: no grid
     echo("Sandbox benchmark, simulated model (deterministic code, not an LLM), in process (no HTTP): "
-         f"{len(ids)} tasks in task order, {args.trials} trials, memory on vs off.")
-    echo(f"{'per task (mean of trials)':<26}{'half':>6}{'memory on':>12}{'memory off':>12}{'on/off':>9}")
-    table: dict[str, Any] = {}
-    for field in FIELDS:
-        h_on, h_off = _halves(_per_task(on, field)), _halves(_per_task(off, field))
-        table[field] = {"first": [h_on[0], h_off[0]], "second": [h_on[1], h_off[1]]}
-        for label, a, b in (("first", h_on[0], h_off[0]), ("second", h_on[1], h_off[1])):
-            ratio = f"{a / b:.2f}" if b else "n/a"
-            echo(f"{field:<26}{label:>6}{a:>12.3f}{b:>12.3f}{ratio:>9}")
-    sub_on, sub_off = table["subagents"]["second"]
-    f1_on, f1_off = table["f1_by_item"]["second"]
-    echo(f"second half: {100 * (1 - sub_on / sub_off):.1f} % fewer sub-agents per task with memory "
-         f"(target >= 40 %), mean Item F1 {f1_on:.3f} vs {f1_off:.3f} (target: equal or better)")
-    echo(f"memory: records {on['memory']['records_before']} -> {on['memory']['records_after']}, "
-         f"hints {on['memory']['hints_before']} -> {on['memory']['hints_after']}")
-    document: dict[str, Any] = {"tasks": len(ids), "trials": args.trials, "halves": table,
-                                "memory": on["memory"], "out": str(out)}
-    if not args.no_grid:
-        second_half = on["task_order"][len(on["task_order"]) // 2:]
-        second = set(second_half)
-        grid = _grid(second_half, families, tasks, world, settings, out, GRID[:1] if args.smoke else GRID)  # the same tasks the learned decisions ran
-        echo(f"{'family':<10}{'best fixed':>11}{'u best':>9}{'u learned':>11}{'regret %':>10}")
-        regrets = {}
-        for family, sizes in sorted(grid.items()):
-            best_rows, best_u = max(sizes.items(), key=lambda kv: (kv[1], -kv[0]))
-            learned = [r["utility"] for iid in on["task_order"] if families[iid] == family and iid in second
-                       for r in on["per_task"][iid]]
-            u_learned = statistics.fmean(learned) if learned else float("nan")
-            regret = 100 * (best_u - u_learned) / best_u if learned and best_u else float("nan")
-            regrets[family] = {"best_rows": best_rows, "u_best": best_u, "u_learned": u_learned, "regret_pct": regret,
-                               "grid": sizes}
-            echo(f"{family:<10}{best_rows:>11}{best_u:>9.3f}{u_learned:>11.3f}{regret:>10.1f}")
-        document["families"] = regrets
+         f"{len(bench.ids)} tasks in benchmark order, {args.trials} trials, second half = {len(bench.second)} tasks.")
+    _table(arms, echo)
+    if grid:
+        echo(f"{'family':<10}{'best fixed':>14}{'u best':>9}" + "".join(f"{n[:12]:>13}" for n in arms))
+        for family, choices in grid.items():
+            best = max(choices, key=lambda k: choices[k])
+            echo(f"{family:<10}{best:>14}{choices[best]:>9.3f}"
+                 + "".join(f"{arms[n]['regret'].get(family, float('nan')):>12.1f}%" for n in arms))
+    wall = round(time.monotonic() - started, 1)
+    document = {"arms": arms, "grid": grid, "tasks": len(bench.ids), "second_half": bench.second,
+                "trials": args.trials, "wall_s": wall, "out": str(out)}
     (out / "bench_evolution.json").write_text(json.dumps(document, indent=2, default=float))
-    echo(f"evaluation folders and bench_evolution.json in {out}")
+    echo(f"{wall:.0f} s; evaluation folders and bench_evolution.json in {out}")
+    if args.json:
+        print(json.dumps(document, default=float))
     return 0
 
 

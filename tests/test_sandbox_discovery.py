@@ -48,7 +48,7 @@ def test_the_discovery_task_is_widesearch_and_apart_from_the_42(world: SandboxWo
     assert "with at least 1,500,000 inhabitants" in task["query"]
     assert list(gold.columns) == ["City", "Country", "Population"]
     regular = [json.loads(line)["instance_id"] for line in world.tasks_file.read_text(encoding="utf-8").splitlines()]
-    assert len(regular) == 42 and "sbx_disc_001" not in regular  # `eval run --benchmark sandbox` never gets it
+    assert len(regular) >= 42 and all(i.startswith("sbx_en_") for i in regular)  # `eval run --benchmark sandbox` never gets it
     assert not (world.gold_dir / "sbx_disc_001.csv").exists()
 
 

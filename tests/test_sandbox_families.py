@@ -14,8 +14,9 @@ import pandas as pd
 import pytest
 
 from amapreduce.errors import UserError
-from amapreduce.sandbox import SandboxWorld, sandbox_families, sandbox_world
+from amapreduce.sandbox import SandboxWorld, benchmark_order, sandbox_families, sandbox_world
 from amapreduce.sandbox.build import FAMILIES
+from amapreduce.sandbox.tasks import MORE_FAMILIES
 
 # sha256 of the committed task lines and gold files of sbx_en_001..005 (issue 6): other tests,
 # the demo and recorded runs depend on them, so growing the benchmark must not touch them.
@@ -64,26 +65,45 @@ def test_the_benchmark_has_40_tasks_in_6_families_of_5(world: SandboxWorld, task
     assert list(families) == ids
     sizes = Counter(families.values())
     assert len(sizes) >= 6 and min(sizes.values()) >= 5, sizes
-    assert set(sizes) == set(FAMILIES)
+    assert set(sizes) == set(FAMILIES) | set(MORE_FAMILIES)
     assert json.loads(world.families_file.read_text(encoding="utf-8")) == families
 
 
-def test_new_tasks_are_ordered_round_robin_across_families(world: SandboxWorld) -> None:
-    order = list(sandbox_families(world).values())[5:]
+def _round_robin(order: list[str], families: tuple[str, ...]) -> list[str]:
     left = Counter(order)
     expected = []
-    while sum(left.values()):  # one task of each family with tasks left, in FAMILIES order, per round
-        for family in FAMILIES:
+    while sum(left.values()):  # one task of each family with tasks left, in `families` order, per round
+        for family in families:
             if left[family]:
                 expected.append(family)
                 left[family] -= 1
-    assert order == expected
-    assert order[: len(FAMILIES)] == list(FAMILIES)
+    return expected
+
+
+def test_new_tasks_are_ordered_round_robin_across_families(world: SandboxWorld) -> None:
     whole = list(sandbox_families(world).values())
-    assert len(set(whole[:7])) == len(FAMILIES)  # any prefix of 7 or more tasks holds every family
+    order = whole[5:42]
+    assert order == _round_robin(order, FAMILIES)
+    assert order[: len(FAMILIES)] == list(FAMILIES)
+    assert len(set(whole[:7])) == len(FAMILIES)  # any prefix of 7 or more tasks holds every first family
+    more = whole[42:]  # the second generation (issue 24), after the 42 tasks that never change
+    assert more == _round_robin(more, MORE_FAMILIES) and set(more) == set(MORE_FAMILIES)
 
 
-def test_each_family_asks_one_attribute_count_and_counts_span_1_to_4(
+def test_the_benchmark_order_mixes_every_family_into_both_halves(world: SandboxWorld) -> None:
+    families = sandbox_families(world)
+    order = benchmark_order(families)
+    assert sorted(order) == sorted(families)
+    first, second = order[: len(order) // 2], order[len(order) // 2:]
+    every = set(FAMILIES) | set(MORE_FAMILIES)
+    assert {families[i] for i in first} == every and {families[i] for i in second} == every
+    assert [families[i] for i in order[: len(every)]] == list(dict.fromkeys(families.values()))
+    for family in every:  # each family's tasks keep their file order
+        ids = [i for i in order if families[i] == family]
+        assert ids == sorted(ids)
+
+
+def test_each_family_asks_one_attribute_count_and_counts_span_1_to_6(
     world: SandboxWorld, tasks: list[dict[str, Any]]
 ) -> None:
     families = sandbox_families(world)
@@ -91,7 +111,8 @@ def test_each_family_asks_one_attribute_count_and_counts_span_1_to_4(
     for task in tasks:
         counts.setdefault(families[task["instance_id"]], set()).add(len(_attributes(task)))
     assert all(len(c) == 1 for c in counts.values()), counts
-    assert set().union(*counts.values()) == {1, 2, 3, 4}
+    assert set().union(*counts.values()) == {1, 2, 3, 4, 5, 6}
+    assert counts["dossier"] == {6} and counts["leaders"] == {1} and counts["zones"] == {1}
 
 
 def test_the_five_original_tasks_are_unchanged(world: SandboxWorld, tasks: list[dict[str, Any]]) -> None:

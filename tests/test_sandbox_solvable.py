@@ -127,7 +127,7 @@ def _task_ids() -> list[str]:
 def _solve(service: WebService, query: str, family: str) -> list[list[str]]:
     """Answer a task of any family from its query text alone, through search and crawl."""
     columns = query.split("following columns:\n", 1)[1].splitlines()[0].split(", ")
-    if family in ("profile", "codes", "domains", "sizes", "euro"):
+    if family in ("profile", "codes", "domains", "sizes", "euro", "dossier"):
         if family == "euro":
             continent = re.search(r"in ([A-Z][\w ]+?) use the euro", query).group(1)  # type: ignore[union-attr]
             url = _find_list(service, "countries using the euro", "Countries and territories using the euro")
@@ -137,21 +137,22 @@ def _solve(service: WebService, query: str, family: str) -> list[list[str]]:
             pages = _countries(service, continent)
         return [[f["Official name"], *(_ATTRIBUTE_READERS[c](f) for c in columns[1:])] for f in pages]
     rows = []
-    if family == "ranked":
+    if family in ("ranked", "leaders", "podium"):
         found = re.search(r"For each continent \(([^)]+)\), find the (\w+) most populous", query)
-        assert found is not None and columns == ["Continent", "Rank", "Country", "Population"]
+        assert found is not None and columns[:3] == ["Continent", "Rank", "Country"]
         for continent in found.group(1).split(", "):
             ranked = sorted(_countries(service, continent), key=lambda f: -int(_num(f["Population"])))
-            rows += [[continent, str(i), f["Official name"], _num(f["Population"])]
+            rows += [[continent, str(i), f["Official name"], *(_ATTRIBUTE_READERS[c](f) for c in columns[3:])]
                      for i, f in enumerate(ranked[: _NUMBERS[found.group(2)]], 1)]
         return rows
     found = re.search(r"For each of these countries: (.+?), find the (\w+) most populous cities", query)
-    assert family == "cities" and found is not None and columns == ["Country", "City", "Population", "Time Zone"]
+    assert family in ("cities", "zones") and found is not None and columns[:2] == ["Country", "City"]
+    readers = {"Population": lambda f: _num(f["Population"]), "Time Zone": lambda f: f["Time zone"]}
     for country in found.group(1).split(", "):
         url = _find_list(service, f"large cities of {country}", f"Large cities of {country}")
         cities = [(name, _infobox(service, link)) for name, link, _cells in _links(service, url)]
         top = sorted(cities, key=lambda c: (-int(_num(c[1]["Population"])), c[0]))[: _NUMBERS[found.group(2)]]
-        rows += [[country, name, _num(f["Population"]), f["Time zone"]] for name, f in top]
+        rows += [[country, name, *(readers[c](f) for c in columns[2:])] for name, f in top]
     return rows
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -59,6 +59,8 @@ class BenchmarkDefaults:
     delay_weight: float
     memory: Mapping[str, Any]
     """`MemoryConfig` fields that differ from the paper's defaults."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """`Settings` fields the benchmark's simulated trials run with (none for a real model)."""
 
 
 BENCHMARK_DEFAULTS: dict[str, BenchmarkDefaults] = {
@@ -66,12 +68,16 @@ BENCHMARK_DEFAULTS: dict[str, BenchmarkDefaults] = {
     "widesearch": BenchmarkDefaults(cost_weight=0.0, delay_weight=0.0, memory={"label_rule": "widesearch"}),
     "deepwidesearch": BenchmarkDefaults(cost_weight=0.0, delay_weight=0.0, memory={"label_rule": "deepwidesearch"}),
     # The sandbox: a cheaper complete decision must earn more (cost weight), only an exact table is
-    # a success (its simulated sub-agents lose rows in oversized batches), and with ~40 tasks the
-    # memory distils every few commits instead of after 40 records.
+    # a success (its simulated sub-agents lose rows in oversized batches), and with ~60 tasks the
+    # memory distils every few commits instead of after 40 records. Its 11 question families
+    # outnumber the paper's k_H = 3 hints, so retrieval must choose. Its trials give a batch one
+    # retry and no patch round: an oversized batch ends with rows missing (a failed record, −1
+    # credit), while one row per sub-agent, or a batch within the capacity, still completes.
     "sandbox": BenchmarkDefaults(cost_weight=1.0, delay_weight=0.0,
-                                 memory={"label_rule": "success", "k_pos": 8, "k_hints": 8, "finch_level": 0, "success_chunk": 10,
+                                 memory={"label_rule": "success", "k_pos": 8, "k_hints": 3, "finch_level": 0, "success_chunk": 10,
                                          "distill_start": 3, "distill_every": 3,
-                                         "merge_every": 6}),
+                                         "merge_every": 6},
+                                 settings={"max_attempts": 2, "patch_rounds": 0}),
 }
 
 

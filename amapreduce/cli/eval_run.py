@@ -254,12 +254,14 @@ def _wiring(config: EvalConfig, base: Settings) -> tuple[Settings, SimulatedMode
     if config.model is None:
         import dataclasses
 
+        from amapreduce.bench.journal import benchmark_defaults
         from amapreduce.demo.benchmark import sandbox_models
         from amapreduce.demo.run import demo_settings
 
         index = config.search.removeprefix("corpus:")
         # `rebuild`: a Ray worker builds the same simulated models itself (they never cross)
-        return demo_settings(settings, index), dataclasses.replace(sandbox_models(), rebuild=sandbox_models), None
+        simulated = settings.model_copy(update=dict(benchmark_defaults(config.benchmark).settings))
+        return demo_settings(simulated, index), dataclasses.replace(sandbox_models(), rebuild=sandbox_models), None
     from amapreduce.bench.trial import memory_model_for
 
     return settings, None, memory_model_for(settings) if config.memory_store is not None else None

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from amapreduce.errors import UserError
 
-__all__ = ["INDEX_NAME", "WORLD_DIR", "SandboxWorld", "sandbox_families", "sandbox_world"]
+__all__ = ["INDEX_NAME", "WORLD_DIR", "SandboxWorld", "benchmark_order", "sandbox_families", "sandbox_world"]
 
 INDEX_NAME = "sandbox"
 WORLD_DIR = Path(__file__).resolve().parent / "world"
@@ -114,3 +114,18 @@ def sandbox_families(world: SandboxWorld) -> dict[str, str]:
         raise UserError(f"{world.families_file} does not list the tasks of {world.tasks_file} in order "
                         f"(missing {missing}, unknown {extra}); {rebuild}.")
     return families
+
+
+def benchmark_order(families: dict[str, str]) -> list[str]:
+    """The task ids of `families` (as `sandbox_families` returns them) round-robin across families:
+    one task of each family per round, families in order of their first task, each family's tasks
+    in file order. The ids after `sbx_en_042` are a second generation of families appended to the
+    file, so file order would put them all in the second half of a learning curve; in this order
+    every family has tasks in both halves."""
+    queues: dict[str, list[str]] = {}
+    for iid, family in families.items():
+        queues.setdefault(family, []).append(iid)
+    out: list[str] = []
+    while any(queues.values()):
+        out += [queue.pop(0) for queue in queues.values() if queue]
+    return out

@@ -21,11 +21,19 @@ from amapreduce.sandbox.atlas import (
     page_url,
 )
 
-__all__ = ["FAMILIES", "build_tasks", "evaluation", "wide_query"]
+__all__ = ["FAMILIES", "MORE_FAMILIES", "build_tasks", "evaluation", "wide_query"]
 
 FAMILIES = ("domains", "sizes", "profile", "codes", "euro", "ranked", "cities")
 """Question families, in the round-robin order of the task ids after `sbx_en_005`: the two families
 that no original task has come first, so the first seven tasks already hold all seven families."""
+MORE_FAMILIES = ("dossier", "leaders", "podium", "zones")
+"""The second generation of families (issue 24), ids from `sbx_en_043` on, round-robin in this order.
+They make the best batching conflict across families: `dossier` rows are wide (7 cells: 2 rows fill
+a sub-agent's answer), `leaders` (3 cells, a continent's whole ranking per batch) needs `by_attr`
+because its k varies and a batch that mixes continents reads two continents' pages, `podium`
+(7 cells, the top two of each continent) is best with `by_attr` too, `zones` is narrow with two
+key columns. Their questions open with a sentence of
+their own, so the memory's embedding tells them from the older families."""
 _ATTRIBUTES: dict[str, tuple[str, Callable[[Country], Any]]] = {
     "Capital": ("capital", lambda c: c["capital"]),
     "Population": ("population", lambda c: c["population"]),
@@ -151,22 +159,28 @@ def build_tasks(countries: list[Country], cities: dict[str, list[City]]) -> list
     # sbx_en_001..005 predate the families: their lines, gold and lookups never change (tests pin them).
     for task, family in zip(tasks, ("profile", "ranked", "codes", "cities", "euro"), strict=True):
         task["family"] = family
-    new = _family_tasks(by_cont, by_iso, cities)
-    covered = {item["url"] for task in tasks for item in task["lookups"]}
-    for number, task in enumerate(_round_robin(new), len(tasks) + 1):
-        task["id"] = f"sbx_en_{number:03d}"
-        # Lookups only for pages no earlier task looks up: the same (query, URL) pair again tests nothing.
-        task["lookups"] = [item for item in task["lookups"] if item["url"] not in covered]
-        covered |= {item["url"] for item in task["lookups"]}
-        tasks.append(task)
+    _append(tasks, _round_robin(_family_tasks(by_cont, by_iso, cities), FAMILIES))
+    # sbx_en_001..042 never change either: the second generation of families comes after them.
+    _append(tasks, _round_robin(_more_family_tasks(by_cont, by_iso, cities), MORE_FAMILIES))
     for task in tasks:
         _check_gold(task)
     return tasks
 
 
-def _round_robin(by_family: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Tasks in `FAMILIES` order, one of each family per round, so every prefix mixes families."""
-    queues = [list(by_family[family]) for family in FAMILIES]
+def _append(tasks: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
+    """Number `new` after `tasks` and append them."""
+    covered = {item["url"] for task in tasks for item in task["lookups"]}
+    for number, task in enumerate(new, len(tasks) + 1):
+        task["id"] = f"sbx_en_{number:03d}"
+        # Lookups only for pages no earlier task looks up: the same (query, URL) pair again tests nothing.
+        task["lookups"] = [item for item in task["lookups"] if item["url"] not in covered]
+        covered |= {item["url"] for item in task["lookups"]}
+        tasks.append(task)
+
+
+def _round_robin(by_family: dict[str, list[dict[str, Any]]], order: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Tasks in `order` of families, one of each family per round, so every prefix mixes families."""
+    queues = [list(by_family[family]) for family in order]
     out = []
     while any(queues):
         out += [queue.pop(0) for queue in queues if queue]
@@ -261,33 +275,70 @@ def _family_tasks(by_cont: dict[str, list[Country]], by_iso: dict[str, Country],
     return out
 
 
-def _ranked_task(by_cont: dict[str, list[Country]], k: int, codes: tuple[str, ...]) -> dict[str, Any]:
-    """The `k` most populous countries of each continent in `codes`, ranked within the continent."""
-    cols = ["Continent", "Rank", "Country", "Population"]
+def _ranked_task(by_cont: dict[str, list[Country]], k: int, codes: tuple[str, ...], *, family: str = "ranked",
+                 lead: str = "", attributes: tuple[str, ...] = ("Population",)) -> dict[str, Any]:
+    """The `k` most populous countries of each continent in `codes`, ranked within the continent,
+    with `attributes` of each (`_ATTRIBUTES`); `lead` opens the question (a family's own wording)."""
+    cols = ["Continent", "Rank", "Country", *attributes]
     rows, looks = [], []
     for code in codes:
         top = sorted(by_cont[code], key=lambda c: -c["population"])[:k]
         for rank, c in enumerate(top, 1):
-            rows.append([CONTINENTS[code], rank, c["name"], c["population"]])
+            rows.append([CONTINENTS[code], rank, c["name"], *(_cell(_ATTRIBUTES[a][1](c)) for a in attributes)])
             looks.append({"query": f"{c['name']} population capital", "url": page_url(country_rel(c))})
     names = ", ".join(CONTINENTS[code] for code in codes)
-    ask = (f"For each continent ({names}), find the {_NUMBER_WORDS[k]} most populous countries or territories in the "
-           f"Sandbox Atlas, ranked 1 to {k} within the continent, with their population.")
-    return {"family": "ranked", "query": wide_query(ask, cols), "columns": cols, "keys": ["Continent", "Country"],
-            "numeric": {"Rank", "Population"}, "rows": rows, "lookups": looks}
+    ask = (f"{lead}For each continent ({names}), find the {_NUMBER_WORDS[k]} most populous countries or territories in "
+           f"the Sandbox Atlas, ranked 1 to {k} within the continent"
+           + (f", with their {_phrase(list(attributes))}." if attributes else "."))
+    return {"family": family, "query": wide_query(ask, cols, _notes(list(attributes))), "columns": cols,
+            "keys": ["Continent", "Country"], "numeric": {"Rank", *(a for a in attributes if a in _NUMERIC_COLUMNS)},
+            "rows": rows, "lookups": looks}
 
 
-def _cities_task(by_iso: dict[str, Country], cities: dict[str, list[City]], k: int, ccs: tuple[str, ...]) -> dict[str, Any]:
-    """The `k` most populous atlas cities of each country in `ccs`, with population and time zone."""
-    cols = ["Country", "City", "Population", "Time Zone"]
+def _cities_task(by_iso: dict[str, Country], cities: dict[str, list[City]], k: int, ccs: tuple[str, ...], *,
+                 family: str = "cities", lead: str = "", population: bool = True) -> dict[str, Any]:
+    """The `k` most populous atlas cities of each country in `ccs`, with (`population`) each one's
+    population and its time zone; `lead` opens the question (a family's own wording)."""
+    cols = ["Country", "City", *(["Population"] if population else []), "Time Zone"]
     rows, looks = [], []
     for cc in ccs:
         country = by_iso[cc]
         for city in cities[cc][:k]:
-            rows.append([country["name"], city["name"], city["population"], city["timezone"]])
+            rows.append([country["name"], city["name"], *([city["population"]] if population else []), city["timezone"]])
             looks.append({"query": f"{city['name']} {country['name']} city population", "url": page_url(city_rel(cc, city))})
     names = ", ".join(by_iso[cc]["name"] for cc in ccs)
-    ask = (f"For each of these countries: {names}, find the {_NUMBER_WORDS[k]} most populous cities listed in the "
-           "Sandbox Atlas, with each city's population and IANA time zone.")
-    return {"family": "cities", "query": wide_query(ask, cols), "columns": cols, "keys": ["Country", "City"],
-            "numeric": {"Population"}, "rows": rows, "lookups": looks}
+    what = "each city's population and IANA time zone" if population else "each city's IANA time zone"
+    ask = (f"{lead}For each of these countries: {names}, find the {_NUMBER_WORDS[k]} most populous cities listed in the "
+           f"Sandbox Atlas, with {what}.")
+    return {"family": family, "query": wide_query(ask, cols), "columns": cols, "keys": ["Country", "City"],
+            "numeric": {"Population"} if population else set(), "rows": rows, "lookups": looks}
+
+
+def _more_family_tasks(by_cont: dict[str, list[Country]], by_iso: dict[str, Country],
+                       cities: dict[str, list[City]]) -> dict[str, list[dict[str, Any]]]:
+    """The tasks of `MORE_FAMILIES` (ids from sbx_en_043 on, given in round-robin order afterwards).
+
+    `dossier` leaves Europe out (Kosovo has no calling code); `podium` asks the top two of each
+    continent: a continent's two wide rows (14 cells) just fit one sub-agent's answer.
+    """
+    out: dict[str, list[dict[str, Any]]] = {family: [] for family in MORE_FAMILIES}
+    dossier = ["Capital", "Population", "Area (km2)", "Currency Code", "ISO3 Code", "Calling Code"]
+    for code in ("AF", "AS", "NA", "OC", "SA"):
+        members = sorted(by_cont[code], key=lambda c: c["name"])
+        out["dossier"].append(_country_task(
+            "dossier", members, f"Compile a full country dossier. For every country and territory of {CONTINENTS[code]} "
+            f"in the Sandbox Atlas, give {_phrase(dossier, own=True)}.", dossier))
+    lead = "Name the population leaders of each continent, nothing else. "
+    for k, codes in ((4, ("AF", "EU", "OC")), (5, ("AS", "NA", "SA")), (3, tuple(CONTINENTS)),
+                     (2, ("AS", "EU", "NA", "SA")), (5, ("AF", "OC"))):
+        out["leaders"].append(_ranked_task(by_cont, k, codes, family="leaders", lead=lead, attributes=()))
+    lead = "Profile the giants of each continent in depth. "
+    podium = ("Capital", "Population", "Area (km2)", "Currency Code")
+    for k, codes in ((2, ("AF", "SA", "OC")), (2, ("AS", "EU")), (2, ("NA", "EU", "AS")), (2, ("AF", "OC")),
+                     (2, ("SA", "NA", "AS", "EU"))):
+        out["podium"].append(_ranked_task(by_cont, k, codes, family="podium", lead=lead, attributes=podium))
+    lead = "Which clock do the big cities keep? "
+    for k, ccs in ((5, ("BR", "JP", "MX")), (4, ("DE", "NG")), (6, ("NG", "DE")), (3, CITY_COUNTRIES),
+                   (4, ("MX", "JP", "BR"))):
+        out["zones"].append(_cities_task(by_iso, cities, k, ccs, family="zones", lead=lead, population=False))
+    return out
