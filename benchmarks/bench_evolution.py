@@ -107,6 +107,11 @@ class ForcedModel(SimulatedAtlasModel):
         return super()._drive(with_batching(decision, chosen), texts)
 
 
+def _inner(model: SimulatedAtlasModel) -> Callable[[str], Any]:
+    """The one simulated model for every role of a run."""
+    return lambda role: model
+
+
 def _hint_pool(store: Path) -> list[dict[str, Any]]:
     """The store's hints, best first: text, w, support (provenance size), typed advice (None: none)."""
     from amapreduce.memory.store import MemoryStore, list_hints
@@ -187,7 +192,7 @@ class Bench:
             for batching in grid_choices(width, smoke):
                 model = ForcedModel(batching)
                 settings = self.settings.model_copy(update={"runs_dir": self.out / "grid" / _label(batching).replace(":", "-")})
-                options = RunOptions(query=self.tasks[iid].query, inner=lambda role, m=model: m,
+                options = RunOptions(query=self.tasks[iid].query, inner=_inner(model),
                                      meter=new_meter(settings, prices_by_prefix=SIMULATED_PRICES), task_id=iid,
                                      show_progress=False)
                 with Session(settings, options) as session:
