@@ -80,7 +80,7 @@ class DemoOutcome:
 
 
 def load_sandbox_tasks(settings: Settings) -> tuple[dict[str, TaskSpec], Any]:
-    """The sandbox tasks by id (the 42 wide-search tasks, then the discovery tasks `sbx_disc_*`, then
+    """The sandbox tasks by id (the wide-search tasks `sbx_en_*`, then the discovery tasks `sbx_disc_*`, then
     the enrichment tasks `sbx_enrich_*`), and the sandbox world (its index built under the cache dir)."""
     from amapreduce.evaluation.loaders import load_tasks
     from amapreduce.sandbox import sandbox_world

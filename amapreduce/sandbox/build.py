@@ -20,8 +20,10 @@ What the world holds, and why:
 * `tasks.jsonl` + `gold/<instance_id>.csv`: tasks in the exact WideSearch format.
 * `families.json`: the question family of each task (`{"sbx_en_001": "profile", ...}`), kept out of
   `tasks.jsonl` so that file stays strictly WideSearch. Families differ in the number of asked
-  attributes per row (1 to 4), so the best batch size differs by family; new tasks are ordered
-  round-robin across families so that any prefix of the task order mixes them (learning curves).
+  attributes per row (1 to 6) and in the matrix (one or two key columns), so the best batching
+  differs by family; tasks after sbx_en_005 are ordered round-robin across `FAMILIES`, and the
+  second generation (`MORE_FAMILIES`, from sbx_en_043) round-robin after them (a learning curve
+  uses `amapreduce.sandbox.benchmark_order`, round-robin across all families).
 * `lookups.jsonl`: (query, expected URL) pairs; retrieval tests demand each URL in the top 3.
 
 This module renders the pages and writes the world; the source data and page addresses are in
