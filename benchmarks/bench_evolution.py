@@ -44,7 +44,7 @@ from typing import Any
 from amapreduce.bench.evaluate import run_benchmark
 from amapreduce.bench.journal import EvalConfig, benchmark_defaults
 from amapreduce.cli.eval_options import options_for
-from amapreduce.demo.benchmark import sandbox_models
+from amapreduce.demo.benchmark import BENCHMARK_CAPACITY_CELLS, sandbox_models
 from amapreduce.demo.model import SimulatedAtlasModel
 from amapreduce.demo.plan import Batching, default_batching, plan_cap, with_batching
 from amapreduce.demo.run import demo_settings, score_answer
@@ -94,7 +94,7 @@ class ForcedModel(SimulatedAtlasModel):
     """
 
     def __init__(self, batching: Batching) -> None:
-        super().__init__()
+        super().__init__(capacity_cells=BENCHMARK_CAPACITY_CELLS)  # as the benchmark's trials
         self.batching = batching
 
     def _drive(self, decision: dict[str, Any], texts: list[str]) -> Reply:
@@ -181,11 +181,12 @@ class Bench:
         figures["wall_s"] = round(time.monotonic() - started, 1)
         return figures
 
-    def grid(self, smoke: bool) -> dict[str, dict[str, float]]:
-        """Mean utility per family and fixed batching, on the second half's tasks (sample 0, one run each)."""
+    def grid(self, smoke: bool) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+        """Mean utility per family and fixed batching, on the second half's tasks (sample 0, one run each);
+        and the sub-agents per task of each family's best fixed batching (the grid's oracle)."""
         from amapreduce.demo.plan import parse_intent
 
-        by_family: dict[str, dict[str, list[float]]] = {}
+        runs: dict[str, dict[str, list[tuple[float, int]]]] = {}
         for iid in self.second:
             intent = parse_intent(self.tasks[iid].query)
             width = 2 if intent is not None and intent.kind in ("ranked", "top_cities") else 1
@@ -199,9 +200,13 @@ class Bench:
                     outcome = session.ask()
                 score = score_answer(self.tasks[iid], self.world.gold_dir, outcome.markdown)
                 u = utility(score, tokens=outcome.meter.total().total_tokens, delay_s=0.0, weights=self.weights)
-                by_family.setdefault(self.families[iid], {}).setdefault(_label(batching), []).append(u)
+                subagents = int(outcome.record.get("completeness", {}).get("attempts") or 0)
+                runs.setdefault(self.families[iid], {}).setdefault(_label(batching), []).append((u, subagents))
             print(f"[grid] {iid} done", file=sys.stderr, flush=True)
-        return {f: {k: statistics.fmean(v) for k, v in choices.items()} for f, choices in sorted(by_family.items())}
+        grid = {f: {k: statistics.fmean(u for u, _ in v) for k, v in choices.items()} for f, choices in sorted(runs.items())}
+        oracle = {f: statistics.fmean(n for _, n in runs[f][max(choices, key=lambda k: choices[k])])
+                  for f, choices in grid.items()}
+        return grid, oracle
 
 
 def regrets(grid: dict[str, dict[str, float]], family_utility: dict[str, float]) -> dict[str, float]:
@@ -270,7 +275,7 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     started = time.monotonic()
     bench = Bench(out, args.limit, args.trials, args.encoder)
     arms = {name: bench.arm(name, ARMS[name]) for name in chosen}
-    grid = {} if args.no_grid else bench.grid(args.smoke)
+    grid, oracle = ({}, {}) if args.no_grid else bench.grid(args.smoke)
     for figures in arms.values():
         figures["regret"] = regrets(grid, figures["family_utility"])
         figures["regret_max"] = max(figures["regret"].values(), default=None)  # None: no grid
@@ -283,8 +288,13 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
             best = max(choices, key=lambda k: choices[k])
             echo(f"{family:<10}{best:>14}{choices[best]:>9.3f}"
                  + "".join(f"{arms[n]['regret'].get(family, float('nan')):>12.1f}%" for n in arms))
+    if oracle:
+        counts = [bench.families[i] for i in bench.second]
+        fewest = statistics.fmean(oracle[f] for f in counts)
+        off = f" = {fewest / arms['off']['subagents']:.2f} x off" if "off" in arms else ""
+        echo(f"the best fixed choice of every family (the grid's oracle): {fewest:.3f} sub-agents per task{off}")
     wall = round(time.monotonic() - started, 1)
-    document = {"arms": arms, "grid": grid, "tasks": len(bench.ids), "second_half": bench.second,
+    document = {"arms": arms, "grid": grid, "oracle_subagents": oracle, "tasks": len(bench.ids), "second_half": bench.second,
                 "trials": args.trials, "wall_s": wall, "out": str(out)}
     (out / "bench_evolution.json").write_text(json.dumps(document, indent=2, default=float))
     echo(f"{wall:.0f} s; evaluation folders and bench_evolution.json in {out}")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from amapreduce.bench.journal import benchmark_defaults
+from amapreduce.demo.benchmark import BENCHMARK_CAPACITY_CELLS
 from amapreduce.demo.model import SimulatedAtlasModel
 from amapreduce.demo.plan import Batching
 from amapreduce.demo.run import demo_settings, score_answer
@@ -73,6 +74,7 @@ def _forced(rows: int | None, strategy: str = "per_atom") -> SimulatedAtlasModel
 
 def test_the_sandbox_has_more_families_than_hints_and_trials_that_can_fail(world: SandboxWorld) -> None:
     defaults = benchmark_defaults("sandbox")
+    assert BENCH.ForcedModel(Batching()).capacity_cells == BENCHMARK_CAPACITY_CELLS
     config = MemoryConfig(**defaults.memory)
     assert len(set(sandbox_families(world).values())) >= 10 > config.k_hints == 3
     assert dict(defaults.settings) == {"max_attempts": 2, "patch_rounds": 0}
@@ -82,9 +84,9 @@ def test_the_sandbox_has_more_families_than_hints_and_trials_that_can_fail(world
 
 
 def test_a_wide_family_loses_rows_where_a_narrow_one_is_complete(world: SandboxWorld, settings: Settings) -> None:
-    """sbx_en_059 (dossier, 7 cells a row) and sbx_en_040 (sizes, 2 cells a row): 6 rows per sub-agent
-    fit the narrow rows and cut the wide ones, so a family's batch size hurts another family; the
-    default (one row per sub-agent) and 2 rows complete the wide ones."""
+    """sbx_en_059 (dossier, 7 cells a row) and sbx_en_040 (sizes, 2 cells a row), with the benchmark's
+    capacity (24 cells): 6 rows per sub-agent fit the narrow rows and cut the wide ones, so a family's
+    batch size hurts another family; the default (one row per sub-agent) and 2 rows complete the wide ones."""
     families = sandbox_families(world)
     assert (families["sbx_en_059"], families["sbx_en_040"]) == ("dossier", "sizes")
     narrow = _run(world, settings, "sbx_en_040", _forced(6))
@@ -92,7 +94,7 @@ def test_a_wide_family_loses_rows_where_a_narrow_one_is_complete(world: SandboxW
     wide = _run(world, settings, "sbx_en_059", _forced(6))
     assert wide["score"] == 0.0 and wide["f1_by_item"] < 0.9  # rows missing: a negative record
     two = _run(world, settings, "sbx_en_059", _forced(2))
-    default = _run(world, settings, "sbx_en_059", SimulatedAtlasModel())
+    default = _run(world, settings, "sbx_en_059", SimulatedAtlasModel(capacity_cells=BENCHMARK_CAPACITY_CELLS))
     assert two["score"] == default["score"] == 1.0 and two["subagents"] < default["subagents"]
 
 
@@ -105,7 +107,7 @@ def test_leaders_batch_best_by_continent(world: SandboxWorld, settings: Settings
     assert grouped["score"] == 1.0
     for rows in (4, 5):
         mixed = _run(world, settings, "sbx_en_052", _forced(rows))
-        assert mixed["tokens"] > 1.2 * grouped["tokens"], (rows, mixed, grouped)
+        assert mixed["tokens"] > 1.1 * grouped["tokens"], (rows, mixed, grouped)
 
 
 def test_the_grid_and_the_regret() -> None:
