@@ -32,9 +32,9 @@ def test_search_json_shape_and_order(store: str, capsys: pytest.CaptureFixture[s
     assert [p["id"] for p in data["positives"]] == ["P1", "P2", "P3", "P4"]
     assert data["positives"][0] == {"id": "P1", "query": "question P1", "similarity": pytest.approx(0.9)}
     assert [n["id"] for n in data["negatives"]] == ["N1", "N2"]
-    assert data["hints"] == [{"id": "hB", "text": "hint hB.", "w": 6, "v": 1, "s": 7},
-                             {"id": "hE", "text": "hint hE.", "w": 3, "v": 2, "s": 5},
-                             {"id": "hA", "text": "hint hA.", "w": 1, "v": 3, "s": 4}]
+    assert data["hints"] == [{"id": "hB", "text": "hint hB.", "w": 6, "v": 1, "s": 7, "advice": None},
+                             {"id": "hE", "text": "hint hE.", "w": 3, "v": 2, "s": 5, "advice": None},
+                             {"id": "hA", "text": "hint hA.", "w": 1, "v": 3, "s": 4, "advice": None}]
     assert "- hint hB." in data["prior"]
     data = run_json(capsys, "search", QUERY, "--store", store, "--task-id", "T-P1", "--k-hints", "1")
     assert data["positives"][0]["id"] == "P2" and [h["id"] for h in data["hints"]] == ["hD"]

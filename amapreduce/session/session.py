@@ -298,6 +298,43 @@ class Session:
         self.prior = self._prior_provider.prior(request)
         return self.prior
 
+    def advised(self, decision: Decision, use_advice: bool | None) -> Decision:
+        """The decision an execute call runs: `decision` with the plan stage's proposal Θ′ applied
+        (strategy and size; `memory.advice.apply_choice`) when the manager accepted it
+        (`use_advice: true`), or when `AMAPREDUCE_MEMORY_ADVICE=apply` and the manager did not
+        decline (`use_advice: false`). What was applied, and by whom, is traced and kept in the
+        prior's `advice_used` (result.json, the memory's record).
+
+        Raises:
+            DecisionError: `use_advice: true` with no proposal to apply.
+        """
+        from dataclasses import replace
+
+        from amapreduce.errors import DecisionError
+        from amapreduce.memory.advice import apply_choice
+
+        prior = self.prior
+        proposal = (prior.advice or {}).get("proposal") if prior is not None else None
+        wanted = use_advice if use_advice is not None else self.settings.memory_advice == "apply"
+        if not wanted:
+            return decision
+        if prior is None or not isinstance(proposal, dict):
+            if use_advice:
+                raise DecisionError("use_advice: the plan stage proposed no revision for this decision (its "
+                                    "`memory_advice.proposal` is null); call mapreduce again without use_advice.")
+            return decision
+        revised = apply_choice(decision, str(proposal["strategy"]), proposal.get("batch_size"))
+        used = {"by": "manager" if use_advice else "plan_stage", "strategy": proposal["strategy"],
+                "batch_size": proposal.get("batch_size")}
+        if prior.advice_used is None:
+            self.prior = replace(prior, details={**prior.details, "advice_used": used})
+            self.trace.write("advice_applied", **used)
+        return revised
+
+    def advice_mode(self) -> str:
+        """`suggest` or `apply` (`AMAPREDUCE_MEMORY_ADVICE`)."""
+        return self.settings.memory_advice
+
     # -- executing --------------------------------------------------------------------------------
 
     def execute(self, decision: Decision, plan: BatchPlan | None = None) -> tuple[MapReduceResult, int]:
@@ -441,7 +478,7 @@ class Session:
         discoveries = [r.discovery.to_json() for r in ledger.results if r.discovery is not None]
         if not self.options.kind.is_ask:
             decision = ledger.decisions[0].model_dump(mode="json") if ledger.decisions else None
-            planned = {"prior": {"text": p.text, "hint_ids": list(p.hint_ids)}} if (p := self.prior) else {}
+            planned = {"prior": p.to_json()} if (p := self.prior) else {}
             if self._wide_extra is not None:
                 return {"decision": decision, **self._wide_extra, **planned}
             return {"decision": decision, "web": web, **({"discovery": discoveries[0]} if discoveries else {}),
@@ -453,7 +490,7 @@ class Session:
             "decisions": [d.model_dump(mode="json") for d in ledger.decisions],
             # one `DiscoverySummary` per executed decision that discovered its matrix (none: no key)
             **({"discoveries": discoveries} if discoveries else {}),
-            "prior": None if prior is None else {"text": prior.text, "hint_ids": list(prior.hint_ids)},
+            "prior": None if prior is None else prior.to_json(),
             "web": web,
         }
 
