@@ -39,8 +39,8 @@ from amapreduce.demo.model import (
 from amapreduce.demo.plan import (
     EXPLORATION_SIZES,
     Batching,
-    default_batching,
     advised_batching,
+    default_batching,
     explore_batching,
     plan_cap,
 )
@@ -273,6 +273,32 @@ def test_a_hint_in_the_plan_stage_prior_changes_the_executed_decision(world: Any
     assert executed["batch_strategy"]["rationale"] == f"following the typed advice of hint {ids[0]}"
     assert score["score"] == 1.0 and out.record["completeness"]["batches"] == 4
     memory.close()
+
+
+def test_a_reworded_hint_is_followed_by_its_payload_and_without_it_completes_uncredited(
+        world: Any, tmp_path: Path) -> None:
+    """Same advice in other words: with its typed payload it is followed (and credited under
+    `credit_rule: used`); with the payload removed the run completes on prose only, the simulated
+    projection cannot cite it, and it is not credited."""
+    tasks = world[0]
+    reworded = "Rows that ask three facts of one named entity: four of them fit in one sub-agent's answer."
+    for payload in (True, False):
+        memory = ExperientialMemory(tmp_path / f"mem-{payload}", encoder="hashing", model=SimulatedMemoryModel())
+        seen = memory.update(None, query=tasks["sbx_en_003"].query, metrics=PASS, task_id="sbx_en_003",
+                             decision=Decision.parse({"task_matrix": [["Chad"]], "template": "__0__",
+                                                      "json_schema": ["Country", "ISO3 Code", "Capital", "Calling Code"]}),
+                             auto_distill=False)
+        with memory.store.write() as conn:
+            hid = insert_hint(conn, reworded, 3, origin="test", provenance=[seen.record_id or ""],
+                              advice=advice_of(CODES_HINT) if payload else None)
+        out, score = run_task(world, tmp_path / f"runs-{payload}", CODES_3, provider=memory)
+        executed = Decision.parse(out.record["decisions"][0])
+        assert score["score"] == 1.0 and out.prior is not None and out.prior.hint_ids == (hid,)
+        assert executed.batch_size == (4 if payload else 1)
+        assert out.prior.kept_hint_ids == ((hid,) if payload else ())
+        result = memory.update(out.prior, decision=executed, metrics=score, task_id=CODES_3, auto_distill=False)
+        assert result.credited == ({hid: 5} if payload else {})
+        memory.close()
 
 
 def test_a_hint_for_another_row_shape_is_not_followed(world: Any, tmp_path: Path) -> None:

@@ -239,9 +239,8 @@ def _learn(memory: ExperientialMemory, session: InstanceSession, outcome: RunOut
 
     defaults = benchmark_defaults("sandbox")
     usage, prior = outcome.meter.total(), outcome.prior
-    shown = {"text": prior.text if prior is not None else None,
-             "hint_ids": list(prior.hint_ids) if prior is not None else [],
-             "record_ids": list(prior.record_ids) if prior is not None else []}
+    shown = prior.to_json() if prior is not None else {"text": None, "hint_ids": [], "kept_hint_ids": [],
+                                                       "record_ids": [], "advice": None, "advice_used": None}
     if not outcome.decisions:
         session.snapshot.close()
         return {"store": str(memory.store.folder), "prior": shown,

@@ -8,7 +8,7 @@ s(h) = w_h + v(h; q); the top k_H by s are kept (ties: higher v, then older hint
 
 Question-level provenance (a hint imported from the reference's `insights.json` names the
 questions it came from, and no record may ask them yet) votes the same way: the k⁺ + k⁻
-provenance questions most similar to q (the same floor) form a question neighbourhood N_Q(q), and
+provenance questions most similar to q (at least `min_question_similarity`) form a question neighbourhood N_Q(q), and
 v(h; q) also counts |Q(h) ∩ N_Q(q)|. So an imported memory serves at once, for its own questions
 and their paraphrases. In an evaluation (a task id given) a provenance question equal to q is
 left out, as records of the same task are.
@@ -152,7 +152,8 @@ def _question_votes(store: MemoryStore, conn: Any, vector: Any, query: str, conf
     vectors = store.question_vectors(questions)
     sims = vectors @ np.asarray(vector, dtype=np.float32)
     order = sorted(range(len(questions)), key=lambda i: (-float(sims[i]), questions[i]))[:k]
-    near = {questions[i] for i in order if config.min_similarity is None or float(sims[i]) >= config.min_similarity}
+    floor = max(config.min_question_similarity, config.min_similarity if config.min_similarity is not None else -1.0)
+    near = {questions[i] for i in order if float(sims[i]) >= floor}
     votes: dict[str, int] = {}
     for hint_id, q in pairs:
         if q in near:
