@@ -43,6 +43,7 @@ from amapreduce.mapreduce.result import (
     completeness_record,
     stop_ending,
 )
+from amapreduce.session.estimate import Estimate, check_budget, estimate_for
 from amapreduce.session.journal import RunKind
 from amapreduce.session.ledger import Ledger
 from amapreduce.session.lifecycle import ActiveRun, resume_run, start_run
@@ -116,7 +117,11 @@ class RunOptions:
     roles: tuple[str, ...] | None = None
     """The roles that get a model (default: by kind; the memory's when there is a store)."""
     decision: Decision | None = None
-    """A `mapreduce run`'s decision: its batch plan is checked in pre-flight (`Session.run` runs it)."""
+    """A `mapreduce run`'s decision: its batch plan is checked in pre-flight (`Session.run` runs it),
+    and so is its estimate against the cost budget (`session.estimate.check_budget`)."""
+    estimate_only: bool = False
+    """An `ask` that stops at its first fan-out: the manager scouts and writes its decision, and the
+    decision's estimate (`RunOutcome.estimate`) is all the run makes (no sub-agent call)."""
 
 
 def _stop_ending(exc: BaseException) -> RunEnding:
@@ -168,6 +173,11 @@ class Session:
         self._wide = False
         if options.decision is not None and resuming is None:
             self._plan, self._wide = _decision_plan(options.decision, settings, options.executor)
+            if self._plan is not None and settings.max_cost_usd is not None:  # refused before anything is made
+                check_budget(estimate_for(settings, self._plan, options.decision.template, prices=self.meter.prices),
+                             settings.max_cost_usd)
+        self.estimate: Estimate | None = None
+        """An `ask`'s estimate of its first fan-out (`RunOptions.estimate_only`)."""
         self._search: SearchBackend | None = None
         if options.web_tools is None:
             from amapreduce.web.backends import make_backend
@@ -315,6 +325,8 @@ class Session:
         parts, composed = self.parts, decision.composed
         if plan is None and not composed:
             plan = plan_batches(decision, max_batches=parts.engine.config.max_batches)
+        if self.options.kind.is_ask and self._resuming is None:
+            self._before_fan_out(decision, plan)
         self._keep(decision, None if composed else plan)
         executor = self.options.executor
         if executor is not None and plan is not None and not composed and len(plan.batches) > (
@@ -333,6 +345,22 @@ class Session:
             self._accumulate(decision, exc.partial)  # a stopped run still keeps the rows it found
             raise
         return result, self._accumulate(decision, result)
+
+    def _before_fan_out(self, decision: Decision, plan: BatchPlan | None) -> None:
+        """An `ask`'s check before a decision of the manager fans out: an estimate-only run stops
+        here with the estimate; a fan-out whose estimate's low end, with what the run spent, is over
+        the cost budget is refused (`EstimateOverBudget`, a budget stop: exit 4). A composed
+        decision is estimated by its known batches (a discovery's map), and not checked."""
+        options, settings = self.options, self.settings
+        if not options.estimate_only and (settings.max_cost_usd is None or plan is None):
+            return
+        shown = plan if plan is not None else self.plan_of(decision)
+        estimate = estimate_for(settings, shown, decision.template, prices=self.meter.prices)
+        if options.estimate_only:
+            self.estimate = estimate
+            raise RunCancelled("estimate only: the manager's decision was estimated; no sub-agent was called",
+                               partial=estimate)
+        check_budget(estimate, settings.max_cost_usd, spent_usd=self.meter.cost_usd() or 0.0)
 
     def _keep(self, decision: Decision, plan: BatchPlan | None) -> None:
         """An `ask` keeps the decisions it executes for a resume (`Ledger.keep`, `executed.json`)."""
@@ -432,7 +460,7 @@ class Session:
             kind=run.kind, query=run.query, table=table, markdown=markdown, ending=ending, completeness=completeness,
             run_dir=run.run_dir, meter=self.meter, record=record, decisions=list(ledger.decisions),
             results=list(ledger.results), prior=self.prior, task_id=options.task_id,
-            answer=None if answer is None else str(answer),
+            answer=None if answer is None else str(answer), estimate=self.estimate,
         )
 
     def _extra(self, answer: Any) -> dict[str, Any]:
@@ -455,6 +483,7 @@ class Session:
             **({"discoveries": discoveries} if discoveries else {}),
             "prior": None if prior is None else {"text": prior.text, "hint_ids": list(prior.hint_ids)},
             "web": web,
+            **({"estimate": self.estimate.to_json()} if self.estimate is not None else {}),
         }
 
     def run_wide(self, decision: Decision, plan: BatchPlan, executor: Executor, *,
