@@ -147,7 +147,8 @@ def run(
     """Run a decision through the engine and search sub-agents, with no manager.
 
     For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/; a
-    command refused for bad input (exit 2) leaves nothing.
+    command refused for bad input (exit 2) leaves nothing, and so does a plan whose estimate's low
+    end costs more than --max-cost (exit 4, with the numbers; see `mapreduce plan --estimate`).
 
     With --executor ray, a plain decision of more batches than one chunk (the --max-batches cap,
     else 4 per worker) runs in chunks as Ray tasks, merged here in matrix order.

@@ -24,6 +24,7 @@ Resuming (`session.resume.resume`): a session over a killed run's directory, jou
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -357,7 +358,10 @@ class Session:
         shown = plan if plan is not None else self.plan_of(decision)
         estimate = estimate_for(settings, shown, decision.template, prices=self.meter.prices)
         if options.estimate_only:
-            self.estimate = estimate
+            part = ("; the discovery's map only: the fill is planned once the entities are found"
+                    if decision.discover is not None else "; the decision's own batches, not its children's"
+                    if decision.child is not None else "")
+            self.estimate = dataclasses.replace(estimate, source=estimate.source + part)
             raise RunCancelled("estimate only: the manager's decision was estimated; no sub-agent was called",
                                partial=estimate)
         check_budget(estimate, settings.max_cost_usd, spent_usd=self.meter.cost_usd() or 0.0)
