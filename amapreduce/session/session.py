@@ -327,7 +327,7 @@ class Session:
         if plan is None and not composed:
             plan = plan_batches(decision, max_batches=parts.engine.config.max_batches)
         if self.options.kind.is_ask and self._resuming is None:
-            self._before_fan_out(decision, plan)
+            self._before_fan_out(decision, None if composed else plan)
         self._keep(decision, None if composed else plan)
         executor = self.options.executor
         if executor is not None and plan is not None and not composed and len(plan.batches) > (
@@ -351,9 +351,12 @@ class Session:
         """An `ask`'s check before a decision of the manager fans out: an estimate-only run stops
         here with the estimate; a fan-out whose estimate's low end, with what the run spent, is over
         the cost budget is refused (`EstimateOverBudget`, a budget stop: exit 4). A composed
-        decision is estimated by its known batches (a discovery's map), and not checked."""
+        decision is estimated by its known batches (a discovery's map), and not checked. An
+        evaluation's trial is not checked either: its budget is what is left of the evaluation's,
+        which `eval run` keeps (it stops starting trials)."""
         options, settings = self.options, self.settings
-        if not options.estimate_only and (settings.max_cost_usd is None or plan is None):
+        checked = settings.max_cost_usd is not None and plan is not None and options.kind is not RunKind.EVAL
+        if not options.estimate_only and not checked:
             return
         shown = plan if plan is not None else self.plan_of(decision)
         estimate = estimate_for(settings, shown, decision.template, prices=self.meter.prices)
