@@ -29,7 +29,7 @@ from typing import Any
 from amapreduce.decision.model import Decision
 from amapreduce.demo.run import load_sandbox_tasks, run_demo
 from amapreduce.mapreduce.batching import plan_batches
-from amapreduce.session.estimate import estimate_plan, past_runs, profile_of, read_past_run
+from amapreduce.session.estimate import estimate_plan, past_runs, profile_of, read_past_run, recorded_decisions
 from amapreduce.session.rundir import load_run
 from amapreduce.settings import load_settings
 
@@ -44,7 +44,7 @@ def compare(runs_dir: Path, folder: Path, workers: int) -> dict[str, Any] | None
     if actual is None:
         return None
     record = load_run(runs_dir, str(folder))
-    decisions = [Decision.parse(d) for d in record["decisions"]]
+    decisions = [Decision.parse(d) for d in recorded_decisions(record)]
     estimate = estimate_plan(plan_batches(decisions[0], max_batches=None), workers=workers,
                              profile=profile_of(past_runs(runs_dir, excluding=[folder.name]),
                                                 template=decisions[0].template))

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from amapreduce.settings import Settings
 
 __all__ = ["DEFAULTS", "Estimate", "PastRun", "Profile", "check_budget", "estimate_for", "estimate_plan", "past_runs",
-           "profile_of", "read_past_run", "similar_templates"]
+           "profile_of", "read_past_run", "recorded_decisions", "similar_templates"]
 
 MAX_RUNS = 50
 """Past runs read for an estimate, newest first."""
@@ -148,7 +148,8 @@ def read_past_run(folder: Path) -> PastRun | None:
     except UserError:  # an unreadable folder is no past run to learn from (`runs list` reports it)
         return None
     completeness = data.get("completeness") or {}
-    batches, rows = int(completeness.get("batches") or 0), _matrix_rows(data.get("decisions"))
+    decisions = recorded_decisions(data)
+    batches, rows = int(completeness.get("batches") or 0), _matrix_rows(decisions)
     seconds: list[float] = []
     usage, model_ids = Usage(), set()
     for event in read_trace(folder / "trace.jsonl", event="model_call"):
@@ -161,11 +162,19 @@ def read_past_run(folder: Path) -> PastRun | None:
             model_ids.add(str(event["model_id"]))
     if batches <= 0 or rows <= 0 or usage.requests <= 0:
         return None
-    decisions = data.get("decisions")
-    first = decisions[0] if isinstance(decisions, list) and decisions and isinstance(decisions[0], dict) else {}
+    first = decisions[0] if decisions and isinstance(decisions[0], dict) else {}
     return PastRun(model_id=next(iter(model_ids)) if len(model_ids) == 1 else None, batches=batches, rows=rows,
                    calls=usage.requests, prompt_tokens=usage.input_tokens, completion_tokens=usage.output_tokens,
                    call_seconds=tuple(seconds), template=str(first.get("template") or ""))
+
+
+def recorded_decisions(record: dict[str, Any]) -> list[Any]:
+    """The decisions a run's `result.json` records: an `ask`'s `decisions`, or the one `decision`
+    of a `mapreduce run` or an `enrich`."""
+    decisions = record.get("decisions")
+    if isinstance(decisions, list):
+        return decisions
+    return [record["decision"]] if isinstance(record.get("decision"), dict) else []
 
 
 def _matrix_rows(decisions: object) -> int:
