@@ -38,8 +38,8 @@ WITHIN = 0.3
 """The goal's tolerance: actual within ±30 % of the estimate."""
 
 
-def compare(runs_dir: Path, folder: Path, workers: int) -> dict[str, Any] | None:
-    """One run's actual spend against its leave-one-out estimate; None when it made no sub-agent call."""
+def compare(runs_dir: Path, folder: Path, workers: int, task_id: str) -> dict[str, Any] | None:
+    """Task `task_id`'s run's actual spend against its leave-one-out estimate; None when it made no sub-agent call."""
     actual = read_past_run(folder)
     if actual is None:
         return None
@@ -52,7 +52,7 @@ def compare(runs_dir: Path, folder: Path, workers: int) -> dict[str, Any] | None
     tokens = sum(estimate.prompt_tokens) / 2
     ratios = {"calls": actual.calls / calls, "prompt_tokens": actual.prompt_tokens / tokens}
     command = "enrich" if record.get("kind") == "enrich" else "ask"
-    return {"task_id": record.get("task_id"), "command": command, "nested": any(d.child is not None for d in decisions),
+    return {"task_id": task_id, "command": command, "nested": any(d.child is not None for d in decisions),
             "calls": actual.calls, "estimated_calls": round(calls), "prompt_tokens": actual.prompt_tokens,
             "estimated_prompt_tokens": round(tokens), "ratio_calls": round(ratios["calls"], 3),
             "ratio_prompt_tokens": round(ratios["prompt_tokens"], 3),
@@ -72,10 +72,9 @@ def main() -> None:
         settings = load_settings(runs_dir=Path(tmp) / "runs", cache_dir=Path(tmp) / "cache", workers=args.workers)
         tasks, _ = load_sandbox_tasks(settings)
         ids = args.tasks.split(",") if args.tasks else sorted(t for t in tasks if not t.startswith("sbx_disc_"))
-        for task_id in ids:
-            run_demo(task_id, settings)
+        folders = {run_demo(task_id, settings).ask.run_dir.path: task_id for task_id in ids}
         runs_dir = settings.runs_dir
-        rows = [row for folder in sorted(runs_dir.iterdir()) if (row := compare(runs_dir, folder, args.workers))]
+        rows = [row for folder, task_id in folders.items() if (row := compare(runs_dir, folder, args.workers, task_id))]
     counted = [r for r in rows if not r["nested"]]
     within = sum(r["within"] for r in counted)
     total = {"tasks": len(counted), "within": within, "share_within": within / len(counted) if counted else None,

@@ -5,7 +5,9 @@ trial — is one `Session`, built from `Settings` plus one `RunOptions` value:
 
 1. **Pre-flight** (`Session(...)`): the role models, the meter and the search backend are built
    and kept, the MCP config and the memory store checked, tracing turned on. A usage mistake
-   fails here with a `ConfigError`/`UserError` (exit 2) and nothing is created.
+   fails here with a `ConfigError`/`UserError` (exit 2) and nothing is created; so does a decision
+   whose estimate's low end costs more than the cost budget (`EstimateOverBudget`, exit 4). An
+   `ask`'s decision is the manager's, so its fan-out is checked when it executes (`execute`).
 2. **Open** (`with session:`): the run directory, its journal and the live progress; the parts
    (`session.parts`) are connected around the models built in pre-flight (built once per run).
 3. **Work**: `execute(decision)` runs a decision through the engine (composed ones included) and
@@ -146,6 +148,8 @@ class Session:
             ConfigError: no model for the manager or sub-agents, a model id, search backend or MCP
                 config not usable as given, `--otel` without its extra, an executor that cannot run.
             UserError: `memory_store` holds no store.
+            EstimateOverBudget: `RunOptions.decision`'s estimate (`session.estimate`) costs more,
+                at its low end, than `settings.max_cost_usd`.
         """
         self.settings = settings
         self.options = options = options or RunOptions()
