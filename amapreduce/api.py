@@ -322,7 +322,9 @@ def ask(
         workers: sub-agents running at once.
         memory: an experiential-memory store for the plan stage; None: the default store when it
             holds one; False: none.
-        max_cost: stop after spending this many dollars (the partial table is kept).
+        max_cost: stop after spending this many dollars (the partial table is kept); a fan-out whose
+            estimate's low end (plus what the manager spent) costs more is not started: the run
+            stops with the numbers in its `ending` (status `stopped: ...`).
         max_tokens: stop after this many tokens.
         runs_dir: where the run directory is made (default: `runs/`).
         show_progress: False (default): print nothing; None: as the CLI (a live bar on a terminal,
@@ -383,6 +385,8 @@ def run_decision(
 
     Raises:
         DecisionError: the decision is invalid, or its batch plan is larger than `max_batches`.
+        EstimateOverBudget: even the low end of the run's estimate costs more than `max_cost`
+            (refused before any model call, no run directory made; the message holds the numbers).
         ConfigError, RunError, KeyboardInterrupt: as for `ask`.
     """
     from amapreduce.decision.model import Decision, load_decision

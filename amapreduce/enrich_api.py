@@ -66,6 +66,8 @@ def enrich(
     Raises:
         UserError: bad input (no such column, a repeated or blank key, an empty or too large file,
             a column already in the list), before any model call and with no run directory made.
+        EstimateOverBudget: even the low end of the run's estimate costs more than `max_cost`
+            (refused before any model call, no run directory made; the message holds the numbers).
         ConfigError, RunError, KeyboardInterrupt: as for `ask`.
     """
     import pandas as pd

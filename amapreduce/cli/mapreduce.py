@@ -17,7 +17,6 @@ from amapreduce.cli.exit_codes import EXIT_CODES_HELP
 from amapreduce.cli.help import App
 
 if TYPE_CHECKING:
-    from amapreduce.decision.model import Decision
     from amapreduce.mapreduce.batching import BatchPlan
     from amapreduce.session.estimate import Estimate
     from amapreduce.session.outcome import RunOutcome
@@ -116,29 +115,9 @@ def plan(
 
 def _estimate(settings: Settings, plan: BatchPlan, template: str) -> Estimate:
     """What running `plan` would cost, from the past runs in the runs folder (`session.estimate`)."""
-    from amapreduce.llm.factory import model_for_role, new_meter
-    from amapreduce.session.estimate import estimate_plan, past_runs, profile_of
+    from amapreduce.session.estimate import estimate_for
 
-    model_id = model_for_role(settings, "subagent")
-    profile = profile_of(past_runs(settings.runs_dir), model_id=model_id, template=template)
-    return estimate_plan(plan, workers=settings.workers, profile=profile, model_id=model_id,
-                         prices=new_meter(settings).prices)
-
-
-def _refuse_over_budget(settings: Settings, decision: Decision) -> None:
-    """Exit 4 before any call when even the low end of the run's estimate costs more than
-    `--max-cost`/`AMAPREDUCE_MAX_COST_USD` (an unpriced model is not refused: its cost is unknown)."""
-    from amapreduce.cli.exit_codes import EXIT_BUDGET
-    from amapreduce.mapreduce.batching import plan_batches
-
-    forecast = _estimate(settings, plan_batches(decision, max_batches=settings.batch_cap("user")), decision.template)
-    limit = settings.max_cost_usd
-    if forecast.cost_usd is not None and limit is not None and forecast.cost_usd[0] > limit:
-        typer.echo(f"error: the run would cost ${forecast.cost_usd[0]:.4f} - ${forecast.cost_usd[1]:.4f} "
-                   f"({forecast.calls[0]:,} - {forecast.calls[1]:,} model calls, from {forecast.source}), over the "
-                   f"budget of ${limit:.4f}: nothing was run. Raise AMAPREDUCE_MAX_COST_USD, or see the estimate with "
-                   "`amapreduce mapreduce plan DECISION.json --estimate`.", err=True)
-        raise typer.Exit(EXIT_BUDGET)
+    return estimate_for(settings, plan, template)
 
 
 def _child_name(child: object) -> str:
@@ -161,12 +140,15 @@ def run(
     verify: opt.VerifyOpt = None,
     otel: opt.OtelOpt = False,
     executor: opt.ExecutorOpt = None,
+    max_cost: opt.MaxCostOpt = None,
+    max_tokens: opt.MaxTokensOpt = None,
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Run a decision through the engine and search sub-agents, with no manager.
 
     For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/; a
-    command refused for bad input (exit 2) leaves nothing.
+    command refused for bad input (exit 2) leaves nothing, and so does a plan whose estimate's low
+    end costs more than --max-cost (exit 4, with the numbers; see `mapreduce plan --estimate`).
 
     With --executor ray, a plain decision of more batches than one chunk (the --max-batches cap,
     else 4 per worker) runs in chunks as Ray tasks, merged here in matrix order.
@@ -176,7 +158,7 @@ def run(
 
     settings = load_settings(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches,
-        otel=otel or None, mcp=mcp, verify=verify, executor=executor,
+        otel=otel or None, mcp=mcp, verify=verify, executor=executor, max_cost_usd=max_cost, max_tokens=max_tokens,
     )
     # The decision's caps are checked before the session's modules load: a refusal costs a second, not more.
     decision = load_decision(decision_file, max_bytes=settings.max_decision_bytes, max_rows=settings.max_decision_rows)
@@ -185,8 +167,6 @@ def run(
     from amapreduce.session.parts import require_model
 
     require_model(settings)
-    if settings.max_cost_usd is not None and decision.discover is None:
-        _refuse_over_budget(settings, decision)
     session = Session(settings, RunOptions(kind=RunKind.MAPREDUCE_RUN, query=Path(decision_file).stem, decision=decision,
                                            executor=opt.executor_for(settings, executor),
                                            show_progress=None if not as_json else False))

@@ -5,7 +5,9 @@ trial — is one `Session`, built from `Settings` plus one `RunOptions` value:
 
 1. **Pre-flight** (`Session(...)`): the role models, the meter and the search backend are built
    and kept, the MCP config and the memory store checked, tracing turned on. A usage mistake
-   fails here with a `ConfigError`/`UserError` (exit 2) and nothing is created.
+   fails here with a `ConfigError`/`UserError` (exit 2) and nothing is created; so does a decision
+   whose estimate's low end costs more than the cost budget (`EstimateOverBudget`, exit 4). An
+   `ask`'s decision is the manager's, so its fan-out is checked when it executes (`execute`).
 2. **Open** (`with session:`): the run directory, its journal and the live progress; the parts
    (`session.parts`) are connected around the models built in pre-flight (built once per run).
 3. **Work**: `execute(decision)` runs a decision through the engine (composed ones included) and
@@ -24,6 +26,7 @@ Resuming (`session.resume.resume`): a session over a killed run's directory, jou
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -43,6 +46,7 @@ from amapreduce.mapreduce.result import (
     completeness_record,
     stop_ending,
 )
+from amapreduce.session.estimate import Estimate, check_budget, estimate_for
 from amapreduce.session.journal import RunKind
 from amapreduce.session.ledger import Ledger
 from amapreduce.session.lifecycle import ActiveRun, resume_run, start_run
@@ -116,7 +120,11 @@ class RunOptions:
     roles: tuple[str, ...] | None = None
     """The roles that get a model (default: by kind; the memory's when there is a store)."""
     decision: Decision | None = None
-    """A `mapreduce run`'s decision: its batch plan is checked in pre-flight (`Session.run` runs it)."""
+    """A `mapreduce run`'s decision: its batch plan is checked in pre-flight (`Session.run` runs it),
+    and so is its estimate against the cost budget (`session.estimate.check_budget`)."""
+    estimate_only: bool = False
+    """An `ask` that stops at its first fan-out: the manager scouts and writes its decision, and the
+    decision's estimate (`RunOutcome.estimate`) is all the run makes (no sub-agent call)."""
 
 
 def _stop_ending(exc: BaseException) -> RunEnding:
@@ -140,6 +148,8 @@ class Session:
             ConfigError: no model for the manager or sub-agents, a model id, search backend or MCP
                 config not usable as given, `--otel` without its extra, an executor that cannot run.
             UserError: `memory_store` holds no store.
+            EstimateOverBudget: `RunOptions.decision`'s estimate (`session.estimate`) costs more,
+                at its low end, than `settings.max_cost_usd`.
         """
         self.settings = settings
         self.options = options = options or RunOptions()
@@ -168,6 +178,11 @@ class Session:
         self._wide = False
         if options.decision is not None and resuming is None:
             self._plan, self._wide = _decision_plan(options.decision, settings, options.executor)
+            if self._plan is not None and settings.max_cost_usd is not None:  # refused before anything is made
+                check_budget(estimate_for(settings, self._plan, options.decision.template, prices=self.meter.prices),
+                             settings.max_cost_usd)
+        self.estimate: Estimate | None = None
+        """An `ask`'s estimate of its first fan-out (`RunOptions.estimate_only`)."""
         self._search: SearchBackend | None = None
         if options.web_tools is None:
             from amapreduce.web.backends import make_backend
@@ -352,6 +367,8 @@ class Session:
         parts, composed = self.parts, decision.composed
         if plan is None and not composed:
             plan = plan_batches(decision, max_batches=parts.engine.config.max_batches)
+        if self.options.kind.is_ask and self._resuming is None:
+            self._before_fan_out(decision, None if composed else plan)
         self._keep(decision, None if composed else plan)
         executor = self.options.executor
         if executor is not None and plan is not None and not composed and len(plan.batches) > (
@@ -370,6 +387,28 @@ class Session:
             self._accumulate(decision, exc.partial)  # a stopped run still keeps the rows it found
             raise
         return result, self._accumulate(decision, result)
+
+    def _before_fan_out(self, decision: Decision, plan: BatchPlan | None) -> None:
+        """An `ask`'s check before a decision of the manager fans out: an estimate-only run stops
+        here with the estimate; a fan-out whose estimate's low end, with what the run spent, is over
+        the cost budget is refused (`EstimateOverBudget`, a budget stop: exit 4). A composed
+        decision is estimated by its known batches (a discovery's map), and not checked. An
+        evaluation's trial is not checked either: its budget is what is left of the evaluation's,
+        which `eval run` keeps (it stops starting trials)."""
+        options, settings = self.options, self.settings
+        checked = settings.max_cost_usd is not None and plan is not None and options.kind is not RunKind.EVAL
+        if not options.estimate_only and not checked:
+            return
+        shown = plan if plan is not None else self.plan_of(decision)
+        estimate = estimate_for(settings, shown, decision.template, prices=self.meter.prices)
+        if options.estimate_only:
+            part = ("; the discovery's map only: the fill is planned once the entities are found"
+                    if decision.discover is not None else "; the decision's own batches, not its children's"
+                    if decision.child is not None else "")
+            self.estimate = dataclasses.replace(estimate, source=estimate.source + part)
+            raise RunCancelled("estimate only: the manager's decision was estimated; no sub-agent was called",
+                               partial=estimate)
+        check_budget(estimate, settings.max_cost_usd, spent_usd=self.meter.cost_usd() or 0.0)
 
     def _keep(self, decision: Decision, plan: BatchPlan | None) -> None:
         """An `ask` keeps the decisions it executes for a resume (`Ledger.keep`, `executed.json`)."""
@@ -469,7 +508,7 @@ class Session:
             kind=run.kind, query=run.query, table=table, markdown=markdown, ending=ending, completeness=completeness,
             run_dir=run.run_dir, meter=self.meter, record=record, decisions=list(ledger.decisions),
             results=list(ledger.results), prior=self.prior, task_id=options.task_id,
-            answer=None if answer is None else str(answer),
+            answer=None if answer is None else str(answer), estimate=self.estimate,
         )
 
     def _extra(self, answer: Any) -> dict[str, Any]:
@@ -492,6 +531,7 @@ class Session:
             **({"discoveries": discoveries} if discoveries else {}),
             "prior": None if prior is None else prior.to_json(),
             "web": web,
+            **({"estimate": self.estimate.to_json()} if self.estimate is not None else {}),
         }
 
     def run_wide(self, decision: Decision, plan: BatchPlan, executor: Executor, *,
