@@ -18,8 +18,6 @@ from amapreduce.cli.help import App
 
 if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
-    from amapreduce.mapreduce.batching import BatchPlan
-    from amapreduce.session.estimate import Estimate
     from amapreduce.session.outcome import RunOutcome
     from amapreduce.settings import Settings
 
@@ -57,31 +55,16 @@ def plan(
     summarised: its first 20 and last 5 batches (--json always lists every batch).
     """
     from amapreduce.decision.model import load_decision
-    from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.session.estimate import plan_decision
     from amapreduce.settings import load_settings
 
     settings = load_settings(max_batches=max_batches, model=model, workers=workers)
     decision = load_decision(decision_file, max_bytes=settings.max_decision_bytes, max_rows=settings.max_decision_rows)
-    cap = settings.batch_cap("user")
-    if decision.discover is not None:
-        # The fill stage's matrix is what discovery finds: only the discovery map can be planned now.
-        from amapreduce.mapreduce.discover import discovery_decision
-
-        mapped = discovery_decision(decision.discover)
-        stage, batch_plan = "discover", plan_batches(mapped, max_batches=cap)
-        first, columns, keys = mapped.task_text(0), mapped.columns, mapped.resolved_key_columns
-        note = "The fill stage is planned once discovery has found its entities."
-    else:
-        stage, batch_plan = "fill", plan_batches(decision, max_batches=cap)
-        first, columns, keys = decision.task_text(0), decision.columns, decision.resolved_key_columns
-        note = f"Each task runs the child decision {_child_name(decision.child)}." if decision.child is not None else ""
-    forecast = _estimate(settings, batch_plan, decision.template) if estimate else None
-    if forecast is not None and decision.child is not None:
-        note = (note + " " if note else "") + "The estimate covers this decision's own batches, not its children's."
+    planned = plan_decision(decision, settings, estimate=estimate)
+    stage, batch_plan, first, columns, keys = planned.stage, planned.plan, planned.first, planned.columns, planned.keys
+    note, forecast = planned.note, planned.estimate
     if as_json:
-        typer.echo(json.dumps({**batch_plan.to_json(), "stage": stage, **({"note": note} if note else {}),
-                               **({"estimate": forecast.to_json()} if forecast is not None else {})},
-                              ensure_ascii=False))
+        typer.echo(json.dumps(planned.to_json(), ensure_ascii=False))
         return
     from rich.console import Console
     from rich.markup import escape
@@ -114,24 +97,14 @@ def plan(
         console.print(escape(line))
 
 
-def _estimate(settings: Settings, plan: BatchPlan, template: str) -> Estimate:
-    """What running `plan` would cost, from the past runs in the runs folder (`session.estimate`)."""
-    from amapreduce.llm.factory import model_for_role, new_meter
-    from amapreduce.session.estimate import estimate_plan, past_runs, profile_of
-
-    model_id = model_for_role(settings, "subagent")
-    profile = profile_of(past_runs(settings.runs_dir), model_id=model_id, template=template)
-    return estimate_plan(plan, workers=settings.workers, profile=profile, model_id=model_id,
-                         prices=new_meter(settings).prices)
-
-
 def _refuse_over_budget(settings: Settings, decision: Decision) -> None:
     """Exit 4 before any call when even the low end of the run's estimate costs more than
     `--max-cost`/`AMAPREDUCE_MAX_COST_USD` (an unpriced model is not refused: its cost is unknown)."""
     from amapreduce.cli.exit_codes import EXIT_BUDGET
     from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.session.estimate import estimate_for
 
-    forecast = _estimate(settings, plan_batches(decision, max_batches=settings.batch_cap("user")), decision.template)
+    forecast = estimate_for(settings, plan_batches(decision, max_batches=settings.batch_cap("user")), decision.template)
     limit = settings.max_cost_usd
     if forecast.cost_usd is not None and limit is not None and forecast.cost_usd[0] > limit:
         typer.echo(f"error: the run would cost ${forecast.cost_usd[0]:.4f} - ${forecast.cost_usd[1]:.4f} "
@@ -139,11 +112,6 @@ def _refuse_over_budget(settings: Settings, decision: Decision) -> None:
                    f"budget of ${limit:.4f}: nothing was run. Raise AMAPREDUCE_MAX_COST_USD, or see the estimate with "
                    "`amapreduce mapreduce plan DECISION.json --estimate`.", err=True)
         raise typer.Exit(EXIT_BUDGET)
-
-
-def _child_name(child: object) -> str:
-    """How `mapreduce plan` names a decision's child: its name in `decisions`, or "(inline)"."""
-    return repr(child) if isinstance(child, str) else "(inline)"
 
 
 @app.command("run", epilog=EXIT_CODES_HELP)

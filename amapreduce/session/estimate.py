@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amapreduce.errors import UserError
 from amapreduce.llm.meter import PriceTable
@@ -37,8 +37,12 @@ from amapreduce.mapreduce.batching import BatchPlan
 from amapreduce.session.rundir import load_run
 from amapreduce.trace import read_trace
 
-__all__ = ["DEFAULTS", "Estimate", "PastRun", "Profile", "estimate_plan", "past_runs", "profile_of", "read_past_run",
-           "similar_templates"]
+if TYPE_CHECKING:
+    from amapreduce.decision.model import Decision
+    from amapreduce.settings import Settings
+
+__all__ = ["DEFAULTS", "DecisionPlan", "Estimate", "PastRun", "Profile", "estimate_for", "estimate_plan", "past_runs",
+           "plan_decision", "profile_of", "read_past_run", "similar_templates"]
 
 MAX_RUNS = 50
 """Past runs read for an estimate, newest first."""
@@ -262,3 +266,63 @@ def estimate_plan(plan: BatchPlan, *, workers: int, profile: Profile, model_id: 
                     wall_s=(waves * profile.calls_per_batch * profile.call_s_median,
                             waves * profile.calls_per_batch * profile.call_s_p90),
                     model_id=model_id, source=profile.source)
+
+
+def estimate_for(settings: Settings, plan: BatchPlan, template: str) -> Estimate:
+    """What running `plan` would cost with `settings`' sub-agent model and workers, from the past
+    runs in `settings.runs_dir`."""
+    from amapreduce.llm.factory import model_for_role, new_meter
+
+    model_id = model_for_role(settings, "subagent")
+    profile = profile_of(past_runs(settings.runs_dir), model_id=model_id, template=template)
+    return estimate_plan(plan, workers=settings.workers, profile=profile, model_id=model_id,
+                         prices=new_meter(settings).prices)
+
+
+@dataclass(frozen=True)
+class DecisionPlan:
+    """What `mapreduce plan` shows of a decision: its batch plan (for a discovery, its map's), the
+    first sub-question, and, when asked, the estimate."""
+
+    stage: str
+    """`fill`, or `discover` (the fill is planned once discovery has found its entities)."""
+    plan: BatchPlan
+    first: str
+    columns: list[str]
+    keys: list[str]
+    note: str
+    estimate: Estimate | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `mapreduce plan --json` object: the batch plan, `stage`, and `note`, `estimate` when there are."""
+        return {**self.plan.to_json(), "stage": self.stage, **({"note": self.note} if self.note else {}),
+                **({"estimate": self.estimate.to_json()} if self.estimate is not None else {})}
+
+
+def plan_decision(decision: Decision, settings: Settings, *, estimate: bool = False) -> DecisionPlan:
+    """`decision`'s batch plan under the user's cap (`Settings.batch_cap`), with its estimate when asked.
+
+    Raises:
+        DecisionError: the plan is larger than the cap.
+    """
+    from amapreduce.mapreduce.batching import plan_batches
+
+    cap = settings.batch_cap("user")
+    if decision.discover is not None:
+        from amapreduce.mapreduce.discover import discovery_decision
+
+        mapped = discovery_decision(decision.discover)
+        stage, batch_plan = "discover", plan_batches(mapped, max_batches=cap)
+        first, columns, keys = mapped.task_text(0), mapped.columns, mapped.resolved_key_columns
+        note = "The fill stage is planned once discovery has found its entities."
+    else:
+        stage, batch_plan = "fill", plan_batches(decision, max_batches=cap)
+        first, columns, keys = decision.task_text(0), decision.columns, decision.resolved_key_columns
+        child = decision.child
+        note = (f"Each task runs the child decision {repr(child) if isinstance(child, str) else '(inline)'}."
+                if child is not None else "")
+    forecast = estimate_for(settings, batch_plan, decision.template) if estimate else None
+    if forecast is not None and decision.child is not None:
+        note = (note + " " if note else "") + "The estimate covers this decision's own batches, not its children's."
+    return DecisionPlan(stage=stage, plan=batch_plan, first=first, columns=list(columns), keys=list(keys), note=note,
+                        estimate=forecast)
