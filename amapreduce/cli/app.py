@@ -35,6 +35,7 @@ _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
     ("amapreduce.cli.web", "register", None, "Search, crawl, cache and corpus commands."),
     ("amapreduce.cli.demo", "register", None, "Run the whole pipeline offline with a simulated model."),
     ("amapreduce.cli.ui", "register", None, "Look at runs, tables, traces, memory and evaluations in a browser."),
+    ("amapreduce.cli.mcp_serve", "app", "mcp", "Serve wide search to MCP clients (Claude Desktop, IDEs, agents)."),
 )
 
 app = App(
