@@ -103,10 +103,10 @@ def test_a_client_over_stdio_lists_the_tools_and_runs_each(
 ) -> None:
     tasks, index, cache = world
     runs = tmp_path / "runs"
-    progress: list[tuple[float, float | None, str | None]] = []
+    notified: list[tuple[float, float | None, str | None]] = []
 
-    async def on_progress(done: float, total: float | None, message: str | None) -> None:
-        progress.append((done, total, message))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        notified.append((progress, total, message))
 
     async def work(client: Client) -> None:
         listed = await client.list_tools()
@@ -118,9 +118,9 @@ def test_a_client_over_stdio_lists_the_tools_and_runs_each(
         assert found["columns"] == list(found["rows"][0])
         run_id = found["run_id"]
         assert (runs / run_id / "result.json").is_file()
-        assert progress[0][2] == f"run {run_id} started"
-        assert any("batches" in (m or "") for _, _, m in progress[1:])
-        assert [p for p, _, _ in progress] == sorted({p for p, _, _ in progress})  # it only ever grows
+        assert notified[0][2] == f"run {run_id} started"
+        assert any("batches" in (m or "") for _, _, m in notified[1:])
+        assert [p for p, _, _ in notified] == sorted({p for p, _, _ in notified})  # it only ever grows
 
         status = result_of(await client.call_tool("run_status", {"run_id": run_id}))
         assert status["status"] == "complete" and status["kind"] == "ask"
@@ -142,16 +142,17 @@ def test_a_client_over_stdio_lists_the_tools_and_runs_each(
         assert planned["estimate"]["batches"] == 2 and planned["estimate"]["calls"]["low"] >= 2
 
         # Bad arguments are tool errors with the reason; the server keeps serving.
-        for name, arguments, reason in [
+        refused: list[tuple[str, dict[str, Any], str]] = [
             ("run_status", {"run_id": "../elsewhere"}, "run_id must be a run id"),
             ("run_table", {"run_id": "no-such-run"}, "no run 'no-such-run'"),
             ("plan", {"decision": {"task_matrix": []}}, "decision"),
             ("enrich", {"rows": [{"Country": "Malta"}], "columns": ["Country"]}, "Country"),
             ("wide_search", {"question": " "}, "question must not be empty"),
-        ]:
+        ]
+        for name, arguments, reason in refused:
             failed = await client.call_tool(name, arguments)
             assert failed.is_error, (name, failed)
-            assert reason in failed.content[0].text
+            assert reason in getattr(failed.content[0], "text", "")
         assert [t.name for t in (await client.list_tools()).tools] == list(TOOL_NAMES)
 
     over_stdio(server_args(served.base_url, index, runs), cache, tmp_path, work)
@@ -194,7 +195,7 @@ def test_a_cancelled_wide_search_stops_its_run_and_keeps_the_rows_found(
     model = HeldSubAgents()
     messages: list[str] = []
 
-    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         messages.append(message or "")
 
     async def work(client: Client) -> None:
