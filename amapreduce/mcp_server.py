@@ -25,6 +25,8 @@ Stdio carries nothing but JSON-RPC (the SDK diverts stray writes to stdout onto 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +94,8 @@ class _Progress:
         if event.kind == "started":
             self.run_id = str(event.data.get("run"))
         if event.kind != "attempt":  # a batch's attempts show in its `batch_done`; a retry in the run's status
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            with contextlib.suppress(RuntimeError):  # the server has stopped: nobody to tell
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
     def close(self) -> None:
         """No more events (called on the event loop)."""
@@ -219,7 +222,7 @@ def build_server(options: ServerOptions) -> MCPServer:
         "Check a MapReduce decision (task matrix, template, output columns, batch strategy; the format of "
         "`amapreduce mapreduce plan`) without running it: its batch plan and an estimate of the sub-agent calls, "
         "tokens, cost and wall time, from past runs of sub-questions worded alike (else documented defaults)."))
-    async def plan(
+    def plan(
         decision: Annotated[dict[str, Any], Field(description="The decision, as in a decision JSON file.")],
     ) -> dict[str, Any]:
         from amapreduce.decision.model import Decision
@@ -234,7 +237,7 @@ def build_server(options: ServerOptions) -> MCPServer:
     @server.tool(name="run_status", description=(
         "How a run stands, by its id: kind, question, status (running, complete, incomplete, stopped: ..., "
         "interrupted, failed), batches done of total, completeness, usage, its folder."))
-    async def run_status(run_id: Annotated[str, Field(description="The run id a call returned.")]) -> dict[str, Any]:
+    def run_status(run_id: Annotated[str, Field(description="The run id a call returned.")]) -> dict[str, Any]:
         data = _load(options, run_id)
         keep = ("kind", "query", "status", "state", "progress", "completeness", "error", "run_dir")
         return {"run_id": run_id, **{k: data.get(k) for k in keep},
@@ -243,7 +246,7 @@ def build_server(options: ServerOptions) -> MCPServer:
     @server.tool(name="run_table", description=(
         "A run's table, by its id: columns and rows (a missing cell is null), as its folder keeps it; a stopped "
         "or interrupted run's rows are those found before it stopped."))
-    async def run_table(run_id: Annotated[str, Field(description="The run id a call returned.")]) -> dict[str, Any]:
+    def run_table(run_id: Annotated[str, Field(description="The run id a call returned.")]) -> dict[str, Any]:
         data = _load(options, run_id)
         if not isinstance(data.get("table"), Mapping):
             raise ToolError(f"run {run_id!r} has no table yet (status {data.get('status')}).")
@@ -264,9 +267,18 @@ def _load(options: ServerOptions, run_id: str) -> dict[str, Any]:
 
 
 def serve(options: ServerOptions, *, http: bool = False, port: int = 8000) -> None:
-    """Serve until the client closes stdio (or, with `http`, until Ctrl-C) on 127.0.0.1:`port`."""
+    """Serve until the client closes stdio (or, with `http`, until Ctrl-C) on 127.0.0.1:`port`.
+
+    Raises:
+        UserError: with `http`, the port cannot be bound (taken, or not allowed).
+    """
     server = build_server(options)
     if http:
+        with socket.socket() as probe:  # a port in use is the user's to change, said in one line
+            try:
+                probe.bind((HOST, port))
+            except OSError as exc:
+                raise UserError(f"cannot serve on {HOST}:{port}: {exc.strerror or exc}. Choose another --port.") from None
         server.run("streamable-http", host=HOST, port=port)
     else:
         server.run("stdio")

@@ -27,6 +27,7 @@ from mcp import Client, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 import amapreduce
+from amapreduce.cli.app import main
 from amapreduce.demo.run import load_sandbox_tasks
 from amapreduce.demo.serve import SERVED_MODEL_NAME, serving_model
 from amapreduce.mcp_server import TOOL_NAMES
@@ -268,10 +269,18 @@ def test_a_client_over_streamable_http_on_loopback(
         process.wait(WAIT_S)
 
 
-def test_the_http_server_binds_loopback_only() -> None:
-    from amapreduce.mcp_server import HOST
-
-    assert HOST == "127.0.0.1"
+def test_a_taken_port_or_no_model_is_a_usage_error_before_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["mcp", "serve", "--http", "--port", str(port), "--model", "simulated"]) == 2
+    assert f"cannot serve on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert main(["mcp", "serve"]) == 2
+    assert "no model" in capsys.readouterr().err
 
 
 def inspector() -> list[str]:

@@ -34,8 +34,8 @@ def serve(
 ) -> None:
     """Serve wide_search, enrich, plan, run_status and run_table to an MCP client (stdio by default).
 
-    Every run gets these options, as `amapreduce ask` does; a run id is its folder's name under the runs
-    folder. Stdio carries only JSON-RPC (logs go to stderr). A client's config (Claude Desktop):
+    Every run gets these options, as `amapreduce ask` does; a run id is its folder's name under the runs folder.
+    Stdio carries only JSON-RPC (logs go to stderr). A client's config (Claude Desktop):
     {"mcpServers": {"amapreduce": {"command": "amapreduce", "args": ["mcp", "serve", "--model", "openai/gpt-5-mini"]}}}
     """
     from amapreduce.mcp_server import ServerOptions
