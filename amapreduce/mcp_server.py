@@ -202,7 +202,7 @@ def build_server(options: ServerOptions) -> MCPServer:
         rows: Annotated[list[dict[str, Any]], Field(description="The rows, e.g. [{\"company\": \"Acme\"}].")],
         columns: Annotated[list[str], Field(description="The columns to add, e.g. [\"CEO\", \"Founded\"].")],
         ctx: Context,
-        key: Annotated[list[str] | None, Field(description=(
+        key: Annotated[list[str] | str | None, Field(description=(
             "The field(s) that name each row (default: the first field whose values name every row once)."))] = None,
         instructions: Annotated[str | None, Field(description="Extra guidance for every sub-agent.")] = None,
     ) -> dict[str, Any]:

@@ -131,7 +131,7 @@ def test_a_client_over_stdio_lists_the_tools_and_runs_each(
 
         rows = [{"Country": "Malta", "Note": "first"}, {"Country": "Austria", "Note": None},
                 {"Country": "Estonia", "Note": "last"}]
-        enriched = result_of(await client.call_tool("enrich", {"rows": rows, "columns": ["Capital"], "key": ["Country"]}))
+        enriched = result_of(await client.call_tool("enrich", {"rows": rows, "columns": ["Capital"], "key": "Country"}))
         assert enriched["columns"] == ["Country", "Note", "Capital", "enrich_status"]
         assert [(r["Country"], r["Note"], r["Capital"]) for r in enriched["rows"]] == [
             ("Malta", "first", "Valletta"), ("Austria", None, "Vienna"), ("Estonia", "last", "Tallinn")]
