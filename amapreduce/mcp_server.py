@@ -145,9 +145,8 @@ def _rows(table: Mapping[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
     columns = [str(c) for c in table.get("columns") or []]
     rows = []
     for row in table.get("rows") or []:
-        cells = row.get("cells") or {}
-        rows.append({c: None if (cells.get(c) or {}).get("status") == "missing" else (cells.get(c) or {}).get("value")
-                     for c in columns})
+        cells = {c: (row.get("cells") or {}).get(c) or {} for c in columns}
+        rows.append({c: None if cell.get("status") == "missing" else cell.get("value") for c, cell in cells.items()})
     return columns, rows
 
 
