@@ -20,7 +20,7 @@ import pytest
 import amapreduce
 from amapreduce.cli.app import main
 from amapreduce.errors import EstimateOverBudget
-from tests.test_cli_exit_codes import DECISION, ITEMS, CLOSED_PORT, Items, decision_file, serving
+from tests.test_cli_exit_codes import CLOSED_PORT, DECISION, ITEMS, Items, decision_file, serving
 
 ASK = ["ask", "What is the code of each item?", "--model", "sim-model", "--no-memory"]
 

@@ -18,9 +18,23 @@ import typer
 import typer.main
 
 from amapreduce._version import __version__
-from amapreduce.cli.exit_codes import EXIT_BUDGET, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ROOT_EXIT_CODES_HELP
+from amapreduce.cli.exit_codes import (
+    EXIT_BUDGET,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ROOT_EXIT_CODES_HELP,
+)
 from amapreduce.cli.help import App
-from amapreduce.errors import AmapreduceError, EstimateOverBudget, RunError, StorageError, UserError, storage_error
+from amapreduce.errors import (
+    AmapreduceError,
+    EstimateOverBudget,
+    RunError,
+    StorageError,
+    UserError,
+    storage_error,
+)
 
 __all__ = ["app", "main", "run"]
 
@@ -35,6 +49,7 @@ _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
     ("amapreduce.cli.web", "register", None, "Search, crawl, cache and corpus commands."),
     ("amapreduce.cli.demo", "register", None, "Run the whole pipeline offline with a simulated model."),
     ("amapreduce.cli.ui", "register", None, "Look at runs, tables, traces, memory and evaluations in a browser."),
+    ("amapreduce.cli.mcp_serve", "app", "mcp", "Serve wide search to MCP clients (Claude Desktop, IDEs, agents)."),
 )
 
 app = App(

@@ -17,10 +17,7 @@ from amapreduce.cli.exit_codes import EXIT_CODES_HELP
 from amapreduce.cli.help import App
 
 if TYPE_CHECKING:
-    from amapreduce.mapreduce.batching import BatchPlan
-    from amapreduce.session.estimate import Estimate
     from amapreduce.session.outcome import RunOutcome
-    from amapreduce.settings import Settings
 
 __all__ = ["app", "report_run"]
 
@@ -56,31 +53,16 @@ def plan(
     summarised: its first 20 and last 5 batches (--json always lists every batch).
     """
     from amapreduce.decision.model import load_decision
-    from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.session.estimate import plan_decision
     from amapreduce.settings import load_settings
 
     settings = load_settings(max_batches=max_batches, model=model, workers=workers)
     decision = load_decision(decision_file, max_bytes=settings.max_decision_bytes, max_rows=settings.max_decision_rows)
-    cap = settings.batch_cap("user")
-    if decision.discover is not None:
-        # The fill stage's matrix is what discovery finds: only the discovery map can be planned now.
-        from amapreduce.mapreduce.discover import discovery_decision
-
-        mapped = discovery_decision(decision.discover)
-        stage, batch_plan = "discover", plan_batches(mapped, max_batches=cap)
-        first, columns, keys = mapped.task_text(0), mapped.columns, mapped.resolved_key_columns
-        note = "The fill stage is planned once discovery has found its entities."
-    else:
-        stage, batch_plan = "fill", plan_batches(decision, max_batches=cap)
-        first, columns, keys = decision.task_text(0), decision.columns, decision.resolved_key_columns
-        note = f"Each task runs the child decision {_child_name(decision.child)}." if decision.child is not None else ""
-    forecast = _estimate(settings, batch_plan, decision.template) if estimate else None
-    if forecast is not None and decision.child is not None:
-        note = (note + " " if note else "") + "The estimate covers this decision's own batches, not its children's."
+    planned = plan_decision(decision, settings, estimate=estimate)
+    stage, batch_plan, first, columns, keys = planned.stage, planned.plan, planned.first, planned.columns, planned.keys
+    note, forecast = planned.note, planned.estimate
     if as_json:
-        typer.echo(json.dumps({**batch_plan.to_json(), "stage": stage, **({"note": note} if note else {}),
-                               **({"estimate": forecast.to_json()} if forecast is not None else {})},
-                              ensure_ascii=False))
+        typer.echo(json.dumps(planned.to_json(), ensure_ascii=False))
         return
     from rich.console import Console
     from rich.markup import escape
@@ -111,18 +93,6 @@ def plan(
         console.print(escape(note))
     for line in forecast.lines() if forecast is not None else []:
         console.print(escape(line))
-
-
-def _estimate(settings: Settings, plan: BatchPlan, template: str) -> Estimate:
-    """What running `plan` would cost, from the past runs in the runs folder (`session.estimate`)."""
-    from amapreduce.session.estimate import estimate_for
-
-    return estimate_for(settings, plan, template)
-
-
-def _child_name(child: object) -> str:
-    """How `mapreduce plan` names a decision's child: its name in `decisions`, or "(inline)"."""
-    return repr(child) if isinstance(child, str) else "(inline)"
 
 
 @app.command("run", epilog=EXIT_CODES_HELP)

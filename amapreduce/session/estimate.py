@@ -38,10 +38,11 @@ from amapreduce.session.rundir import load_run
 from amapreduce.trace import read_trace
 
 if TYPE_CHECKING:
+    from amapreduce.decision.model import Decision
     from amapreduce.settings import Settings
 
-__all__ = ["DEFAULTS", "Estimate", "PastRun", "Profile", "check_budget", "estimate_for", "estimate_plan", "past_runs",
-           "profile_of", "read_past_run", "recorded_decisions", "similar_templates"]
+__all__ = ["DEFAULTS", "DecisionPlan", "Estimate", "PastRun", "Profile", "check_budget", "estimate_for", "estimate_plan",
+           "past_runs", "plan_decision", "profile_of", "read_past_run", "recorded_decisions", "similar_templates"]
 
 MAX_RUNS = 50
 """Past runs read for an estimate, newest first."""
@@ -304,3 +305,52 @@ def check_budget(estimate: Estimate, max_cost_usd: float | None, *, spent_usd: f
         f"{estimate.calls[0]:,} - {estimate.calls[1]:,} model calls, from {estimate.source}), over the budget of "
         f"${max_cost_usd:.4f}: nothing was run. Raise --max-cost (AMAPREDUCE_MAX_COST_USD), or see the estimate "
         "with --estimate.", low_usd=low, high_usd=high, spent_usd=spent_usd, max_cost_usd=max_cost_usd)
+
+
+@dataclass(frozen=True)
+class DecisionPlan:
+    """What `mapreduce plan` shows of a decision: its batch plan (for a discovery, its map's), the
+    first sub-question, and, when asked, the estimate."""
+
+    stage: str
+    """`fill`, or `discover` (the fill is planned once discovery has found its entities)."""
+    plan: BatchPlan
+    first: str
+    columns: list[str]
+    keys: list[str]
+    note: str
+    estimate: Estimate | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `mapreduce plan --json` object: the batch plan, `stage`, and `note`, `estimate` when there are."""
+        return {**self.plan.to_json(), "stage": self.stage, **({"note": self.note} if self.note else {}),
+                **({"estimate": self.estimate.to_json()} if self.estimate is not None else {})}
+
+
+def plan_decision(decision: Decision, settings: Settings, *, estimate: bool = False) -> DecisionPlan:
+    """`decision`'s batch plan under the user's cap (`Settings.batch_cap`), with its estimate when asked.
+
+    Raises:
+        DecisionError: the plan is larger than the cap.
+    """
+    from amapreduce.mapreduce.batching import plan_batches
+
+    cap = settings.batch_cap("user")
+    if decision.discover is not None:
+        from amapreduce.mapreduce.discover import discovery_decision
+
+        mapped = discovery_decision(decision.discover)
+        stage, batch_plan = "discover", plan_batches(mapped, max_batches=cap)
+        first, columns, keys = mapped.task_text(0), mapped.columns, mapped.resolved_key_columns
+        note = "The fill stage is planned once discovery has found its entities."
+    else:
+        stage, batch_plan = "fill", plan_batches(decision, max_batches=cap)
+        first, columns, keys = decision.task_text(0), decision.columns, decision.resolved_key_columns
+        child = decision.child
+        note = (f"Each task runs the child decision {repr(child) if isinstance(child, str) else '(inline)'}."
+                if child is not None else "")
+    forecast = estimate_for(settings, batch_plan, decision.template) if estimate else None
+    if forecast is not None and decision.child is not None:
+        note = (note + " " if note else "") + "The estimate covers this decision's own batches, not its children's."
+    return DecisionPlan(stage=stage, plan=batch_plan, first=first, columns=list(columns), keys=list(keys), note=note,
+                        estimate=forecast)

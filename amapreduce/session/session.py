@@ -46,6 +46,7 @@ from amapreduce.mapreduce.result import (
     completeness_record,
     stop_ending,
 )
+from amapreduce.progress import ProgressEvent
 from amapreduce.session.estimate import Estimate, check_budget, estimate_for
 from amapreduce.session.journal import RunKind
 from amapreduce.session.ledger import Ledger
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     from amapreduce.mapreduce.batching import BatchPlan
     from amapreduce.mapreduce.prior import PriorProvider
     from amapreduce.mapreduce.solver import BatchSolver
+    from amapreduce.progress import ProgressSink
     from amapreduce.session.executor import Executor
     from amapreduce.session.journal import RunJournal
     from amapreduce.settings import Settings
@@ -113,6 +115,10 @@ class RunOptions:
     changes the memory; learning happens after scoring)."""
     show_progress: bool | None = None
     """False: no progress; True: the live display; None: live on a terminal, else plain lines."""
+    on_progress: ProgressSink | None = None
+    """Also gets the run's progress events, whatever `show_progress` says (an MCP client's progress
+    notifications): first `started` (its `data`: `run`, the run folder's name, and `run_dir`), then
+    the engine's. Called from the run's threads; it must not block."""
     executor: Executor | None = None
     """Runs a plain decision too wide for one engine run in chunks elsewhere (None: all here)."""
     solver: BatchSolver | None = None
@@ -241,8 +247,13 @@ class Session:
             run = self._stack.enter_context(start_run(settings, kind=options.kind, query=options.query,
                                                       meter=self.meter, task_id=options.task_id, trial=options.trial))
         self._run, self.trace = run, run.run_dir.trace
-        progress = self._stack.enter_context(RunProgress(self.meter, enabled=options.show_progress))
+        progress = self._stack.enter_context(RunProgress(self.meter, enabled=options.show_progress,
+                                                         sink=options.on_progress))
         self._progress = progress
+        if options.on_progress is not None:
+            path = run.run_dir.path
+            options.on_progress(ProgressEvent(kind="started", phase="starting", done=0, total=0,
+                                              data={"run": path.name, "run_dir": str(path)}))
         for model in self.models.values():
             model.trace, model.on_retry = self.trace, progress.on_provider_retry
         parts = build_parts(
