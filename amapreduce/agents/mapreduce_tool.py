@@ -91,6 +91,18 @@ _DESCRIPTION = (
 )
 
 
+def _without_wall_time(value: Any) -> Any:
+    """The typed advice as the manager sees it: without the wall times (`mean_wall_s`), which vary
+    with the machine's load from run to run. A plan stage's output depends on the memory's state
+    alone, so an evaluation resumed, or run on Ray, gives the manager the same text as one run
+    straight through; `result.json` and `memory search --json` keep the wall times."""
+    if isinstance(value, dict):
+        return {k: _without_wall_time(v) for k, v in value.items() if k != "mean_wall_s"}
+    if isinstance(value, list):
+        return [_without_wall_time(v) for v in value]
+    return value
+
+
 class MapReduceTool(Tool):
     """The manager's `mapreduce` tool (see the module docstring): stateless over its `session`."""
 
@@ -254,7 +266,7 @@ class MapReduceTool(Tool):
         }
         payload: dict[str, Any] = {"call_stage": "plan", "experiential_prior": prior_text, "current_mapreduce_args": args}
         if prior.advice is not None:
-            advice = dict(prior.advice)
+            advice = _without_wall_time(prior.advice)
             applies = self.session.advice_mode() == "apply" and advice.get("proposal") is not None
             payload["memory_advice"] = {**advice, "mode": self.session.advice_mode(),
                                         "applied_at_execute": applies}
