@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
     from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
+    from amapreduce.progress import ProgressSink
     from amapreduce.session.executor import Executor
 
 __all__ = [
@@ -309,6 +310,7 @@ def ask(
     max_tokens: int | None = None,
     runs_dir: str | os.PathLike[str] | None = None,
     show_progress: bool | None = False,
+    on_progress: ProgressSink | None = None,
     **settings: Any,
 ) -> RunResult:
     """Answer a wide-search question with a table, as `amapreduce ask` does.
@@ -322,11 +324,15 @@ def ask(
         workers: sub-agents running at once.
         memory: an experiential-memory store for the plan stage; None: the default store when it
             holds one; False: none.
-        max_cost: stop after spending this many dollars (the partial table is kept).
+        max_cost: stop after spending this many dollars (the partial table is kept); a fan-out whose
+            estimate's low end (plus what the manager spent) costs more is not started: the run
+            stops with the numbers in its `ending` (status `stopped: ...`).
         max_tokens: stop after this many tokens.
         runs_dir: where the run directory is made (default: `runs/`).
         show_progress: False (default): print nothing; None: as the CLI (a live bar on a terminal,
             else lines on stderr); True: the live bar.
+        on_progress: also called with each `ProgressEvent` of the run, from its threads: first
+            `started` (`data["run"]`: the run folder's name), then the engine's phases and batches.
         **settings: any other field of `amapreduce.settings.Settings` by its name
             (`extraction_model='none'`, `max_batches=20`, `cache_dir=...`).
 
@@ -349,7 +355,7 @@ def ask(
     config = _settings(named, settings)
     store = memory_store_for(memory if isinstance(memory, bool | None) else Path(memory), config, named="memory=")
     session = Session(config, RunOptions(query=query, memory_store=store, show_progress=show_progress,
-                                         executor=_executor(config)))
+                                         on_progress=on_progress, executor=_executor(config)))
     with session:
         outcome = session.ask()
     return _returned(RunResult(outcome))
@@ -368,6 +374,7 @@ def run_decision(
     runs_dir: str | os.PathLike[str] | None = None,
     label: str | None = None,
     show_progress: bool | None = False,
+    on_progress: ProgressSink | None = None,
     **settings: Any,
 ) -> RunResult:
     """Run a decision through the engine and search sub-agents, with no manager, as
@@ -379,10 +386,12 @@ def run_decision(
         label: names the run directory and is recorded as its query (default: the file's name
             without `.json`, else `decision`).
         model, api_base, api_key, search, workers, max_cost, max_tokens, runs_dir, show_progress,
-            **settings: as for `ask`. The batch plan is capped only when `max_batches` is given.
+            on_progress, **settings: as for `ask`. The batch plan is capped only when `max_batches` is given.
 
     Raises:
         DecisionError: the decision is invalid, or its batch plan is larger than `max_batches`.
+        EstimateOverBudget: even the low end of the run's estimate costs more than `max_cost`
+            (refused before any model call, no run directory made; the message holds the numbers).
         ConfigError, RunError, KeyboardInterrupt: as for `ask`.
     """
     from amapreduce.decision.model import Decision, load_decision
@@ -402,7 +411,8 @@ def run_decision(
     else:
         raise UserError(f"decision must be a Decision, a dict or the path of a JSON file, got {type(decision).__name__}.")
     session = Session(config, RunOptions(kind=RunKind.MAPREDUCE_RUN, query=label or default_label, decision=parsed,
-                                         show_progress=show_progress, executor=_executor(config)))
+                                         show_progress=show_progress, on_progress=on_progress,
+                                         executor=_executor(config)))
     with session:
         outcome = session.run()
     return _returned(RunResult(outcome))
@@ -477,8 +487,8 @@ def _in_a_thread(function: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]
 
     variant.__name__ = variant.__qualname__ = f"{function.__name__}_async"
     variant.__doc__ = (
-        f"`{function.__name__}` for code that already runs an event loop (a notebook): the same keywords, "
-        "the same `RunResult` and errors; the call runs in a worker thread. Cancelling the task interrupts "
+        f"`{function.__name__}` for code that already runs an event loop (a notebook, an MCP server): the same keywords, "
+        "the same result and errors; the call runs in a worker thread. Cancelling the task interrupts "
         "the run as Ctrl-C does and ends once its run directory recorded `stopped: interrupted`."
     )
     return variant

@@ -12,14 +12,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amapreduce.api import RunResult, _returned, _settings
+from amapreduce.api import RunResult, _in_a_thread, _returned, _settings
 from amapreduce.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
     from pydantic import SecretStr
 
-__all__ = ["enrich"]
+    from amapreduce.progress import ProgressSink
+
+__all__ = ["enrich", "enrich_async"]
 
 
 def enrich(
@@ -40,6 +42,7 @@ def enrich(
     max_tokens: int | None = None,
     runs_dir: str | os.PathLike[str] | None = None,
     show_progress: bool | None = False,
+    on_progress: ProgressSink | None = None,
     **settings: Any,
 ) -> pd.DataFrame:
     """Enrich a list you already have, as `amapreduce enrich` does: each row becomes one
@@ -56,7 +59,7 @@ def enrich(
             `c evidence`.
         batch_size: rows per sub-agent (default: 16 cells per sub-agent over the row's width).
         model, api_base, api_key, search, workers, memory, max_cost, max_tokens, runs_dir,
-            show_progress, **settings: as for `ask`.
+            show_progress, on_progress, **settings: as for `ask`.
 
     Returns:
         The input rows in their order, every input column as given, then the new columns (None where
@@ -66,6 +69,8 @@ def enrich(
     Raises:
         UserError: bad input (no such column, a repeated or blank key, an empty or too large file,
             a column already in the list), before any model call and with no run directory made.
+        EstimateOverBudget: even the low end of the run's estimate costs more than `max_cost`
+            (refused before any model call, no run directory made; the message holds the numbers).
         ConfigError, RunError, KeyboardInterrupt: as for `ask`.
     """
     import pandas as pd
@@ -87,8 +92,11 @@ def enrich(
                                label=label)
     request.decision()  # a cell the template cannot take is refused here, before anything runs
     store = memory_store_for(memory if isinstance(memory, bool | None) else Path(memory), config, named="memory=")
-    done = run_enrichment(request, config, memory_store=store, show_progress=show_progress)
+    done = run_enrichment(request, config, memory_store=store, show_progress=show_progress, on_progress=on_progress)
     _returned(RunResult(done.outcome))
     out = done.frame(evidence=evidence)
     out.attrs.update(run_dir=str(done.outcome.run_dir.path), status=str(done.outcome.status))
     return out
+
+
+enrich_async = _in_a_thread(enrich)

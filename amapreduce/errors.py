@@ -9,6 +9,7 @@ AmapreduceError                 base of everything we raise on purpose
 │   ├── SolverError             one sub-agent attempt failed (crash, bad reply)
 │   ├── BatchTimeout            one sub-agent attempt ran past its deadline
 │   ├── BudgetExceeded          the run's cost or token budget is spent; the run stops cleanly
+│   │   └── EstimateOverBudget  even the low end of the run's estimate costs more than its budget: refused before the fan-out
 │   ├── ProviderUnavailable     a model provider's circuit breaker is open: the provider is down; the run stops
 │   │   ├── SearchUnavailable   a search backend's circuit breaker is open: search is down; the run stops
 │   │   └── ProviderRejected    a provider refused the run's requests for good (wrong key, no access,
@@ -39,6 +40,7 @@ __all__ = [
     "BudgetExceeded",
     "ConfigError",
     "DecisionError",
+    "EstimateOverBudget",
     "ProviderRejected",
     "ProviderUnreachable",
     "ProviderUnavailable",
@@ -107,6 +109,19 @@ class BatchTimeout(RunError):
 
 class BudgetExceeded(RunError):
     """The run's cost or token budget is spent; the run stops and keeps what it has."""
+
+
+class EstimateOverBudget(BudgetExceeded):
+    """Even the low end of a run's estimate (`session.estimate`) costs more than its cost budget
+    (`--max-cost`, `max_cost=`, `AMAPREDUCE_MAX_COST_USD`): the fan-out is refused before any
+    sub-agent call (the CLI exits 4). The message holds the numbers; so do the fields `low_usd`,
+    `high_usd` (the estimate's cost range), `spent_usd` (what the run had spent already: an
+    `ask`'s manager) and `max_cost_usd` (the budget)."""
+
+    low_usd: float
+    high_usd: float
+    spent_usd: float
+    max_cost_usd: float
 
 
 class ProviderUnavailable(RunError):

@@ -24,6 +24,7 @@ from amapreduce.api import to_dataframe
 from amapreduce.demo.run import load_sandbox_tasks
 from amapreduce.demo.serve import SERVED_MODEL_NAME, serving_model
 from amapreduce.llm.guard import allow_model_requests
+from amapreduce.progress import ProgressEvent
 from amapreduce.settings import Settings
 from amapreduce.table.table import Table
 from amapreduce.testing.openai_server import OpenAICompatibleServer
@@ -282,6 +283,17 @@ def test_cancelling_run_decision_async_keeps_the_rows_found(world: Any, notebook
     assert record["status"] == "stopped: interrupted"
     assert record["completeness"]["rows"] == 3  # the matrix's entities are kept ...
     assert record["completeness"]["missing_cells"] >= 4  # ... and the batches after the first never started
+
+
+def test_on_progress_gets_the_runs_events_first_its_start_naming_the_run(
+    served: OpenAICompatibleServer, world: Any, notebook: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    events: list[ProgressEvent] = []
+    r = amapreduce.run_decision(DECISION, workers=1, on_progress=events.append, **_endpoint(served, world))
+    assert capfd.readouterr() == ("", "")  # the events reach the callback, and nothing is printed
+    assert (events[0].kind, events[0].data) == ("started", {"run": r.run_dir.name, "run_dir": str(r.run_dir)})
+    done = [e for e in events if e.kind == "batch_done"]
+    assert done and done[-1].done == done[-1].total
 
 
 def test_a_spent_budget_returns_the_partial_result(served: OpenAICompatibleServer, world: Any, notebook: Path) -> None:

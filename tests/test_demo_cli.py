@@ -68,7 +68,7 @@ def test_demo_teaches_its_memory_and_the_next_task_of_the_family_uses_it(
     prior = second["memory"]["prior"]
     assert len(prior["hint_ids"]) == 1 and "put up to 3 rows in one sub-agent batch" in prior["text"]
     decision = json.loads((Path(second["run_dir"]) / "result.json").read_text())["decisions"][0]
-    assert decision["batch_size"] == 3 and decision["batch_strategy"]["rationale"].startswith("following experience")
+    assert decision["batch_size"] == 3 and decision["batch_strategy"]["rationale"].startswith("following the typed advice")
     credit = second["memory"]["learned"]["prior_hints"]
     assert [(c["w_before"], c["w_after"]) for c in credit] == [(2, 4)]  # +2: the run succeeded
     assert second["memory"]["learned"]["records"] == 2

@@ -19,13 +19,14 @@ from sessions import ask as run_ask
 from amapreduce.decision.model import Decision
 from amapreduce.demo.faults import FaultPlan
 from amapreduce.demo.hints import (
-    HINT_HEADER,
     BatchingHint,
     RowShape,
+    advice_of,
     format_hint,
     hint_applies,
     parse_hint,
-    prior_hints,
+    read_hint,
+    write_hint,
 )
 from amapreduce.demo.memory_model import MEMORY_MODEL_ID, SimulatedMemoryModel
 from amapreduce.demo.model import (
@@ -38,19 +39,20 @@ from amapreduce.demo.model import (
 from amapreduce.demo.plan import (
     EXPLORATION_SIZES,
     Batching,
+    advised_batching,
     default_batching,
     explore_batching,
-    hinted_batching,
     plan_cap,
 )
 from amapreduce.demo.run import demo_settings, load_sandbox_tasks, score_answer
 from amapreduce.llm.factory import new_meter
 from amapreduce.mapreduce.prior import Prior, PriorRequest
 from amapreduce.memory import ExperientialMemory, MemoryConfig
+from amapreduce.memory.advice import compute_advice
 from amapreduce.memory.llm import ask
 from amapreduce.memory.parsing import parse_list, parse_operations
 from amapreduce.memory.records import DecisionSummary, TraceSummary
-from amapreduce.memory.retrieval import Neighbour, Retrieval, ScoredHint, render_prior
+from amapreduce.memory.retrieval import Retrieval, ScoredHint
 from amapreduce.memory.store import insert_hint
 from amapreduce.prompts import render_prompt
 from amapreduce.session.outcome import RunOutcome as AskOutcome
@@ -110,8 +112,22 @@ def asked(prompt: str) -> int:
     return len(re.findall(r"^\d+\. ", prompt.partition("Sub-questions:")[2], flags=re.MULTILINE))
 
 
-def hint_prior(hint: BatchingHint) -> FixedPrior:
-    return FixedPrior(f"{HINT_HEADER}\n- {format_hint(hint)}")
+class TypedPrior:
+    """A prior provider handing over one hint as the plan stage does: its sentence in the prose and
+    its typed payload in the computed advice (`memory.advice.compute_advice`, no records)."""
+
+    def __init__(self, hint: BatchingHint) -> None:
+        self.hint = hint
+
+    def prior(self, request: PriorRequest) -> Prior:
+        assert request.decision is not None
+        advice = compute_advice(request.decision, [], MemoryConfig(), [("h-test", advice_of(self.hint))])
+        return Prior(text=format_hint(self.hint), hint_ids=("h-test",), kept_hint_ids=("h-test",),
+                     details={"advice": advice.to_json()})
+
+
+def hint_prior(hint: BatchingHint) -> TypedPrior:
+    return TypedPrior(hint)
 
 
 # -- 1. the sub-agent's capacity ------------------------------------------------------------------
@@ -204,15 +220,23 @@ def test_exploration_is_a_seeded_choice_from_a_small_grid() -> None:
     assert {(b.strategy, b.rows) for b in grouped if "first matrix column" in b.rationale} == {("per_atom", 3)}
 
 
-def test_hints_apply_by_row_shape_and_stay_under_the_cap() -> None:
-    draft = {"task_matrix": [["a"]] * 30, "template": "__0__", "json_schema": {"properties": {"c": {}, "x": {}, "y": {}, "z": {}}}}
+def test_typed_advice_applies_by_row_shape_and_stays_under_the_cap() -> None:
+    draft = {"task_matrix": [[f"a{i}"] for i in range(30)], "template": "__0__", "json_schema": ["c", "x", "y", "z"]}
+    decision = Decision.parse(draft)
+
+    def advice(*hints: BatchingHint) -> dict[str, Any]:
+        return compute_advice(decision, [], MemoryConfig(), [(f"h{k}", advice_of(h)) for k, h in enumerate(hints)]).to_json()
+
     wrong = BatchingHint(attributes=2, rows=5)
-    text = format_hint(CODES_HINT)
-    chosen = hinted_batching([(format_hint(wrong), wrong), (text, CODES_HINT)], draft, 50)
-    assert chosen == Batching(rows=4, rationale=f"following experience: {text}")
-    assert hinted_batching([(format_hint(wrong), wrong)], draft, 50) is None
-    assert hinted_batching([(text, CODES_HINT)], draft, 3) == Batching(
-        rows=10, rationale=f"following experience: {text}; 10 rows per batch keep the plan under 3 batches")
+    assert advised_batching(advice(wrong, CODES_HINT), draft, 50) == (
+        Batching(rows=4, rationale="following the typed advice of hint h1"), False)
+    assert advised_batching(advice(wrong), draft, 50) == (None, False)
+    assert advised_batching(advice(CODES_HINT), draft, 3) == (Batching(
+        rows=10, rationale="following the typed advice of hint h0; 10 rows per batch keep the plan under 3 batches"), False)
+    proposal = {"proposal": {"strategy": "per_atom", "batch_size": 5}, "hints": []}
+    assert advised_batching(proposal, draft, 50) == (None, True)  # accepted as proposed: use_advice
+    assert advised_batching(proposal, draft, 3) == (None, False)  # 6 batches: over the stated cap
+    assert advised_batching(None, draft, 50) == (None, False)
 
 
 def test_the_manager_explores_with_a_sample_and_defaults_without(world: Any, tmp_path: Path) -> None:
@@ -237,23 +261,50 @@ def test_a_hint_in_the_plan_stage_prior_changes_the_executed_decision(world: Any
                                                   "batch_size": 4}), auto_distill=False)
     other = BatchingHint(attributes=4, rows=3)
     with memory.store.write() as conn:
-        for hint in (CODES_HINT, other):
-            insert_hint(conn, format_hint(hint), 3, origin="test", provenance=[seen.record_id or ""])
+        ids = [insert_hint(conn, format_hint(hint), 3, origin="test", provenance=[seen.record_id or ""],
+                           advice=advice_of(hint)) for hint in (CODES_HINT, other)]
     out, score = run_task(world, tmp_path / "runs", CODES_3, provider=memory)
     assert out.prior is not None and format_hint(CODES_HINT) in out.prior.text
     assert format_hint(other) not in out.prior.text  # projected away: rows of 4 attributes
+    assert out.prior.kept_hint_ids == (ids[0],)  # the projection cited the one that applies
     assert plan_stage_args(out)["batch_size"] == 1  # the draft was the default ...
     executed = out.record["decisions"][0]
-    assert executed["batch_size"] == 4  # ... the execute call follows experience
-    assert executed["batch_strategy"]["rationale"] == f"following experience: {format_hint(CODES_HINT)}"
+    assert executed["batch_size"] == 4  # ... the execute call follows the typed advice
+    assert executed["batch_strategy"]["rationale"] == f"following the typed advice of hint {ids[0]}"
     assert score["score"] == 1.0 and out.record["completeness"]["batches"] == 4
     memory.close()
+
+
+def test_a_reworded_hint_is_followed_by_its_payload_and_without_it_completes_uncredited(
+        world: Any, tmp_path: Path) -> None:
+    """Same advice in other words: with its typed payload it is followed (and credited under
+    `credit_rule: used`); with the payload removed the run completes on prose only, the simulated
+    projection cannot cite it, and it is not credited."""
+    tasks = world[0]
+    reworded = "Rows that ask three facts of one named entity: four of them fit in one sub-agent's answer."
+    for payload in (True, False):
+        memory = ExperientialMemory(tmp_path / f"mem-{payload}", encoder="hashing", model=SimulatedMemoryModel())
+        seen = memory.update(None, query=tasks["sbx_en_003"].query, metrics=PASS, task_id="sbx_en_003",
+                             decision=Decision.parse({"task_matrix": [["Chad"]], "template": "__0__",
+                                                      "json_schema": ["Country", "ISO3 Code", "Capital", "Calling Code"]}),
+                             auto_distill=False)
+        with memory.store.write() as conn:
+            hid = insert_hint(conn, reworded, 3, origin="test", provenance=[seen.record_id or ""],
+                              advice=advice_of(CODES_HINT) if payload else None)
+        out, score = run_task(world, tmp_path / f"runs-{payload}", CODES_3, provider=memory)
+        executed = Decision.parse(out.record["decisions"][0])
+        assert score["score"] == 1.0 and out.prior is not None and out.prior.hint_ids == (hid,)
+        assert executed.batch_size == (4 if payload else 1)
+        assert out.prior.kept_hint_ids == ((hid,) if payload else ())
+        result = memory.update(out.prior, decision=executed, metrics=score, task_id=CODES_3, auto_distill=False)
+        assert result.credited == ({hid: 5} if payload else {})
+        memory.close()
 
 
 def test_a_hint_for_another_row_shape_is_not_followed(world: Any, tmp_path: Path) -> None:
     out, score = run_task(world, tmp_path, CODES_3, provider=hint_prior(BatchingHint(attributes=4, rows=3)))
     executed = out.record["decisions"][0]
-    assert executed["batch_size"] == 1 and "following experience" not in executed["batch_strategy"]["rationale"]
+    assert executed["batch_size"] == 1 and "following" not in executed["batch_strategy"]["rationale"]
     assert score["score"] == 1.0
 
 
@@ -277,13 +328,21 @@ def test_hints_round_trip_and_name_only_structure() -> None:
     assert hint_applies(CODES_HINT, decision) and not hint_applies(BatchingHint(attributes=3, rows=4, matrix_columns=2), decision)
 
 
-def test_the_manager_reads_hints_from_the_prior_render_prior_writes() -> None:
-    text = format_hint(CODES_HINT)
-    exemplar = Neighbour(id="r-1", query="q", similarity=0.9, label=True, task_id=None,
-                         pattern="58x1 task matrix; 4 output columns (a, b, c, d); batching per_atom (58 batches)")
-    prior = render_prior(Retrieval(query="q", positives=(exemplar,)), [text, "Reuse list pages."])
-    assert prior.splitlines()[0] == HINT_HEADER
-    assert prior_hints(prior) == [(text, CODES_HINT)]
+def test_the_memory_model_writes_a_typed_payload_and_reads_it_back() -> None:
+    written = write_hint(CODES_HINT)
+    assert written.startswith(format_hint(CODES_HINT) + " ADVICE: {")
+    assert read_hint(written) == CODES_HINT
+    assert advice_of(CODES_HINT).to_json() == {"strategy": "per_atom", "batch_size": 4,
+                                               "applies_when": {"cols": [4, 4], "matrix_cols": [1, 1]}}
+    reworded = "Rows asking 3 facts of one named entity: batch 4 per sub-agent. ADVICE: " + written.split("ADVICE: ")[1]
+    assert read_hint(reworded) == BatchingHint(attributes=3, rows=4)  # the payload carries the advice
+    assert read_hint("Rows asking 3 facts of one named entity: batch 4 per sub-agent.") is None
+
+
+def test_the_manager_reads_no_prose(world: Any, tmp_path: Path) -> None:
+    """The simulated manager reads the typed advice only: the hint's sentence alone changes nothing."""
+    out, score = run_task(world, tmp_path, CODES_3, provider=FixedPrior(format_hint(CODES_HINT)))
+    assert out.record["decisions"][0]["batch_size"] == 1 and score["score"] == 1.0
 
 
 # -- 4. the simulated memory model, on the prompts the memory renders -----------------------------
@@ -310,20 +369,20 @@ def compare(good: str, weak: str, rules: list[str], max_ops: int = 4) -> list[tu
 
 def test_contrastive_refinement_adds_raises_agrees_and_lowers() -> None:
     good, weak = pattern(58, 4, batch_size=4), pattern(51, 4, batch_size=6)
-    assert compare(good, weak, []) == [("ADD", None, format_hint(CODES_HINT))]
-    lower = format_hint(BatchingHint(attributes=3, rows=2))
-    assert compare(good, weak, [lower]) == [("EDIT", 1, format_hint(CODES_HINT))]  # raised to the larger success
-    assert compare(good, weak, [format_hint(CODES_HINT)]) == [("AGREE", 1, format_hint(CODES_HINT))]
-    big = format_hint(BatchingHint(attributes=3, rows=8))
-    assert compare(good, weak, [big]) == [("EDIT", 1, format_hint(CODES_HINT))]  # lowered below the weaker size
-    unrelated = format_hint(BatchingHint(attributes=1, rows=8))
-    assert compare(good, weak, [unrelated]) == [("ADD", None, format_hint(CODES_HINT))]
+    assert compare(good, weak, []) == [("ADD", None, write_hint(CODES_HINT))]
+    lower = write_hint(BatchingHint(attributes=3, rows=2))
+    assert compare(good, weak, [lower]) == [("EDIT", 1, write_hint(CODES_HINT))]  # raised to the larger success
+    assert compare(good, weak, [write_hint(CODES_HINT)]) == [("AGREE", 1, write_hint(CODES_HINT))]
+    big = write_hint(BatchingHint(attributes=3, rows=8))
+    assert compare(good, weak, [big]) == [("EDIT", 1, write_hint(CODES_HINT))]  # lowered below the weaker size
+    unrelated = write_hint(BatchingHint(attributes=1, rows=8))
+    assert compare(good, weak, [unrelated]) == [("ADD", None, write_hint(CODES_HINT))]
     # a weaker case of another shape lowers that shape's rule only
-    assert compare(good, pattern(30, 5, batch_size=4), [format_hint(BatchingHint(attributes=4, rows=5))]) == [
-        ("ADD", None, format_hint(BatchingHint(attributes=3, rows=4))),
-        ("EDIT", 1, format_hint(BatchingHint(attributes=4, rows=3, lossy_rows=4)))]
-    assert compare(good, pattern(30, 5, batch_size=4), [format_hint(BatchingHint(attributes=4, rows=5))], max_ops=1) == [
-        ("ADD", None, format_hint(BatchingHint(attributes=3, rows=4)))]
+    assert compare(good, pattern(30, 5, batch_size=4), [write_hint(BatchingHint(attributes=4, rows=5))]) == [
+        ("ADD", None, write_hint(BatchingHint(attributes=3, rows=4))),
+        ("EDIT", 1, write_hint(BatchingHint(attributes=4, rows=3, lossy_rows=4)))]
+    assert compare(good, pattern(30, 5, batch_size=4), [write_hint(BatchingHint(attributes=4, rows=5))], max_ops=1) == [
+        ("ADD", None, write_hint(BatchingHint(attributes=3, rows=4)))]
 
 
 def success(patterns: list[str], rules: list[str]) -> list[tuple[str, int | None, str]]:
@@ -337,11 +396,11 @@ def success(patterns: list[str], rules: list[str]) -> list[tuple[str, int | None
 
 def test_success_only_refinement_keeps_the_largest_successful_batch_per_shape() -> None:
     cases = [pattern(58, 4), pattern(51, 4, batch_size=3), pattern(14, 4, batch_size=4), pattern(58, 2, batch_size=8)]
-    assert success(cases, []) == [("ADD", None, format_hint(BatchingHint(attributes=3, rows=4))),
-                                  ("ADD", None, format_hint(BatchingHint(attributes=1, rows=8)))]
-    assert success(cases, [format_hint(BatchingHint(attributes=1, rows=8))]) == [
-        ("ADD", None, format_hint(BatchingHint(attributes=3, rows=4))),
-        ("AGREE", 1, format_hint(BatchingHint(attributes=1, rows=8)))]
+    assert success(cases, []) == [("ADD", None, write_hint(BatchingHint(attributes=3, rows=4))),
+                                  ("ADD", None, write_hint(BatchingHint(attributes=1, rows=8)))]
+    assert success(cases, [write_hint(BatchingHint(attributes=1, rows=8))]) == [
+        ("ADD", None, write_hint(BatchingHint(attributes=3, rows=4))),
+        ("AGREE", 1, write_hint(BatchingHint(attributes=1, rows=8)))]
     # One row per sub-agent is the manager's default: a rule restating it is never added.
     reply = ask(SimulatedMemoryModel(), render_prompt("memory", "success_system"), render_prompt(
         "memory", "success_user", cases=f"Case 1: q\n{pattern(20, 4)}", rules="(no rules yet)",
@@ -354,17 +413,17 @@ def test_by_attr_groups_of_unknown_size_are_read_from_the_batch_count() -> None:
     assert "batching by_attr (18 batches)" in groups
     shown = groups.replace("(18 batches)", "(6 batches)")  # six continents of three ranks each
     assert success([shown], []) == [
-        ("ADD", None, format_hint(BatchingHint(attributes=2, rows=3, matrix_columns=2, strategy="by_attr")))]
+        ("ADD", None, write_hint(BatchingHint(attributes=2, rows=3, matrix_columns=2, strategy="by_attr")))]
 
 
 def test_merge_keeps_one_uncontradicted_hint_per_shape() -> None:
-    rules = [format_hint(BatchingHint(attributes=3, rows=6)), "Reuse the list page of each continent.",
-             format_hint(BatchingHint(attributes=3, rows=4, lossy_rows=6)), format_hint(BatchingHint(attributes=3, rows=2)),
-             format_hint(BatchingHint(attributes=1, rows=8))]
+    rules = [write_hint(BatchingHint(attributes=3, rows=6)), "Reuse the list page of each continent.",
+             write_hint(BatchingHint(attributes=3, rows=4, lossy_rows=6)), write_hint(BatchingHint(attributes=3, rows=2)),
+             write_hint(BatchingHint(attributes=1, rows=8))]
     user = render_prompt("memory", "merge_user", rules="\n".join(f"{k}. {t}" for k, t in enumerate(rules, 1)), limit=3)
     merged = parse_list(ask(SimulatedMemoryModel(), render_prompt("memory", "merge_system"), user), limit=3)
-    assert merged == [format_hint(BatchingHint(attributes=3, rows=4, lossy_rows=6)),
-                      "Reuse the list page of each continent.", format_hint(BatchingHint(attributes=1, rows=8))]
+    assert merged == [write_hint(BatchingHint(attributes=3, rows=4, lossy_rows=6)),
+                      "Reuse the list page of each continent.", write_hint(BatchingHint(attributes=1, rows=8))]
     user = render_prompt("memory", "merge_user", rules="\n".join(f"{k}. {t}" for k, t in enumerate(rules, 1)), limit=1)
     assert len(parse_list(ask(SimulatedMemoryModel(), render_prompt("memory", "merge_system"), user))) == 1
 
@@ -376,10 +435,11 @@ def test_projection_returns_the_hints_for_the_draft_rows_shape(tmp_path: Path) -
     retrieval = Retrieval(query="q", hints=tuple(ScoredHint(id=f"h{k}", text=t, w=2, v=1, s=3) for k, t in enumerate(texts)))
     draft = Decision.parse({"task_matrix": [[f"c{i}"] for i in range(9)], "template": "__0__",
                             "json_schema": ["Country", "ISO3 Code", "Capital", "Calling Code"]})
-    guidance, error = memory.project("q", draft, retrieval)
-    assert error is None and guidance == texts[1:3]  # applicable ones, at most max_bullets
+    guidance, error, kept = memory.project("q", draft, retrieval)
+    assert error is None and guidance == [f"{texts[1]} [2]", f"{texts[2]} [3]"]  # applicable ones, citing, at most max_bullets
+    assert kept == ("h1", "h2")
     wide = Decision.parse({"task_matrix": [["c"]], "template": "__0__", "json_schema": ["a", "b"]})
-    assert memory.project("q", wide, retrieval) == (["No stored hint applies to rows of 1 attribute."], None)
+    assert memory.project("q", wide, retrieval) == (["No stored hint applies to rows of 1 attribute."], None, ())
     assert SimulatedMemoryModel().model_id == MEMORY_MODEL_ID == "simulated/memory"
     memory.close()
 
@@ -423,8 +483,10 @@ def test_committed_runs_are_distilled_into_a_hint_the_next_task_follows(world: A
         assert out.prior is not None and added[0]["text"] in out.prior.text
         assert out.prior.hint_ids == (added[0]["hint_id"],)
         executed = out.record["decisions"][0]
-        assert executed["batch_size"] == max(explored) and executed["batch_strategy"]["rationale"].startswith(
-            "following experience: When each row of a one-column task matrix asks for 3 attributes")
+        # the typed advice: the proposal the records support (a choice made twice, all passed), else the hint's payload
+        rationale = executed["batch_strategy"]["rationale"]
+        assert rationale in ("applied the memory's advice", f"following the typed advice of hint {added[0]['hint_id']}")
+        assert executed["batch_size"] in explored and executed["batch_size"] > 1
         rows = len(executed["task_matrix"])
         assert score["score"] == 1.0 and out.record["completeness"]["attempts"] < rows  # fewer sub-agents than one per row
     memory.close()

@@ -120,3 +120,17 @@ def test_plan_estimate_and_a_budget_below_it_refused_before_any_call(
     assert main(["mapreduce", "run", str(path), "--model", "openai/m", "--api-base", "http://127.0.0.1:9/v1"]) == 4
     assert "over the budget of $0.0100: nothing was run" in capsys.readouterr().err
     assert sorted(p.name for p in runs.iterdir()) == before
+
+
+def test_a_run_of_one_decision_counts_as_a_past_run(tmp_path: Path) -> None:
+    """`mapreduce run` and `enrich` record their one `decision` (an `ask` its `decisions`): both are past runs."""
+    from amapreduce.session.estimate import read_past_run
+
+    runs = tmp_path / "runs"
+    run_folder(runs, "20260101-000000-r", rows=10, batches=5, calls_per_batch=2, prompt_per_call=1000)
+    result = runs / "20260101-000000-r" / "result.json"
+    record = json.loads(result.read_text(encoding="utf-8"))
+    record["kind"], record["decision"] = "enrich", record.pop("decisions")[0]
+    result.write_text(json.dumps(record), encoding="utf-8")
+    found = read_past_run(runs / "20260101-000000-r")
+    assert found is not None and (found.rows, found.calls, found.template) == (10, 10, "Code of __0__?")

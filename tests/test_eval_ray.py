@@ -164,8 +164,18 @@ def _prior(entry: dict[str, Any], folder: Path) -> dict[str, Any] | None:
     if prior is None:
         return None
     names = _names(folder)
-    return {**prior, "record_ids": [names[r] for r in prior["record_ids"]],
-            "hint_ids": [names.get(h, "(removed)") for h in prior["hint_ids"]]}
+
+    def named(value: Any) -> Any:
+        """Ids replaced by what they name; wall times (which vary with the machine's load) left out."""
+        if isinstance(value, dict):
+            return {k: named(v) for k, v in value.items() if k != "mean_wall_s"}
+        if isinstance(value, list):
+            return [named(v) for v in value]
+        return names.get(value, "(removed)" if str(value).startswith(("h-", "r-")) else value) \
+            if isinstance(value, str) else value
+
+    return {**named({k: v for k, v in prior.items() if k != "record_ids"}),
+            "record_ids": [names[r] for r in prior["record_ids"]]}
 
 
 def _store(folder: Path) -> tuple[list[str], list[tuple[str, int]]]:

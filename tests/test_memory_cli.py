@@ -28,13 +28,14 @@ def store(tmp_path: Path) -> str:
 
 def test_search_json_shape_and_order(store: str, capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(capsys, "search", QUERY, "--store", store)
-    assert isinstance(data, dict) and set(data) == {"positives", "negatives", "hints", "prior"}
+    assert isinstance(data, dict) and set(data) == {"positives", "negatives", "hints", "prior", "advice"}
+    assert data["advice"] is None  # no draft decision given: nothing to compute advice for
     assert [p["id"] for p in data["positives"]] == ["P1", "P2", "P3", "P4"]
     assert data["positives"][0] == {"id": "P1", "query": "question P1", "similarity": pytest.approx(0.9)}
     assert [n["id"] for n in data["negatives"]] == ["N1", "N2"]
-    assert data["hints"] == [{"id": "hB", "text": "hint hB.", "w": 6, "v": 1, "s": 7},
-                             {"id": "hE", "text": "hint hE.", "w": 3, "v": 2, "s": 5},
-                             {"id": "hA", "text": "hint hA.", "w": 1, "v": 3, "s": 4}]
+    assert data["hints"] == [{"id": "hB", "text": "hint hB.", "w": 6, "v": 1, "s": 7, "advice": None},
+                             {"id": "hE", "text": "hint hE.", "w": 3, "v": 2, "s": 5, "advice": None},
+                             {"id": "hA", "text": "hint hA.", "w": 1, "v": 3, "s": 4, "advice": None}]
     assert "- hint hB." in data["prior"]
     data = run_json(capsys, "search", QUERY, "--store", store, "--task-id", "T-P1", "--k-hints", "1")
     assert data["positives"][0]["id"] == "P2" and [h["id"] for h in data["hints"]] == ["hD"]
@@ -150,3 +151,14 @@ def test_cli_startup_imports_no_heavy_library() -> None:
             "'amapreduce.memory'}; print(sorted(heavy & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def test_search_with_a_draft_decision_shows_the_typed_advice(store: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({"task_matrix": [["a"], ["b"]], "template": "Facts of __0__",
+                                 "json_schema": ["name", "capital"], "batch_size": 1}))
+    data = run_json(capsys, "search", QUERY, "--store", store, "--decision", str(draft))
+    assert set(data["advice"]) >= {"shape", "draft", "similar_records", "choices", "proposal", "rule", "hints"}
+    assert data["advice"]["shape"] == {"rows": 2, "matrix_cols": 1, "cols": 2}
+    assert data["advice"]["draft"] == {"strategy": "per_atom", "batch_size": 1}

@@ -62,7 +62,7 @@ def test_prior_is_a_prior_provider_and_renders_hints_and_exemplars(tmp_path: Pat
     lines = prior.text.splitlines()
     assert lines[1:4] == ["- hint hB.", "- hint hE.", "- hint hA."]
     assert "question P1" in prior.text and "question N1" in prior.text
-    assert prior.details["hints"][0] == {"id": "hB", "text": "hint hB.", "w": 6, "v": 1, "s": 7}
+    assert prior.details["hints"][0] == {"id": "hB", "text": "hint hB.", "w": 6, "v": 1, "s": 7, "advice": None}
 
 
 def test_projection_uses_the_memory_model_and_keeps_at_most_three_bullets(tmp_path: Path) -> None:

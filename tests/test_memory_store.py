@@ -25,7 +25,7 @@ def _writer(folder: str, worker: int, start: multiprocessing.synchronize.Event) 
     """One process: 100 scored runs, each crediting the shared hint (a read-modify-write)."""
     start.wait(30)
     mem = ExperientialMemory(folder, encoder="hashing:64")
-    prior = Prior(text="", hint_ids=("shared",))
+    prior = Prior(text="", hint_ids=("shared",), kept_hint_ids=("shared",))
     for i in range(WRITES):
         mem.update(prior, query=f"worker {worker} question {i}", decision=DecisionSummary(template="t"), metrics=PASS,
                    task_id=f"w{worker}", record_id=f"w{worker}-{i}")
@@ -226,7 +226,7 @@ def test_one_memory_object_serves_threads_reading_and_writing(tmp_path: Path) ->
     mem = ExperientialMemory(tmp_path, encoder="hashing:64")
     with mem.store.write() as conn:
         insert_hint(conn, "Shared.", 2, origin="t", hint_id="shared")
-    mem.update(Prior(text="", hint_ids=("shared",)), query="seed question", decision=DecisionSummary(), metrics=PASS)
+    mem.update(Prior(text="", hint_ids=("shared",), kept_hint_ids=("shared",)), query="seed question", decision=DecisionSummary(), metrics=PASS)
 
     def work(i: int) -> int:
         prior = mem.prior(PriorRequest(query=f"question {i}"))

@@ -65,6 +65,12 @@ class ToolSession(Protocol):
     def prior_for(self, decision: Decision) -> Prior:
         """The experiential prior for the plan stage. Raises `AmapreduceError` when the memory fails."""
 
+    def advised(self, decision: Decision, use_advice: bool | None) -> Decision:
+        """The decision to execute, with the plan stage's proposal applied when accepted or set to apply."""
+
+    def advice_mode(self) -> str:
+        """`suggest` or `apply`: what the plan stage does with supported advice."""
+
     def execute(self, decision: Decision, plan: BatchPlan | None) -> tuple[MapReduceResult, int]:
         """Run `decision` and merge its rows into the run's table; the result and the table's rows."""
 
@@ -83,6 +89,18 @@ _DESCRIPTION = (
     "context). For a task per entity that is itself a wide search (e.g. per year: the top 10, then their "
     "attributes), give `child`."
 )
+
+
+def _without_wall_time(value: Any) -> Any:
+    """The typed advice as the manager sees it: without the wall times (`mean_wall_s`), which vary
+    with the machine's load from run to run. A plan stage's output depends on the memory's state
+    alone, so an evaluation resumed, or run on Ray, gives the manager the same text as one run
+    straight through; `result.json` and `memory search --json` keep the wall times."""
+    if isinstance(value, dict):
+        return {k: _without_wall_time(v) for k, v in value.items() if k != "mean_wall_s"}
+    if isinstance(value, list):
+        return [_without_wall_time(v) for v in value]
+    return value
 
 
 class MapReduceTool(Tool):
@@ -144,6 +162,13 @@ class MapReduceTool(Tool):
             "nullable": True,
         },
         "max_depth": {"type": "integer", "description": "Nesting depth limit (default 3).", "nullable": True},
+        "use_advice": {
+            "type": "boolean",
+            "description": "On an execute call: true applies the plan stage's `memory_advice.proposal` (its "
+            "strategy and batch size; your matrix, template and schema are kept). Use it when the proposal's "
+            "numbers (similar past runs with that choice, all passed, cheaper per row) fit this task.",
+            "nullable": True,
+        },
     }
     output_type = "string"
 
@@ -165,6 +190,7 @@ class MapReduceTool(Tool):
         child: str | dict[str, Any] | None = None,
         decisions: dict[str, Any] | None = None,
         max_depth: int | None = None,
+        use_advice: bool | None = None,
     ) -> str:
         raw: dict[str, Any] = {
             "task_matrix": task_matrix,
@@ -195,6 +221,15 @@ class MapReduceTool(Tool):
             self.session.trace.write("tool_call", tool=self.name, stage="refused", reason=reason, error=message,
                                      args=raw)
             raise ToolCallRefused(message)
+        if stage == "execute":
+            try:
+                advised = self.session.advised(decision, use_advice)
+                if advised is not decision:
+                    decision, plan = advised, self.session.plan_of(advised)
+            except DecisionError as exc:
+                self.session.trace.write("tool_call", tool=self.name, stage="refused", reason="invalid_advice",
+                                         error=str(exc), args=raw)
+                raise ToolCallRefused(str(exc)) from None
         if stage == "plan":
             shown = telemetry.ours(tasks=len(decision.task_matrix), batches=len(plan.batches), strategy=plan.strategy)
             with telemetry.span("amapreduce.plan", shown) as span:
@@ -230,6 +265,11 @@ class MapReduceTool(Tool):
             "batch_size": raw["batch_size"],
         }
         payload: dict[str, Any] = {"call_stage": "plan", "experiential_prior": prior_text, "current_mapreduce_args": args}
+        if prior.advice is not None:
+            advice = _without_wall_time(prior.advice)
+            applies = self.session.advice_mode() == "apply" and advice.get("proposal") is not None
+            payload["memory_advice"] = {**advice, "mode": self.session.advice_mode(),
+                                        "applied_at_execute": applies}
         if decision.discover is not None:
             spec = decision.discover
             args["discover"] = {
@@ -246,6 +286,8 @@ class MapReduceTool(Tool):
         payload["next"] = (
             "Check the decision against the experience above (all entities present, key columns "
             "filled, one batching mode), revise it if needed, then call mapreduce again to execute."
+            + (" `memory_advice.proposal` is a revision measured on similar past runs: pass use_advice: true "
+               "to apply it." if payload.get("memory_advice", {}).get("proposal") else "")
         )
         self.session.trace.write("tool_call", tool=self.name, stage="plan", args=raw, output=payload)
         return json.dumps(payload, ensure_ascii=False), prior

@@ -152,8 +152,7 @@ def trial_outcome(done: TrialDone, query: str, iid: str) -> TrialOutcome:
 
     prior: Prior | None = None
     if done.prior is not None:
-        prior = Prior(text=done.prior.text, hint_ids=tuple(done.prior.hint_ids),
-                      record_ids=tuple(done.prior.record_ids), details={"query": query, "task_id": iid})
+        prior = Prior.from_json(done.prior.model_dump(), query=query, task_id=iid)
     decision = Decision.parse(done.decision) if done.decision is not None else DecisionSummary()
     failure = done.failure or (None if done.decision is not None else "no decision was executed")
     return TrialOutcome(trial=done.trial, prior=prior, decision=decision,
@@ -205,7 +204,8 @@ def trial_done(config: EvalConfig, out: Path, tasks: Mapping[str, TaskSpec], opt
     tokens = spent.total_tokens if spent is not None else 0
     weights = UtilityWeights(cost=config.cost_weight, delay=config.delay_weight)
     trace = TraceSummary.of(run.completeness, cost_usd=spent.cost_usd if spent is not None else None,
-                            delay_s=round(run.wall_s, 3))
+                            delay_s=round(run.wall_s, 3), tokens=tokens,
+                            advice=run.prior.advice_used if run.prior is not None else None)
     return TrialDone(
         task_id=iid, trial=trial, status=run.status, failure=run.failure, metrics=metrics,
         utility=round(utility(metrics, tokens=tokens, delay_s=run.wall_s, weights=weights), 6),

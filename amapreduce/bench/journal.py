@@ -129,6 +129,9 @@ class PriorRecord(BaseModel):
     text: str
     hint_ids: list[str] = Field(default_factory=list)
     record_ids: list[str] = Field(default_factory=list)
+    kept_hint_ids: list[str] = Field(default_factory=list)
+    advice: dict[str, Any] | None = None
+    advice_used: dict[str, Any] | None = None
 
 
 class EvalStarted(JournalEntry):

@@ -192,17 +192,17 @@ def _read_ask_run(run_dir: Path) -> _AskRun:
     prior: Prior | None = None
     task_id = data.get("task_id") if isinstance(data.get("task_id"), str) else None
     if isinstance(raw_prior, dict):
-        hint_ids = raw_prior.get("hint_ids") or []
-        if not isinstance(hint_ids, list) or not all(isinstance(h, str) for h in hint_ids):
-            raise _refuse(run_dir, f"its result.json's prior has malformed hint ids: {hint_ids!r}.")
-        prior = Prior(text=str(raw_prior.get("text") or ""), hint_ids=tuple(hint_ids),
-                      details={"query": query, "task_id": task_id})
+        try:
+            prior = Prior.from_json(raw_prior, query=query, task_id=task_id)
+        except ValueError as exc:
+            raise _refuse(run_dir, f"its result.json's prior has {exc}.") from None
     completeness = _object(data.get("completeness"))
     total = _object(_object(data.get("usage")).get("total"))
     timings = _object(data.get("timings"))
     delay = _number(timings.get("wall_s"))
-    trace = TraceSummary.of(completeness, cost_usd=_number(total.get("cost_usd")), delay_s=delay)
     tokens = Usage.from_json(total).total_tokens
+    trace = TraceSummary.of(completeness, cost_usd=_number(total.get("cost_usd")), delay_s=delay, tokens=tokens,
+                            advice=prior.advice_used if prior is not None else None)
     return _AskRun(path=run_dir, query=query, decision=decision, prior=prior, task_id=task_id, trace=trace,
                    tokens=tokens, delay_s=delay or 0.0, data=data)
 

@@ -171,8 +171,7 @@ def execute_trial(job: TrialJob, *, runs_dir: Path, simulated: SimulatedModels |
     return TrialRun(
         status=outcome.status, answer=outcome.markdown, usage=outcome.meter.total(),
         refused=(outcome.ending.reason or "the provider refused the run") if outcome.ending.rejected else None,
-        prior=None if prior is None else PriorRecord(text=prior.text, hint_ids=list(prior.hint_ids),
-                                                     record_ids=list(prior.record_ids)),
+        prior=None if prior is None else PriorRecord.model_validate(prior.to_json()),
         decision=outcome.decisions[0].model_dump(mode="json") if outcome.decisions else None,
         subagents=int(outcome.record.get("completeness", {}).get("attempts") or 0),
         completeness=dict(outcome.record.get("completeness", {})), wall_s=wall, run_dir=str(outcome.run_dir.path),

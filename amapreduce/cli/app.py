@@ -18,9 +18,23 @@ import typer
 import typer.main
 
 from amapreduce._version import __version__
-from amapreduce.cli.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ROOT_EXIT_CODES_HELP
+from amapreduce.cli.exit_codes import (
+    EXIT_BUDGET,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ROOT_EXIT_CODES_HELP,
+)
 from amapreduce.cli.help import App
-from amapreduce.errors import AmapreduceError, RunError, StorageError, UserError, storage_error
+from amapreduce.errors import (
+    AmapreduceError,
+    EstimateOverBudget,
+    RunError,
+    StorageError,
+    UserError,
+    storage_error,
+)
 
 __all__ = ["app", "main", "run"]
 
@@ -35,6 +49,7 @@ _SUBCOMMANDS: tuple[tuple[str, str, str | None, str], ...] = (
     ("amapreduce.cli.web", "register", None, "Search, crawl, cache and corpus commands."),
     ("amapreduce.cli.demo", "register", None, "Run the whole pipeline offline with a simulated model."),
     ("amapreduce.cli.ui", "register", None, "Look at runs, tables, traces, memory and evaluations in a browser."),
+    ("amapreduce.cli.mcp_serve", "app", "mcp", "Serve wide search to MCP clients (Claude Desktop, IDEs, agents)."),
 )
 
 app = App(
@@ -114,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI with `argv` (default: `sys.argv[1:]`) and return the exit code.
 
     Errors are translated here, at the boundary: a `UserError` or a usage mistake prints one
-    line to stderr and returns 2; a `RunError` returns 1; Ctrl-C returns 130. An `OSError` or a
+    line to stderr and returns 2; a fan-out refused for its estimate's cost (`EstimateOverBudget`)
+    returns 4; a `RunError` returns 1; Ctrl-C returns 130. An `OSError` or a
     `sqlite3.Error` that reaches here (a full disk, an I/O error, a path without permission) is one
     line too, naming the path and what to do (`errors.storage_error`): 2 when the path itself
     cannot be used, else 1. A run command that
@@ -144,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     except StorageError as exc:
         typer.echo(f"error: {_one_line(exc)}", err=True)
         return EXIT_USAGE if exc.usage else EXIT_FAILED
+    except EstimateOverBudget as exc:  # refused in pre-flight: the estimate is over --max-cost, nothing was made
+        typer.echo(f"error: {_one_line(exc)}", err=True)
+        return EXIT_BUDGET
     except (RunError, AmapreduceError) as exc:
         typer.echo(f"error: {_one_line(exc)}", err=True)
         return EXIT_FAILED

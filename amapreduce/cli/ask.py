@@ -34,15 +34,20 @@ def ask(
     csv_out: opt.CsvOpt = None,
     evidence: opt.EvidenceOpt = False,
     verify: opt.VerifyOpt = None,
-    max_cost: float | None = typer.Option(None, "--max-cost", help=(
-        "Stop after spending this many dollars. Models with no known price (a local vLLM or llama.cpp model) count "
-        "as $0: price them in the JSON file named by AMAPREDUCE_PRICES_FILE, or use --max-tokens.")),
+    max_cost: opt.MaxCostOpt = None,
     max_tokens: opt.MaxTokensOpt = None,
+    estimate: bool = typer.Option(False, "--estimate", help=(
+        "Let the manager scout and write its decision, then print what the decision's fan-out would cost "
+        "(sub-agent calls, tokens, cost, wall time; from your past runs, else documented defaults) instead of "
+        "running it. No sub-agent is called; the manager's own calls are spent, and counted.")),
     otel: opt.OtelOpt = False,
     executor: opt.ExecutorOpt = None,
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Answer a wide-search question with a table (manager + parallel search sub-agents).
+
+    With --max-cost, a fan-out whose estimate's low end (plus what the manager spent) costs more is
+    refused before any sub-agent call: the run stops with exit 4 and the numbers.
 
     With --executor ray, the manager runs here and a decision of more batches than one chunk
     (4 per --workers) runs its chunks as Ray tasks, all under one cluster-wide rate limit and budget.
@@ -61,9 +66,12 @@ def ask(
     require_model(settings)
     store = memory_store_for(False if no_memory else memory, settings)
     session = Session(settings, RunOptions(query=query, memory_store=store, executor=opt.executor_for(settings, executor),
-                                           show_progress=None if not as_json else False))
+                                           show_progress=None if not as_json else False, estimate_only=estimate))
     with session:
         outcome = session.ask()
+    if estimate:
+        report_estimate(outcome, as_json=as_json)
+        return
     report_ask(outcome, as_json=as_json, out=out, csv_out=csv_out, evidence=evidence)
 
 
@@ -83,6 +91,31 @@ def report_ask(
         tail=f"; {effort_text(recorded)}; {outcome.meter.cost_text()}. Run directory: {outcome.run_dir.path}",
         out=out, csv_out=csv_out, evidence=evidence,
     )
+
+
+def report_estimate(outcome: RunOutcome, *, as_json: bool) -> None:
+    """Hand an estimate-only `ask` to the user: the estimate of the manager's decision and what the
+    manager spent writing it (exit 0); a manager that wrote no decision to run gets the run's exit code."""
+    from amapreduce.cli.exit_codes import exit_for_run
+    from amapreduce.cli.output import usage_json
+
+    forecast, spent = outcome.estimate, outcome.meter.by_role().get("manager")
+    manager = {"calls": spent.requests if spent else 0, "prompt_tokens": spent.input_tokens if spent else 0,
+               "completion_tokens": spent.output_tokens if spent else 0}
+    if as_json:
+        typer.echo(json.dumps({"query": outcome.query, "estimate": None if forecast is None else forecast.to_json(),
+                               "manager_spent": manager, "usage": usage_json(outcome.meter),
+                               "run_dir": str(outcome.run_dir.path), "status": outcome.status}, ensure_ascii=False))
+    else:
+        for line in forecast.lines() if forecast is not None else []:
+            typer.echo(line)
+        typer.echo(f"spent by the manager to write the decision: {manager['calls']} model calls, "
+                   f"{manager['prompt_tokens']:,} prompt and {manager['completion_tokens']:,} completion tokens "
+                   f"({outcome.meter.cost_text()}); no sub-agent was called. Run directory: {outcome.run_dir.path}",
+                   err=True)
+    if forecast is None:
+        typer.echo(f"the manager wrote no decision to run ({outcome.status}): nothing to estimate.", err=True)
+        exit_for_run(outcome.ending.status)
 
 
 @runs_app.command("list")

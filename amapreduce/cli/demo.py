@@ -119,6 +119,7 @@ def _echo_memory(memory: dict[str, Any], decisions: list[Any]) -> None:
     keep = ("Batching guidance", "- ", "Similar task", "  Its decision", "No ")
     shown = [line for line in text.splitlines() if line.startswith(keep)] or text.splitlines()[:1]
     typer.echo("  prior given to the manager:\n" + "\n".join(f"    {line}" for line in shown))
+    _echo_advice(prior.get("advice"), prior.get("advice_used"))
     if decisions:
         strategy = decisions[0].batch_strategy
         typer.echo(f"  decision executed: {strategy.type}, batch size {decisions[0].batch_size or 1}"
@@ -139,6 +140,29 @@ def _echo_memory(memory: dict[str, Any], decisions: list[Any]) -> None:
                    "{merged} merges".format(**{k: distilled.get(k, 0) for k in
                                                ("what", "created", "edited", "removed", "merged")}))
     typer.echo(f"  the memory now holds {counted(learned['records'], 'record')} and {counted(learned['hints'], 'hint')}.")
+
+
+def _echo_advice(advice: dict[str, Any] | None, used: dict[str, Any] | None) -> None:
+    """The typed advice beside the prose: the choices similar records measured, the proposal, and
+    the hints' payloads that apply to the draft."""
+    if not advice:
+        return
+
+    def choice(c: dict[str, Any]) -> str:
+        size = "whole groups" if c.get("batch_size") is None else f"{c['batch_size']} rows per batch"
+        return f"{c['strategy']}, {size}"
+
+    typer.echo(f"  typed advice ({counted(advice['similar_records'], 'similar record')}):")
+    for c in advice.get("choices", []):
+        tokens = "n/a" if c.get("tokens_per_row") is None else f"{c['tokens_per_row']:.0f}"
+        typer.echo(f"    measured {choice(c)}: n {c['n']}, passed {c['successes']}, tokens per row {tokens}")
+    proposal = advice.get("proposal")
+    typer.echo(f"    proposal: {choice(proposal)}: {proposal['why']}" if proposal else "    proposal: none")
+    for hint in advice.get("hints", []):
+        state = "applies to this draft" if hint.get("applies") else "about other shapes"
+        typer.echo(f"    hint {hint['id']}: {choice(hint['advice'])} ({state})")
+    if used:
+        typer.echo(f"    applied by the {str(used['by']).replace('_', ' ')}: {choice(used)}")
 
 
 def _serve(task_id: str | None, port: int, settings: Any, scouting: Scouting) -> None:

@@ -18,7 +18,9 @@ from amapreduce.cli import options as opt
 from amapreduce.cli.exit_codes import EXIT_CODES_HELP
 
 if TYPE_CHECKING:
+    from amapreduce.decision.model import Decision
     from amapreduce.enrichment import Enrichment, EnrichRequest
+    from amapreduce.settings import Settings
 
 __all__ = ["enrich", "register", "report_enrichment"]
 
@@ -48,8 +50,11 @@ def enrich(
     memory: opt.MemoryOpt = None,
     no_memory: opt.NoMemoryOpt = False,
     verify: opt.VerifyOpt = None,
-    max_cost: float | None = typer.Option(None, "--max-cost", help="Stop after spending this many dollars."),
+    max_cost: opt.MaxCostOpt = None,
     max_tokens: opt.MaxTokensOpt = None,
+    estimate: bool = typer.Option(False, "--estimate", help=(
+        "Print what enriching the list would cost (sub-agent calls, tokens, cost, wall time; from your past runs, "
+        "else documented defaults) and stop: no model is called, no run directory made.")),
     max_file_mb: float | None = typer.Option(None, "--max-file-mb", help=(
         "Refuse a larger input file, in MiB (default: AMAPREDUCE_ENRICH_MAX_FILE_MB, else 200).")),
     otel: opt.OtelOpt = False,
@@ -59,7 +64,9 @@ def enrich(
 
     The output keeps every input column and the row order, adds the new columns and
     `enrich_status` (complete, partial, failed: a row the run could not fill keeps its input and
-    blank new cells). Bad input (no such file or column, a repeated key, an empty or too large
+    blank new cells). With --estimate, print what the run would cost and stop (no model call). With
+    --max-cost, a run whose estimate's low end costs more is refused up front (exit 4, no run
+    directory). Bad input (no such file or column, a repeated key, an empty or too large
     file) exits 2 before any model call, leaving no run directory. A killed run is finished by
     `amapreduce runs resume RUN`, without redoing its finished batches.
     """
@@ -78,11 +85,31 @@ def enrich(
     request = EnrichRequest.of(frame, parse_columns(columns), key_columns=key, instructions=instructions,
                                batch_size=batch_size, label=f"enrich-{input_file.stem}")
     decision = request.decision()  # a cell the template cannot take is refused here, before anything runs
+    if estimate:
+        _print_estimate(request, decision, settings, as_json=as_json)
+        return
     require_model(settings)
     store = memory_store_for(False if no_memory else memory, settings)
     typer.echo(_plan_line(request, len(decision.task_matrix)), err=True)
     done = run_enrichment(request, settings, memory_store=store, show_progress=None if not as_json else False)
     report_enrichment(done, as_json=as_json, out=out, evidence=evidence)
+
+
+def _print_estimate(request: EnrichRequest, decision: Decision, settings: Settings, *, as_json: bool) -> None:
+    """`enrich --estimate`: the decision's batch plan (as the run would plan it) multiplied out by
+    the per-batch figures of past runs (`session.estimate`); nothing is called or made."""
+    from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.session.estimate import estimate_for
+
+    forecast = estimate_for(settings, plan_batches(decision, max_batches=settings.batch_cap("user")), decision.template)
+    if as_json:
+        typer.echo(json.dumps({"rows": len(request.frame), "key_columns": list(request.key_columns),
+                               "columns": list(request.columns), "batch_size": request.batch_size,
+                               "estimate": forecast.to_json()}, ensure_ascii=False))
+        return
+    typer.echo(_plan_line(request, len(decision.task_matrix)), err=True)
+    for line in forecast.lines():
+        typer.echo(line)
 
 
 def _plan_line(request: EnrichRequest, rows: int) -> str:

@@ -17,11 +17,7 @@ from amapreduce.cli.exit_codes import EXIT_CODES_HELP
 from amapreduce.cli.help import App
 
 if TYPE_CHECKING:
-    from amapreduce.decision.model import Decision
-    from amapreduce.mapreduce.batching import BatchPlan
-    from amapreduce.session.estimate import Estimate
     from amapreduce.session.outcome import RunOutcome
-    from amapreduce.settings import Settings
 
 __all__ = ["app", "report_run"]
 
@@ -57,31 +53,16 @@ def plan(
     summarised: its first 20 and last 5 batches (--json always lists every batch).
     """
     from amapreduce.decision.model import load_decision
-    from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.session.estimate import plan_decision
     from amapreduce.settings import load_settings
 
     settings = load_settings(max_batches=max_batches, model=model, workers=workers)
     decision = load_decision(decision_file, max_bytes=settings.max_decision_bytes, max_rows=settings.max_decision_rows)
-    cap = settings.batch_cap("user")
-    if decision.discover is not None:
-        # The fill stage's matrix is what discovery finds: only the discovery map can be planned now.
-        from amapreduce.mapreduce.discover import discovery_decision
-
-        mapped = discovery_decision(decision.discover)
-        stage, batch_plan = "discover", plan_batches(mapped, max_batches=cap)
-        first, columns, keys = mapped.task_text(0), mapped.columns, mapped.resolved_key_columns
-        note = "The fill stage is planned once discovery has found its entities."
-    else:
-        stage, batch_plan = "fill", plan_batches(decision, max_batches=cap)
-        first, columns, keys = decision.task_text(0), decision.columns, decision.resolved_key_columns
-        note = f"Each task runs the child decision {_child_name(decision.child)}." if decision.child is not None else ""
-    forecast = _estimate(settings, batch_plan, decision.template) if estimate else None
-    if forecast is not None and decision.child is not None:
-        note = (note + " " if note else "") + "The estimate covers this decision's own batches, not its children's."
+    planned = plan_decision(decision, settings, estimate=estimate)
+    stage, batch_plan, first, columns, keys = planned.stage, planned.plan, planned.first, planned.columns, planned.keys
+    note, forecast = planned.note, planned.estimate
     if as_json:
-        typer.echo(json.dumps({**batch_plan.to_json(), "stage": stage, **({"note": note} if note else {}),
-                               **({"estimate": forecast.to_json()} if forecast is not None else {})},
-                              ensure_ascii=False))
+        typer.echo(json.dumps(planned.to_json(), ensure_ascii=False))
         return
     from rich.console import Console
     from rich.markup import escape
@@ -114,38 +95,6 @@ def plan(
         console.print(escape(line))
 
 
-def _estimate(settings: Settings, plan: BatchPlan, template: str) -> Estimate:
-    """What running `plan` would cost, from the past runs in the runs folder (`session.estimate`)."""
-    from amapreduce.llm.factory import model_for_role, new_meter
-    from amapreduce.session.estimate import estimate_plan, past_runs, profile_of
-
-    model_id = model_for_role(settings, "subagent")
-    profile = profile_of(past_runs(settings.runs_dir), model_id=model_id, template=template)
-    return estimate_plan(plan, workers=settings.workers, profile=profile, model_id=model_id,
-                         prices=new_meter(settings).prices)
-
-
-def _refuse_over_budget(settings: Settings, decision: Decision) -> None:
-    """Exit 4 before any call when even the low end of the run's estimate costs more than
-    `--max-cost`/`AMAPREDUCE_MAX_COST_USD` (an unpriced model is not refused: its cost is unknown)."""
-    from amapreduce.cli.exit_codes import EXIT_BUDGET
-    from amapreduce.mapreduce.batching import plan_batches
-
-    forecast = _estimate(settings, plan_batches(decision, max_batches=settings.batch_cap("user")), decision.template)
-    limit = settings.max_cost_usd
-    if forecast.cost_usd is not None and limit is not None and forecast.cost_usd[0] > limit:
-        typer.echo(f"error: the run would cost ${forecast.cost_usd[0]:.4f} - ${forecast.cost_usd[1]:.4f} "
-                   f"({forecast.calls[0]:,} - {forecast.calls[1]:,} model calls, from {forecast.source}), over the "
-                   f"budget of ${limit:.4f}: nothing was run. Raise AMAPREDUCE_MAX_COST_USD, or see the estimate with "
-                   "`amapreduce mapreduce plan DECISION.json --estimate`.", err=True)
-        raise typer.Exit(EXIT_BUDGET)
-
-
-def _child_name(child: object) -> str:
-    """How `mapreduce plan` names a decision's child: its name in `decisions`, or "(inline)"."""
-    return repr(child) if isinstance(child, str) else "(inline)"
-
-
 @app.command("run", epilog=EXIT_CODES_HELP)
 def run(
     decision_file: str = typer.Argument(..., metavar="DECISION.json", help="Decision file to execute."),
@@ -161,12 +110,15 @@ def run(
     verify: opt.VerifyOpt = None,
     otel: opt.OtelOpt = False,
     executor: opt.ExecutorOpt = None,
+    max_cost: opt.MaxCostOpt = None,
+    max_tokens: opt.MaxTokensOpt = None,
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Run a decision through the engine and search sub-agents, with no manager.
 
     For users who already know their entity list. Every run leaves runs/<timestamp>-<slug>/; a
-    command refused for bad input (exit 2) leaves nothing.
+    command refused for bad input (exit 2) leaves nothing, and so does a plan whose estimate's low
+    end costs more than --max-cost (exit 4, with the numbers; see `mapreduce plan --estimate`).
 
     With --executor ray, a plain decision of more batches than one chunk (the --max-batches cap,
     else 4 per worker) runs in chunks as Ray tasks, merged here in matrix order.
@@ -176,7 +128,7 @@ def run(
 
     settings = load_settings(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches,
-        otel=otel or None, mcp=mcp, verify=verify, executor=executor,
+        otel=otel or None, mcp=mcp, verify=verify, executor=executor, max_cost_usd=max_cost, max_tokens=max_tokens,
     )
     # The decision's caps are checked before the session's modules load: a refusal costs a second, not more.
     decision = load_decision(decision_file, max_bytes=settings.max_decision_bytes, max_rows=settings.max_decision_rows)
@@ -185,8 +137,6 @@ def run(
     from amapreduce.session.parts import require_model
 
     require_model(settings)
-    if settings.max_cost_usd is not None and decision.discover is None:
-        _refuse_over_budget(settings, decision)
     session = Session(settings, RunOptions(kind=RunKind.MAPREDUCE_RUN, query=Path(decision_file).stem, decision=decision,
                                            executor=opt.executor_for(settings, executor),
                                            show_progress=None if not as_json else False))

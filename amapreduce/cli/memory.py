@@ -140,13 +140,23 @@ def search(query: str = typer.Argument(..., metavar="QUERY"), store: Path | None
            min_similarity: float | None = typer.Option(None, "--min-similarity", help="Cosine floor (default none)."),
            model: str | None = ModelOpt, api_base: str | None = ApiBaseOpt,
            no_project: bool = typer.Option(False, "--no-project", help="Show the raw hints as the prior (no model call)."),
+           decision_file: Path | None = typer.Option(
+               None, "--decision", metavar="FILE",
+               help="A draft decision JSON: also compute the typed advice for it, as the plan stage does."),
            as_json: bool = JsonOpt) -> None:
     """Show what the plan stage would retrieve for QUERY: neighbours, ranked hints and the prior.
 
     The prior is projected by the memory model, as in `ask`, when one is configured; without one
-    (or with --no-project) it lists the raw hints.
+    (or with --no-project) it lists the raw hints. With --decision, the typed advice the records
+    support for that draft (measured choices and a proposal) is shown beside it.
     """
     import logging
+
+    draft = None
+    if decision_file is not None:
+        from amapreduce.decision.model import load_decision
+
+        draft = load_decision(decision_file)
 
     llm = None if no_project else _memory_model(model, api_base)
     core_log = logging.getLogger("amapreduce.memory.core")
@@ -155,7 +165,7 @@ def search(query: str = typer.Argument(..., metavar="QUERY"), store: Path | None
     try:
         with _memory(store, model=llm, readonly=True, k_pos=k_pos, k_neg=k_neg, k_hints=k_hints,
                      min_similarity=min_similarity) as mem:
-            retrieval, prior = mem.search(query, task_id=task_id)
+            retrieval, prior = mem.search(query, task_id=task_id, decision=draft)
     finally:
         core_log.setLevel(level)
     error = prior.details.get("projection_error")
@@ -164,11 +174,15 @@ def search(query: str = typer.Argument(..., metavar="QUERY"), store: Path | None
                    err=True)
     payload = {"positives": [n.to_json() for n in retrieval.positives],
                "negatives": [n.to_json() for n in retrieval.negatives],
-               "hints": [h.to_json() for h in retrieval.hints], "prior": prior.text}
+               "hints": [h.to_json() for h in retrieval.hints], "prior": prior.text,
+               "advice": None if prior.advice is None else dict(prior.advice)}
     lines = ["Positives:"] + [f"  {n.similarity:.3f}  {n.id}  {n.query}" for n in retrieval.positives]
     lines += ["Negatives:"] + [f"  {n.similarity:.3f}  {n.id}  {n.query}" for n in retrieval.negatives]
     lines += ["Hints (s = w + v):"] + [f"  s={h.s} w={h.w} v={h.v}  {h.id}  {h.text}" for h in retrieval.hints]
     lines += ["", "Prior:" if prior.details.get("projected") else "Prior (raw hints, not projected):", prior.text]
+    if prior.advice is not None:
+        lines += ["", "Typed advice (--json shows all of it):", json.dumps(
+            {k: prior.advice[k] for k in ("shape", "draft", "similar_records", "proposal")}, default=str)]
     _emit(as_json, payload, "\n".join(lines))
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "EXECUTOR_HELP",
     "ExecutorOpt",
     "executor_for",
+    "MaxCostOpt",
     "McpOpt",
     "OTEL_HELP",
     "OtelOpt",
@@ -60,6 +61,11 @@ ModelOpt = Annotated[str | None, typer.Option(
 MemoryOpt = Annotated[Path | None, typer.Option("--memory", help="Experiential-memory store for the plan stage.")]
 NoMemoryOpt = Annotated[bool, typer.Option("--no-memory", help="Run without experiential memory.")]
 MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Stop after this many tokens.")]
+MaxCostOpt = Annotated[float | None, typer.Option("--max-cost", metavar="USD", help=(
+    "Stop after spending this many dollars, and refuse up front (exit 4, nothing run) a fan-out whose estimate's "
+    "low end costs more (see --estimate). Default: AMAPREDUCE_MAX_COST_USD. Models with no known price (a local "
+    "vLLM or llama.cpp model) count as $0: price them in the JSON file named by AMAPREDUCE_PRICES_FILE, or use "
+    "--max-tokens."))]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Also write the markdown table here.")]
 CsvOpt = Annotated[Path | None, typer.Option("--csv", help="Also write the table as CSV here.")]
 EXECUTOR_HELP = ("Where the work runs: local (threads here), ray (a Ray instance on this machine) or ray:ADDRESS "

@@ -1,18 +1,18 @@
-"""One grammar for batching hints: written by the simulated memory model, read by the simulated manager.
+"""The simulated memory model's writing style for batching hints, and their typed payloads.
 
 The offline benchmark shows the experiential memory learning a batching rule per *shape* of
-question. Both simulated parts (deterministic code, not LLMs) speak one sentence form, so what
-the memory model distils is exactly what the manager can follow:
+question. The simulated memory model (deterministic code, not an LLM) writes each hint as one
+sentence and, as the memory prompts ask of any model, its typed advice after it:
 
     When each row of a one-column task matrix asks for 3 attributes, put up to 4 rows in one
     sub-agent batch (per_atom, batch_size 4): batches of 4 rows came back complete; batches of
-    6 rows lost rows.
+    6 rows lost rows. ADVICE: {"strategy": "per_atom", "batch_size": 4, "applies_when": {"cols": [4, 4], "matrix_cols": [1, 1]}}
 
-A hint is natural language a real LLM could write or read, and it is **transferable**: it names
-the structure of a row (how many columns the task matrix fills, how many attributes the
-sub-agent looks up) and never a task id or an entity, so it applies to every question of that
-shape. Only the part before the colon is an instruction; the evidence after it is kept for the
-reader (and for the memory model, which reads the smallest lossy size back when it merges hints).
+Only the typed payload (`advice_of`, `memory.advice.HintAdvice`) travels to the manager: the plan
+stage computes from it which hints apply to the draft, and the simulated manager reads that, as an
+LLM would. The sentence is the memory model's own style: `parse_hint` reads it back only inside
+the simulated memory model (for hints of its own that lost their payload, and for the evidence of
+a lossy size it keeps in the prose). No other simulated component parses it.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from amapreduce.decision.model import Decision
+from amapreduce.memory.advice import AppliesWhen, HintAdvice, render_hint, split_advice
 
 __all__ = [
-    "HINT_HEADER",
     "BatchingHint",
     "RowShape",
+    "advice_of",
     "format_hint",
     "hint_applies",
+    "hint_of_advice",
     "parse_hint",
-    "prior_hints",
+    "read_hint",
+    "write_hint",
 ]
-
-HINT_HEADER = "Batching guidance from experience:"
-"""The line `memory.retrieval.render_prior` writes before the projected hints (`- <hint>` lines)."""
 
 _WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 _HINT = re.compile(
@@ -145,19 +145,34 @@ def hint_applies(hint: BatchingHint, decision: Decision | Mapping[str, Any] | Ro
     return hint.shape == RowShape.of(decision)
 
 
-def prior_hints(prior_text: str) -> list[tuple[str, BatchingHint]]:
-    """The hints of an experiential prior: the `- ` lines under `HINT_HEADER` that parse, in order."""
-    out: list[tuple[str, BatchingHint]] = []
-    inside = False
-    for line in prior_text.splitlines():
-        if line.strip() == HINT_HEADER:
-            inside = True
-            continue
-        if inside and line.startswith("- "):
-            text = line[2:].strip()
-            hint = parse_hint(text)
-            if hint is not None:
-                out.append((text, hint))
-        elif inside:
-            inside = False
-    return out
+def advice_of(hint: BatchingHint) -> HintAdvice:
+    """The typed payload of a hint: its choice, for exactly its row shape."""
+    cells = hint.matrix_columns + hint.attributes
+    return HintAdvice(strategy=hint.strategy, batch_size=hint.rows,
+                      applies_when=AppliesWhen(cols=(cells, cells), matrix_cols=(hint.matrix_columns, hint.matrix_columns)))
+
+
+def hint_of_advice(advice: HintAdvice, lossy_rows: int | None = None) -> BatchingHint | None:
+    """The hint a payload stands for, when it is about one row shape and names a size (else None)."""
+    when = advice.applies_when
+    if when.cols is None or when.matrix_cols is None or when.cols[0] != when.cols[1] \
+            or when.matrix_cols[0] != when.matrix_cols[1] or advice.batch_size is None or advice.strategy == "open":
+        return None
+    width = when.matrix_cols[0]
+    return BatchingHint(attributes=max(0, when.cols[0] - width), rows=advice.batch_size, matrix_columns=width,
+                        strategy=advice.strategy, lossy_rows=lossy_rows)
+
+
+def write_hint(hint: BatchingHint) -> str:
+    """The hint as the simulated memory model writes it: the sentence and its typed payload."""
+    return render_hint(format_hint(hint), advice_of(hint))
+
+
+def read_hint(line: str) -> BatchingHint | None:
+    """A listed hint as the simulated memory model reads it back: the typed payload when there is
+    one (its prose only for the lossy size), else its own sentence; None: neither."""
+    text, advice, _problem = split_advice(line)
+    prose = parse_hint(text)
+    if advice is not None:
+        return hint_of_advice(advice, prose.lossy_rows if prose is not None else None)
+    return prose

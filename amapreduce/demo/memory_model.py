@@ -5,9 +5,10 @@ distillation → retrieval by s = w + v → projection into the manager's prior)
 provider. `SimulatedMemoryModel` is a `FunctionModel` that answers the prompts of
 `prompts/memory.yaml` as a real memory model would, reading **only what the prompt shows**:
 
-* **projection** (`project_*`): the listed hints that apply to the row shape of the draft decision
-  shown (`amapreduce.demo.hints`), as a numbered list of at most `max_bullets` items; or one line
-  saying that no stored hint applies to rows of that many attributes.
+* **projection** (`project_*`): the listed hints whose typed payload (` ADVICE: {...}`, or for a hint
+  of its own without one, its own sentence) applies to the row shape of the draft decision shown,
+  as a numbered list of at most `max_bullets` items each citing its hint's number (`[2]`), as the
+  prompt asks; or one line saying that no stored hint applies to rows of that many attributes.
 * **refinement** (`compare_*`, `success_*`): it reads the decision patterns shown (the records'
   `DecisionSummary.describe()` sentences, e.g. "58x1 task matrix; 4 output columns (...); batching
   per_atom with up to 4 rows per batch (15 batches); template: ..."). For every row shape with a
@@ -19,8 +20,9 @@ provider. `SimulatedMemoryModel` is a `FunctionModel` that answers the prompts o
 * **merge** (`merge_*`): one hint per row shape, the one with the most rows per batch that no
   listed hint's evidence contradicts, as a numbered list within the limit.
 
-Why the memory model and the manager share `amapreduce.demo.hints`: the hints must be text that
-the one can write and the other can follow, as between two real models that understand language.
+Every hint it writes carries its typed payload after the sentence, as the prompts ask any model
+(`amapreduce.demo.hints.write_hint`). The simulated manager never reads these sentences: it reads
+the typed advice the plan stage computes (`memory.advice`), as an LLM manager gets it.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from dataclasses import dataclass, field, replace
 from pydantic_core import from_json
 from smolagents.models import ChatMessage, MessageRole
 
-from amapreduce.demo.hints import BatchingHint, RowShape, format_hint, hint_applies, parse_hint
+from amapreduce.demo.hints import BatchingHint, RowShape, hint_applies, read_hint, write_hint
 from amapreduce.llm.messages import message_text
+from amapreduce.memory.advice import split_advice
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply
 
 __all__ = ["MEMORY_MODEL_ID", "CaseEvidence", "SimulatedMemoryModel", "read_patterns"]
@@ -134,7 +137,7 @@ def _evidence(cases: Iterable[CaseEvidence]) -> list[_Shape]:
 
 def _operations(cases: list[CaseEvidence], rules: list[str], max_ops: int) -> list[str]:
     """ADD / EDIT / AGREE lines for the evidence of `cases` against the numbered `rules`."""
-    parsed = [(k, text, hint) for k, text in enumerate(rules, 1) if (hint := parse_hint(text)) is not None]
+    parsed = [(k, text, hint) for k, text in enumerate(rules, 1) if (hint := read_hint(text)) is not None]
     ops: list[str] = []
     for entry in _evidence(cases):
         mine = [(k, text, hint) for k, text, hint in parsed if hint_applies(hint, entry.shape)]
@@ -143,23 +146,23 @@ def _operations(cases: list[CaseEvidence], rules: list[str], max_ops: int) -> li
             lost = min(entry.losses)
             for k, _text, hint in mine[:1]:
                 if hint.rows >= lost > 2:
-                    ops.append(f"EDIT {k}: {format_hint(replace(hint, rows=lost - 1, lossy_rows=lost))}")
+                    ops.append(f"EDIT {k}: {write_hint(replace(hint, rows=lost - 1, lossy_rows=lost))}")
             continue
         if not mine:
             if target.rows > 1:  # "one row per sub-agent" is the manager's default: nothing to teach
-                ops.append(f"ADD: {format_hint(target)}")
+                ops.append(f"ADD: {write_hint(target)}")
             continue
         k, text, hint = mine[0]
         if (hint.rows, hint.strategy) == (target.rows, target.strategy):
             known = hint.lossy_rows
             if target.lossy_rows is not None and (known is None or target.lossy_rows < known):
-                ops.append(f"EDIT {k}: {format_hint(target)}")  # same advice, new evidence of a lossy size
+                ops.append(f"EDIT {k}: {write_hint(target)}")  # same advice, new evidence of a lossy size
             else:
                 ops.append(f"AGREE {k}: {text}")
         elif hint.rows < target.rows:
-            ops.append(f"EDIT {k}: {format_hint(target)}")  # a larger batch succeeded: raise it
+            ops.append(f"EDIT {k}: {write_hint(target)}")  # a larger batch succeeded: raise it
         elif any(target.rows < lost <= hint.rows for lost in entry.losses):
-            ops.append(f"EDIT {k}: {format_hint(target)}")  # a weaker case lost rows at the rule's size: lower it
+            ops.append(f"EDIT {k}: {write_hint(target)}")  # a weaker case lost rows at the rule's size: lower it
     return ops[:max_ops]
 
 
@@ -168,7 +171,7 @@ def _merge(hints: list[str], limit: int) -> list[str]:
     groups: dict[RowShape, list[BatchingHint]] = {}
     order: list[RowShape | str] = []
     for text in hints:
-        hint = parse_hint(text)
+        hint = read_hint(text)
         if hint is None:
             order.append(text)  # not a batching hint: kept as written, after nothing is invented
             continue
@@ -185,7 +188,7 @@ def _merge(hints: list[str], limit: int) -> list[str]:
         floor = min(lossy) if lossy else None
         safe = [h for h in group if floor is None or h.rows < floor] or [min(group, key=lambda h: h.rows)]
         best = max(safe, key=lambda h: h.rows)  # first listed wins a tie (max keeps the first)
-        merged.append(format_hint(replace(best, lossy_rows=floor if floor is not None and floor > best.rows else None)))
+        merged.append(write_hint(replace(best, lossy_rows=floor if floor is not None and floor > best.rows else None)))
     return merged[:limit]
 
 
@@ -225,11 +228,13 @@ class SimulatedMemoryModel(FunctionModel):
         if not isinstance(decision, dict) or not decision.get("task_matrix"):
             return "1. No stored hint can be matched: the draft decision is not shown."
         shape = RowShape.of(decision)
-        chosen = [t for t in hints if (h := parse_hint(t)) is not None and hint_applies(h, shape)]
+        chosen = [(n, t) for n, t in enumerate(hints, 1) if (h := read_hint(t)) is not None and hint_applies(h, shape)]
         if not chosen:
             noun = "attribute" if shape.attributes == 1 else "attributes"
             return f"1. No stored hint applies to rows of {shape.attributes} {noun}."
-        return "\n".join(f"{k}. {t}" for k, t in enumerate(chosen[:limit], 1))
+        # each insight is the hint's sentence (its payload left out: the plan stage hands payloads over
+        # typed), citing the hint's number as the projection prompt asks
+        return "\n".join(f"{k}. {split_advice(t)[0]} [{n}]" for k, (n, t) in enumerate(chosen[:limit], 1))
 
     @staticmethod
     def _refine(cases: list[CaseEvidence], user: str) -> str:

@@ -37,8 +37,8 @@ after retries and delta-patch rounds, and the best rows-per-batch depends on the
 16 cells fit 3 rows of 5 columns, 4 of 4, 5 of 3 and 8 of 2.
 
 The manager batches by the rules of `amapreduce.demo.plan`: a fixed default (one row per
-sub-agent), exploration when `sample >= 1`, and a batching hint of the plan-stage prior
-(`amapreduce.demo.hints`) when one applies to its question's row shape.
+sub-agent), exploration when `sample >= 1`, and the plan stage's typed advice (`memory_advice`:
+its proposal, accepted with `use_advice: true`, or a hint payload that applies to the draft).
 
 Faults (`FaultPlan`) and a fixed per-call latency can be added for demos and benchmarks; with
 `FaultPlan.wrong_values`, a seeded share of a sub-agent's cells (never the entity's own name) is
@@ -67,15 +67,14 @@ from amapreduce.demo.discovery import (
     parse_discovery,
 )
 from amapreduce.demo.faults import FaultPlan, WrongCell
-from amapreduce.demo.hints import prior_hints
 from amapreduce.demo.plan import (
     Column,
     Intent,
+    advised_batching,
     column_fact,
     column_specs,
     default_batching,
     explore_batching,
-    hinted_batching,
     parse_intent,
     parse_question,
     plan_cap,
@@ -317,7 +316,7 @@ class SimulatedAtlasModel(FunctionModel):
     def _decision(self, task: str, intent: Intent, pages: list[str], obs: Observations,
                   texts: list[str]) -> dict[str, Any] | list[ToolCall]:
         """The decision to send: its own batching (default or exploration) until the plan stage
-        answered, then the batching of an applicable hint of the prior, if any."""
+        answered, then what its typed advice says (`advised_batching`), if anything."""
         draft = intent.draft(pages, obs)
         if isinstance(draft, list):
             return draft
@@ -327,9 +326,10 @@ class SimulatedAtlasModel(FunctionModel):
         for text in reversed(texts):
             for line in text.splitlines():
                 if line.startswith('{"call_stage": "plan"'):
-                    prior = str(json.loads(line).get("experiential_prior", ""))
-                    hinted = hinted_batching(prior_hints(prior), draft, cap)
-                    return with_batching(draft, hinted or own)
+                    advised, accept = advised_batching(json.loads(line).get("memory_advice"), draft, cap)
+                    if accept:
+                        return {**with_batching(draft, own), "use_advice": True}
+                    return with_batching(draft, advised or own)
         return with_batching(draft, own)
 
     # -- sub-agent ------------------------------------------------------------------------------

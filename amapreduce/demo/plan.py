@@ -14,21 +14,22 @@ How it batches (the decision the experiential memory learns to improve):
   temperature > 0. It picks one batching of a small fixed grid (per_atom with 2, 3, 4, 6, 8 or 12
   rows, and for two-column matrices by_attr on column 0) by a seeded hash of (question, sample),
   so trials differ from one another and every run of the same trial is the same.
-* **Experience** (`hinted_batching`): a batching hint of the plan-stage prior that applies to the
-  draft's row shape (`amapreduce.demo.hints`) replaces either, and the rationale says so.
+* **Experience** (`advised_batching`): the plan stage's typed advice (`memory_advice` in its
+  output, computed by `amapreduce.memory.advice`) replaces either: its proposal Θ′ when it has
+  one (accepted with `use_advice: true`, within the plan cap), else the first typed hint payload
+  that applies to the draft. It reads nothing of the prose prior.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from amapreduce.decision.columns import normalize_key_name
 from amapreduce.demo.atlas_reader import Observations, clean_cell, infobox, list_entries, plain_number
-from amapreduce.demo.hints import BatchingHint, RowShape, hint_applies
 from amapreduce.testing.scripted import ToolCall, tool_call
 
 __all__ = [
@@ -42,7 +43,7 @@ __all__ = [
     "column_specs",
     "default_batching",
     "explore_batching",
-    "hinted_batching",
+    "advised_batching",
     "parse_intent",
     "parse_question",
     "plan_cap",
@@ -276,17 +277,27 @@ def explore_batching(query: str, sample: int, matrix: Sequence[Sequence[str]], c
     return _under_cap(matrix, options[int.from_bytes(digest[:8], "big") % len(options)], cap)
 
 
-def hinted_batching(hints: Sequence[tuple[str, BatchingHint]], decision: dict[str, Any],
-                    cap: int | None) -> Batching | None:
-    """The batching of the first hint that applies to `decision`'s row shape (None: none applies)."""
-    shape = RowShape.of(decision)
-    for text, hint in hints:
-        if hint_applies(hint, shape):
-            grouped = hint.strategy == "by_attr" and shape.matrix_columns >= 2
-            chosen = Batching(strategy="by_attr" if grouped else "per_atom", rows=hint.rows,
-                              rationale=f"following experience: {text}")
-            return _under_cap(decision["task_matrix"], chosen, cap)
-    return None
+def advised_batching(advice: Mapping[str, Any] | None, draft: dict[str, Any],
+                     cap: int | None) -> tuple[Batching | None, bool]:
+    """What the plan stage's typed advice says for `draft`: (batching, accept). `accept` is True when
+    its proposal Θ′ should be applied as proposed (`use_advice: true`; within `cap`); otherwise the
+    batching of the first hint payload that applies to the draft, or (None, False)."""
+    if not advice:
+        return None, False
+    matrix = draft["task_matrix"]
+    proposal = advice.get("proposal")
+    if isinstance(proposal, Mapping) and proposal.get("strategy") in ("per_atom", "by_attr"):
+        proposed = Batching(strategy=proposal["strategy"], rows=proposal.get("batch_size"))
+        if cap is None or _batches(matrix, proposed) <= cap:
+            return None, True
+    for hint in advice.get("hints") or []:
+        payload = hint.get("advice") or {}
+        if hint.get("applies") and payload.get("strategy") in ("per_atom", "by_attr"):
+            grouped = payload["strategy"] == "by_attr" and len(matrix[0]) >= 2
+            chosen = Batching(strategy="by_attr" if grouped else "per_atom", rows=payload.get("batch_size") or 1,
+                              rationale=f"following the typed advice of hint {hint.get('id')}")
+            return _under_cap(matrix, chosen, cap), False
+    return None, False
 
 
 def with_batching(draft: dict[str, Any], batching: Batching) -> dict[str, Any]:

@@ -239,9 +239,8 @@ def _learn(memory: ExperientialMemory, session: InstanceSession, outcome: RunOut
 
     defaults = benchmark_defaults("sandbox")
     usage, prior = outcome.meter.total(), outcome.prior
-    shown = {"text": prior.text if prior is not None else None,
-             "hint_ids": list(prior.hint_ids) if prior is not None else [],
-             "record_ids": list(prior.record_ids) if prior is not None else []}
+    shown = prior.to_json() if prior is not None else {"text": None, "hint_ids": [], "kept_hint_ids": [],
+                                                       "record_ids": [], "advice": None, "advice_used": None}
     if not outcome.decisions:
         session.snapshot.close()
         return {"store": str(memory.store.folder), "prior": shown,
@@ -250,7 +249,9 @@ def _learn(memory: ExperientialMemory, session: InstanceSession, outcome: RunOut
     u = utility(score, tokens=usage.total_tokens, delay_s=wall,
                 weights=UtilityWeights(cost=defaults.cost_weight, delay=defaults.delay_weight))
     trial = TrialOutcome(trial=1, prior=prior, decision=outcome.decisions[0], metrics={**score, "utility": u},
-                         trace=TraceSummary.of(outcome.record["completeness"], cost_usd=usage.cost_usd, delay_s=wall),
+                         trace=TraceSummary.of(outcome.record["completeness"], cost_usd=usage.cost_usd, delay_s=wall,
+                                               tokens=usage.total_tokens,
+                                               advice=prior.advice_used if prior is not None else None),
                          utility=u)
     record_id = run_record_id(outcome.run_dir.path)  # the id `memory learn` would give it: one commit per run
     learned = commit_instance(memory, session, [trial], record_id=record_id)

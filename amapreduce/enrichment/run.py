@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from amapreduce.mapreduce.batching import BatchPlan
     from amapreduce.mapreduce.prior import PriorProvider
     from amapreduce.mapreduce.solver import BatchSolver
+    from amapreduce.progress import ProgressSink
     from amapreduce.session import Session
     from amapreduce.session.outcome import RunOutcome
     from amapreduce.session.parts import InnerFactory
@@ -89,6 +90,7 @@ def run_enrichment(
     show_progress: bool | None = False,
     task_id: str | None = None,
     query: str | None = None,
+    on_progress: ProgressSink | None = None,
 ) -> Enrichment:
     """Enrich `request`'s rows as one `Session` of kind `enrich` (see the module's docstring).
     `query` is what the run records as asked (default `EnrichRequest.query`; a benchmark task's: its question).
@@ -105,7 +107,7 @@ def run_enrichment(
     session = Session(settings, RunOptions(
         kind=RunKind.ENRICH, query=query or request.query, decision=decision, inner=inner, web_tools=web_tools,
         meter=meter, memory_store=memory_store, prior_provider=prior_provider, solver=solver,
-        show_progress=show_progress, task_id=task_id,
+        show_progress=show_progress, task_id=task_id, on_progress=on_progress,
     ))
     with session:
         write_json(session.run_dir / ENRICH_FILE, request.to_json())

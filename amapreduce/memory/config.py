@@ -79,11 +79,15 @@ class MemoryConfig(BaseModel):
     retrieval: Literal["ranked", "random"] = "ranked"
     """`ranked`: neighbours by similarity and hints by s(h) = w_h + v(h; q) (the paper). `random`
     exists for ablations only: k⁺/k⁻ random records and k_H random hints, whatever the query."""
+    min_question_similarity: float = Field(default=0.5, ge=-1.0, le=1.0, allow_inf_nan=False)
+    """Cosine a provenance question (question-level provenance, e.g. a hint imported from the
+    reference's insights.json) needs with q to vote for its hint. Records have no floor (the
+    paper); a question carries no outcome, so the floor keeps unrelated imported hints out."""
     min_advice_records: int = Field(default=2, ge=1, le=100)
     """Similar records a batching choice needs before the computed advice may propose it."""
-    advice_margin: float = Field(default=0.02, ge=0.0, le=1.0, allow_inf_nan=False)
-    """Mean utility by which a proposed choice must beat the draft's choice (or the draft's choice
-    must be unseen and the proposal's success rate 1)."""
+    advice_margin: float = Field(default=0.05, ge=0.0, le=1.0, allow_inf_nan=False)
+    """Share by which the draft's choice must cost more per row (tokens, else sub-agents) than the
+    cheapest reliable choice before the advice proposes it (`memory.advice.PROPOSAL_RULE`)."""
     seed: int = 0
     """Seed of every random choice (FINCH, pair sampling), so a distillation is reproducible."""
 

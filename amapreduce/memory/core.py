@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from amapreduce import telemetry
 from amapreduce.decision.model import Decision
 from amapreduce.llm.embed import Encoder
 from amapreduce.mapreduce.prior import Prior, PriorRequest
+from amapreduce.memory.advice import compute_advice, render_hint
 from amapreduce.memory.config import MemoryConfig
 from amapreduce.memory.distill import DistillReport, distill
 from amapreduce.memory.index import VectorIndex
@@ -33,6 +35,18 @@ from amapreduce.prompts import render_prompt
 __all__ = ["ExperientialMemory"]
 
 log = logging.getLogger(__name__)
+
+_CITED = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]")
+"""The hint numbers a projected bullet cites, `[2]` or `[1, 3]` (the projection prompt asks for them)."""
+
+
+def _cited(bullets: list[str], count: int) -> set[int]:
+    """0-based indexes of the listed hints the projection's bullets cite."""
+    out: set[int] = set()
+    for bullet in bullets:
+        for found in _CITED.finditer(bullet):
+            out |= {int(n) - 1 for n in found.group(1).split(",") if 1 <= int(n) <= count}
+    return out
 
 
 def _decision_text(decision: Decision) -> str:
@@ -68,37 +82,46 @@ class ExperientialMemory:
         vector = self.store.embed([query])[0]
         return retrieve(self.store, self.index, vector, query, self.config, task_id=task_id)
 
-    def project(self, query: str, decision: Decision | None, retrieval: Retrieval) -> tuple[list[str], str | None]:
+    def project(self, query: str, decision: Decision | None, retrieval: Retrieval
+                ) -> tuple[list[str], str | None, tuple[str, ...]]:
         """h_s = Φ(q; H_q): the memory model's ≤ max_bullets bullets, or the raw hints.
 
-        Returns the guidance and, when Φ failed, why (the caller traces it; nothing is hidden).
+        Returns the guidance, why Φ failed (None: it did not; the caller traces it), and the ids
+        of the hints kept for this draft: those the bullets cite by number, or every hint when
+        the raw hints are passed on. With `advice` on, the hints are shown with their typed payloads.
         """
         raw = [h.text for h in retrieval.hints]
+        every = tuple(h.id for h in retrieval.hints)
         if not raw or not self.config.project or self.model is None:
-            return raw, None
+            return raw, None, every
+        shown = [render_hint(h.text, h.advice if self.config.advice else None) for h in retrieval.hints]
         system = render_prompt("memory", "project_system", max_bullets=self.config.max_bullets)
         user = render_prompt("memory", "project_user", query=query,
                              decision=_decision_text(decision) if decision is not None else "(none yet)",
-                             hints="\n".join(f"{k}. {t}" for k, t in enumerate(raw, 1)),
+                             hints="\n".join(f"{k}. {t}" for k, t in enumerate(shown, 1)),
                              max_bullets=self.config.max_bullets)
         try:
             bullets = parse_list(ask(self.model, system, user), limit=self.config.max_bullets)
         except Exception as exc:  # noqa: BLE001 - any model failure falls back, and is reported
             log.warning("projection Φ failed (%s: %s); using the raw hints", type(exc).__name__, exc)
-            return raw, f"{type(exc).__name__}: {exc}"
+            return raw, f"{type(exc).__name__}: {exc}", every
         if not bullets:
             log.warning("projection Φ returned no list items; using the raw hints")
-            return raw, "reply had no list items"
-        return bullets, None
+            return raw, "reply had no list items", every
+        cited = _cited(bullets, len(raw))
+        return bullets, None, tuple(h.id for i, h in enumerate(retrieval.hints) if i in cited)
 
     def search(self, query: str, *, decision: Decision | None = None,
                task_id: str | None = None) -> tuple[Retrieval, Prior]:
         """What the plan stage would retrieve for `query`, and the prior it would get (with
-        OpenTelemetry on, inside a retriever span whose documents are the ranked hints)."""
+        OpenTelemetry on, inside a retriever span whose documents are the ranked hints).
+
+        With `advice` on and a draft `decision`, the prior's `details["advice"]` is the typed
+        advice the records support (`memory.advice.compute_advice`)."""
         with telemetry.span("amapreduce.memory.retrieve", {telemetry.INPUT_VALUE: query, **telemetry.ours(task_id=task_id)},
                             kind=telemetry.RETRIEVER) as span:
             retrieval = self.retrieve(query, task_id=task_id)
-            guidance, error = self.project(query, decision, retrieval)
+            guidance, error, kept = self.project(query, decision, retrieval)
             span.set({**telemetry.retrieval_documents([(h.id, h.text, float(h.s)) for h in retrieval.hints]),
                       **telemetry.ours(records=len(retrieval.neighbourhood), candidates=retrieval.candidates,
                                        projection_error=error)})
@@ -114,8 +137,12 @@ class ExperientialMemory:
         }
         if error is not None:
             details["projection_error"] = error
+        if self.config.advice and decision is not None:
+            outcomes = [n.outcome for n in retrieval.positives + retrieval.negatives if n.outcome is not None]
+            typed = [(h.id, h.advice) for h in retrieval.hints if h.advice is not None and h.id in kept]
+            details["advice"] = compute_advice(decision, outcomes, self.config, typed).to_json()
         prior = Prior(text=render_prior(retrieval, guidance), hint_ids=tuple(h.id for h in retrieval.hints),
-                      record_ids=retrieval.neighbourhood, details=details)
+                      kept_hint_ids=kept, record_ids=retrieval.neighbourhood, details=details)
         return retrieval, prior
 
     def prior(self, request: PriorRequest) -> Prior:

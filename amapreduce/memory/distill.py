@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amapreduce.errors import ConfigError, RunError
+from amapreduce.memory.advice import render_hint, split_advice
 from amapreduce.memory.config import MemoryConfig
 from amapreduce.memory.llm import ask
 from amapreduce.memory.parsing import Operation, map_operations, parse_list, parse_operations
@@ -31,6 +32,7 @@ from amapreduce.memory.records import normalise_query
 from amapreduce.memory.store import (
     MemoryStore,
     add_provenance,
+    advice_json,
     delete_hint,
     get_hint,
     get_meta,
@@ -136,10 +138,15 @@ def _cluster_hints(store: MemoryStore, record_ids: list[str], limit: int | None 
         conn.execute("DELETE FROM _cluster")
         conn.executemany("INSERT OR IGNORE INTO _cluster(id) VALUES (?)", [(i,) for i in record_ids])
         rows = conn.execute(
-            "SELECT h.id, h.text, h.w FROM hints h WHERE EXISTS (SELECT 1 FROM provenance p JOIN _cluster c "
+            "SELECT h.id, h.text, h.w, h.advice FROM hints h WHERE EXISTS (SELECT 1 FROM provenance p JOIN _cluster c "
             "ON c.id = p.record_id WHERE p.hint_id = h.id) ORDER BY h.w DESC, h.seq").fetchall()
-    hints = [(r[0], r[1], int(r[2])) for r in rows]
+    hints = [(r[0], _shown(r[1], r[3]), int(r[2])) for r in rows]
     return hints[:limit] if limit is not None else hints
+
+
+def _shown(text: str, advice: str | None) -> str:
+    """A hint as the distillation prompts list it: its text and its typed payload (`render_hint`)."""
+    return render_hint(text, json.loads(advice) if advice else None)
 
 
 def _line(op: Operation) -> str:
@@ -168,7 +175,8 @@ def _apply(store: MemoryStore, config: MemoryConfig, ops: list[Operation], relev
                 if current is None:
                     report.rejected.append({"line": _line(op), "reason": "hint no longer exists"})
                     continue
-                if op.op == "EDIT" and current["text"] != listed.get(op.hint_id, current["text"]):
+                if op.op == "EDIT" and _shown(current["text"], advice_json(current["advice"])) != listed.get(
+                        op.hint_id, _shown(current["text"], advice_json(current["advice"]))):
                     report.rejected.append({"line": _line(op), "reason": "hint was changed by another writer "
                                             "after it was shown to the model"})
                     continue
@@ -176,25 +184,33 @@ def _apply(store: MemoryStore, config: MemoryConfig, ops: list[Operation], relev
                 update_hint(conn, op.hint_id, kind="downvoted", delta=-3 if pool >= config.max_listed_hints else -1,
                             cluster=cluster, records=relevant)
             elif op.op in ("AGREE", "EDIT") and op.hint_id:
+                text, advice, problem = split_advice(op.text)
+                if problem:
+                    report.rejected.append({"line": _line(op), "reason": problem})
+                edit: dict[str, Any] = {"text": text, **({"advice": advice} if advice is not None else {})}
                 update_hint(conn, op.hint_id, kind="agreed" if op.op == "AGREE" else "edited", delta=1,
-                            text=op.text if op.op == "EDIT" else None, cluster=cluster, records=relevant)
+                            **(edit if op.op == "EDIT" else {}), cluster=cluster, records=relevant)
                 add_provenance(conn, op.hint_id, relevant)
             elif op.op == "ADD":
-                key = normalise_query(op.text)
+                text, advice, problem = split_advice(op.text)
+                if problem:
+                    report.rejected.append({"line": _line(op), "reason": problem})
+                key = normalise_query(text)
                 same = existing.get(key)
                 if same is not None and same not in listed:
                     # The model restated a hint this cluster was not shown (its support lies in other
                     # clusters): the cluster's records now support it too, so it can be retrieved here.
                     add_provenance(conn, same, members)
-                    report.applied.append({"op": "SUPPORT", "hint_id": same, "text": op.text, "cluster": cluster})
+                    report.applied.append({"op": "SUPPORT", "hint_id": same, "text": text, "cluster": cluster})
                     continue
                 if any(key == e or e in key for e in existing if e):
                     report.rejected.append({"line": f"ADD: {op.text}", "reason": "duplicates an existing hint"})
                     continue
-                hid = insert_hint(conn, op.text, config.hint_init_score, origin="distill", provenance=members,
-                                  cluster=cluster)
+                hid = insert_hint(conn, text, config.hint_init_score, origin="distill", provenance=members,
+                                  cluster=cluster, advice=advice)
                 existing[key] = hid
-                report.applied.append({"op": "ADD", "hint_id": hid, "text": op.text, "cluster": cluster})
+                report.applied.append({"op": "ADD", "hint_id": hid, "text": text, "cluster": cluster,
+                                       **({"advice": advice.to_json()} if advice is not None else {})})
                 continue
             report.applied.append({"op": op.op, "hint_id": op.hint_id, "text": op.text, "cluster": cluster})
         report.pruned += [h["id"] for h in prune_hints(conn, config.prune_threshold)]
@@ -251,7 +267,7 @@ def _merge(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec
         members.setdefault(r.cluster, []).append(r.id)
     cluster_of = {r.id: r.cluster for r in recs}
     with store.read() as conn:
-        hints = conn.execute("SELECT id, text, w, seq FROM hints ORDER BY w DESC, seq").fetchall()
+        hints = conn.execute("SELECT id, text, w, seq, advice FROM hints ORDER BY w DESC, seq").fetchall()
         prov = conn.execute("SELECT hint_id, record_id FROM provenance").fetchall()
     overlap: dict[str, dict[int, int]] = {}
     for hint_id, record_id in prov:
@@ -274,7 +290,7 @@ def _merge(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec
                                  "hints": [h["id"] for h in batch]})
             if report.dry_run:
                 continue
-            rules = "\n".join(f"{k}. {h['text']}" for k, h in enumerate(batch, 1))
+            rules = "\n".join(f"{k}. {_shown(h['text'], h['advice'])}" for k, h in enumerate(batch, 1))
             merged = parse_list(ask(model, render_prompt("memory", "merge_system"),
                                       render_prompt("memory", "merge_user", rules=rules, limit=limit)),
                                 limit=limit)
@@ -300,8 +316,14 @@ def _merge(store: MemoryStore, config: MemoryConfig, model: Any, recs: list[_Rec
                 # must stay retrievable for them).
                 support = list(dict.fromkeys([*members[cluster],
                                               *(r for h in batch for r in hint_provenance(conn, h["id"]))]))
-                new_ids = [insert_hint(conn, text, score, origin="merge", provenance=support, cluster=cluster,
-                                       sources=[h["id"] for h in batch]) for text in merged]
+                shared = {json.dumps(h["advice"], sort_keys=True) for h in current if h is not None and h["advice"]}
+                kept = json.loads(shared.pop()) if len(shared) == 1 else None  # one payload among them: kept
+                new_ids = []
+                for item in merged:
+                    text, advice, _problem = split_advice(item)
+                    new_ids.append(insert_hint(conn, text, score, origin="merge", provenance=support, cluster=cluster,
+                                               sources=[h["id"] for h in batch],
+                                               advice=advice if advice is not None else kept))
                 for h in batch:
                     delete_hint(conn, h["id"], kind="merged", into=new_ids, cluster=cluster)
             report.merged.append({"cluster": cluster, "from": [h["id"] for h in batch], "into": new_ids, "w": score})

@@ -3,7 +3,8 @@
 JSONL, one object per line. The first line is a header
 `{"type": "header", "format": "amapreduce-memory", "version": 1, "encoder": ...}`; then records
 `{"type": "record", "id", "query", "label", "decision", "metrics", "task_id", "trace"}` and hints
-`{"type": "hint", "id", "text", "score", "provenance": [record ids]}`, plus
+`{"type": "hint", "id", "text", "score", "provenance": [record ids]}` (with `"advice": {...}`, its typed
+payload, when it has one: `memory.advice.HintAdvice`), plus
 `"provenance_questions": [questions]` for a hint with question-level provenance (one imported
 from `insights.json`), so it keeps gaining the records that ask them. Vectors are not exported:
 they are recomputed with the importing store's encoder, so a store can move to another encoder.
@@ -37,6 +38,7 @@ from amapreduce._atomic import atomic_open
 from amapreduce._text import scrub_data
 from amapreduce.decision.model import Decision
 from amapreduce.errors import UserError
+from amapreduce.memory.advice import HintAdvice
 from amapreduce.memory.records import DecisionSummary, Record, TraceSummary, new_id
 from amapreduce.memory.store import (
     MAX_SCORE,
@@ -116,6 +118,8 @@ class HintLine(_Strict):
     provenance: list[str] = Field(default_factory=list)
     provenance_questions: list[str] = Field(default_factory=list)
     """Questions whose present and future records join the provenance (reference hints)."""
+    advice: HintAdvice | None = None
+    """The hint's typed advice payload, if any."""
 
 
 class ReferenceInsight(BaseModel):
@@ -144,12 +148,14 @@ def export_jsonl(store: MemoryStore, path: Path) -> dict[str, int]:
                     "created_at": rec.created_at}
             fh.write(json.dumps(line, ensure_ascii=False) + "\n")
             counts["records"] += 1
-        hints = conn.execute("SELECT id, text, w FROM hints ORDER BY seq").fetchall()
+        hints = conn.execute("SELECT id, text, w, advice FROM hints ORDER BY seq").fetchall()
         for h in hints:
             prov = [r[0] for r in conn.execute(
                 "SELECT p.record_id FROM provenance p JOIN records r ON r.id = p.record_id "
                 "WHERE p.hint_id = ? ORDER BY r.rowid", (h["id"],))]
             line = {"type": "hint", "id": h["id"], "text": h["text"], "score": int(h["w"]), "provenance": prov}
+            if h["advice"]:
+                line["advice"] = json.loads(h["advice"])
             questions = pending_provenance(conn, h["id"])
             if questions:
                 line["provenance_questions"] = questions
@@ -339,7 +345,7 @@ def import_file(store: MemoryStore, source: Path | ImportFile) -> dict[str, int]
                                 "Export records together with their hints.")
             with _at(where):
                 insert_hint(conn, hint.text, hint.score, origin="import", hint_id=hint.id, provenance=hint.provenance,
-                            source=str(path), **({"provenance_questions": hint.provenance_questions}
+                            source=str(path), advice=hint.advice, **({"provenance_questions": hint.provenance_questions}
                                                  if hint.provenance_questions else {}))
             add_pending_provenance(conn, hint.id, hint.provenance_questions)
             counts["hints"] += 1

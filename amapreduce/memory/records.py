@@ -120,9 +120,17 @@ class TraceSummary(BaseModel):
     patch_rounds: int | None = None
     cost_usd: float | None = None
     delay_s: float | None = None
+    tokens: int | None = None
+    """Model tokens the run used (prompt + completion), for the advice's tokens per row."""
+    advice: dict[str, Any] | None = None
+    """Which structured advice the run applied: `{"by": "manager"|"plan_stage", "strategy",
+    "batch_size"}` (None: none was applied)."""
+    followed_hints: tuple[str, ...] = ()
+    """Hints of the run's prior whose typed advice the executed decision followed (set at commit)."""
 
     @classmethod
-    def of(cls, completeness: Mapping[str, Any], *, cost_usd: float | None, delay_s: float | None) -> TraceSummary:
+    def of(cls, completeness: Mapping[str, Any], *, cost_usd: float | None, delay_s: float | None,
+           tokens: int | None = None, advice: Mapping[str, Any] | None = None) -> TraceSummary:
         """τ of a run from its `result.json` `completeness` block (batches, retries, patch rounds),
         its cost and its wall time: the one place a run becomes a trace summary. Counts that are not
         non-negative integers (a hand-edited or foreign file) are left unknown, never guessed."""
@@ -132,7 +140,7 @@ class TraceSummary(BaseModel):
             return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
         return cls(batches=count("batches"), retries=count("retries"), patch_rounds=count("patch_rounds"),
-                   cost_usd=cost_usd, delay_s=delay_s)
+                   cost_usd=cost_usd, delay_s=delay_s, tokens=tokens, advice=dict(advice) if advice else None)
 
 
 class Record(BaseModel):

@@ -10,7 +10,8 @@ A new store is created whole (`_sqlite.create_database`: built aside, then linke
 so an existing file is always a finished store. A file that is empty, is not SQLite, or is SQLite
 without amapreduce's schema is therefore refused (`NotAMemoryStore`), never initialised over:
 a store truncated to zero bytes used to come back as a new, empty one, its hints gone without a
-word. Read-only opens (`readonly=True`, SQLite's `mode=ro`) never write to the file.
+word. Read-only opens (`readonly=True`, SQLite's `mode=ro`) never write to the file, except to bring a
+store of an older schema up to date once (a short read-write open first).
 """
 
 from __future__ import annotations
@@ -137,7 +138,12 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_v1,)
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    """Hints may carry a typed advice payload (`memory.advice.HintAdvice`, JSON), beside the text."""
+    conn.execute("ALTER TABLE hints ADD COLUMN advice TEXT")
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_v1, _migrate_v2)
 """Migration i brings a store from version i to i+1. Append only; never edit a released one."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -216,6 +222,12 @@ def connect(folder: Path, *, create: bool = True, readonly: bool = False,
                                check_same_thread=False)
         try:
             version = _open_version(conn, folder)
+            if readonly and version < SCHEMA_VERSION:
+                # A store of an older schema is upgraded once, by a short read-write open, so that
+                # every reader sees one schema; a read-only open never writes otherwise.
+                conn.close()
+                connect(folder, create=False).close()
+                return connect(folder, create=False, readonly=True)
             if not readonly:
                 enable_wal(conn, timeout_s=BUSY_TIMEOUT_MS / 1000)
                 conn.execute("PRAGMA synchronous = NORMAL")

@@ -31,6 +31,7 @@ __all__ = [
     "MemoryStore",
     "add_pending_provenance",
     "add_provenance",
+    "advice_json",
     "MAX_SCORE",
     "bump_generation",
     "check_score",
@@ -62,7 +63,27 @@ def now() -> str:
 
 
 class Hint(dict[str, Any]):
-    """A hint row: `id`, `text`, `w`, `origin`, `seq`, `created_at`, `updated_at`."""
+    """A hint row: `id`, `text`, `w`, `origin`, `seq`, `created_at`, `updated_at`, and `advice`
+    (its typed payload as a dict, or None)."""
+
+    @classmethod
+    def of(cls, row: Any) -> Hint:
+        """A hint from a `hints` row (its `advice` JSON read back into a dict)."""
+        data = dict(row)
+        raw = data.get("advice")
+        data["advice"] = json.loads(raw) if isinstance(raw, str) and raw else None
+        return cls(data)
+
+
+_HINT_COLUMNS = "seq, id, text, w, origin, created_at, updated_at, advice"
+
+
+def advice_json(advice: Any) -> str | None:
+    """A typed payload (`HintAdvice`, a dict or None) as the JSON text the `advice` column holds."""
+    if advice is None:
+        return None
+    payload = advice.to_json() if hasattr(advice, "to_json") else dict(advice)
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
 
 def get_meta(conn: sqlite3.Connection, key: str) -> str | None:
@@ -146,8 +167,8 @@ def check_score(w: int) -> int:
 
 
 def insert_hint(conn: sqlite3.Connection, text: str, w: int, *, origin: str, provenance: Iterable[str] = (),
-                hint_id: str | None = None, **detail: Any) -> str:
-    """Create a hint with score `w` and provenance; return its id."""
+                hint_id: str | None = None, advice: Any = None, **detail: Any) -> str:
+    """Create a hint with score `w`, provenance and an optional typed `advice` payload; return its id."""
     text = " ".join(text.split())
     if not text:
         raise UserError("a hint needs non-empty text.")
@@ -155,12 +176,13 @@ def insert_hint(conn: sqlite3.Connection, text: str, w: int, *, origin: str, pro
     hid = hint_id or new_id("h")
     stamp = now()
     try:
-        conn.execute("INSERT INTO hints(id, text, w, origin, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
-                     (hid, text, int(w), origin, stamp, stamp))
+        conn.execute("INSERT INTO hints(id, text, w, origin, created_at, updated_at, advice) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     (hid, text, int(w), origin, stamp, stamp, advice_json(advice)))
     except sqlite3.IntegrityError as exc:
         raise UserError(f"hint id {hid!r} already exists in the store. Use another id.") from exc
     added = add_provenance(conn, hid, provenance)
-    log_event(conn, "hint_added", hint_id=hid, text=text, w=int(w), origin=origin, provenance=added, **detail)
+    log_event(conn, "hint_added", hint_id=hid, text=text, w=int(w), origin=origin, provenance=added,
+              **({"advice": json.loads(advice_json(advice) or "null")} if advice is not None else {}), **detail)
     return hid
 
 
@@ -209,9 +231,8 @@ def pending_provenance(conn: sqlite3.Connection, hint_id: str) -> list[str]:
 
 def get_hint(conn: sqlite3.Connection, hint_id: str) -> Hint | None:
     """One hint, or None."""
-    row = conn.execute("SELECT seq, id, text, w, origin, created_at, updated_at FROM hints WHERE id = ?",
-                       (hint_id,)).fetchone()
-    return None if row is None else Hint(dict(row))
+    row = conn.execute(f"SELECT {_HINT_COLUMNS} FROM hints WHERE id = ?", (hint_id,)).fetchone()  # noqa: S608
+    return None if row is None else Hint.of(row)
 
 
 def hint_provenance(conn: sqlite3.Connection, hint_id: str) -> list[str]:
@@ -224,14 +245,18 @@ def hint_provenance(conn: sqlite3.Connection, hint_id: str) -> list[str]:
 def list_hints(conn: sqlite3.Connection) -> list[Hint]:
     """Every hint, oldest first, with its provenance size as `support`."""
     rows = conn.execute(
-        "SELECT h.seq, h.id, h.text, h.w, h.origin, h.created_at, h.updated_at, "
+        "SELECT h.seq, h.id, h.text, h.w, h.origin, h.created_at, h.updated_at, h.advice, "
         "(SELECT count(*) FROM provenance p WHERE p.hint_id = h.id) AS support FROM hints h ORDER BY h.seq")
-    return [Hint(dict(r)) for r in rows]
+    return [Hint.of(r) for r in rows]
+
+
+_KEEP: Any = object()
 
 
 def update_hint(conn: sqlite3.Connection, hint_id: str, *, kind: str, text: str | None = None,
-                delta: int = 0, score: int | None = None, **detail: Any) -> Hint:
-    """Change a hint's text and/or score and log why (`kind`: credit, agree, edit, downvote, ...)."""
+                delta: int = 0, score: int | None = None, advice: Any = _KEEP, **detail: Any) -> Hint:
+    """Change a hint's text, score and/or typed advice (None removes it; left out: kept) and log
+    why (`kind`: credit, agree, edit, downvote, ...)."""
     hint = get_hint(conn, hint_id)
     if hint is None:
         raise UserError(f"no hint with id {hint_id!r}. List hints with `amapreduce memory list --hints`.")
@@ -239,11 +264,14 @@ def update_hint(conn: sqlite3.Connection, hint_id: str, *, kind: str, text: str 
     if not new_text:
         raise UserError("a hint needs non-empty text.")
     new_w = check_score((int(score) if score is not None else int(hint["w"])) + int(delta))
-    conn.execute("UPDATE hints SET text = ?, w = ?, updated_at = ? WHERE id = ?", (new_text, new_w, now(), hint_id))
+    new_advice = hint["advice"] if advice is _KEEP else json.loads(advice_json(advice) or "null")
+    conn.execute("UPDATE hints SET text = ?, w = ?, advice = ?, updated_at = ? WHERE id = ?",
+                 (new_text, new_w, advice_json(new_advice), now(), hint_id))
     log_event(conn, f"hint_{kind}", hint_id=hint_id, w_before=hint["w"], w_after=new_w,
               **({"text_before": hint["text"], "text_after": new_text} if new_text != hint["text"] else {}),
+              **({"advice_before": hint["advice"], "advice_after": new_advice} if new_advice != hint["advice"] else {}),
               **detail)
-    return Hint({**hint, "text": new_text, "w": new_w})
+    return Hint({**hint, "text": new_text, "w": new_w, "advice": new_advice})
 
 
 def delete_hint(conn: sqlite3.Connection, hint_id: str, *, kind: str = "removed", **detail: Any) -> None:
@@ -259,9 +287,8 @@ def delete_hint(conn: sqlite3.Connection, hint_id: str, *, kind: str = "removed"
 
 def prune_hints(conn: sqlite3.Connection, threshold: int = 0, *, dry_run: bool = False) -> list[Hint]:
     """Delete hints with w <= threshold (App. D.8); return what was (or would be) pruned."""
-    doomed = [Hint(dict(r)) for r in conn.execute(
-        "SELECT seq, id, text, w, origin, created_at, updated_at FROM hints WHERE w <= ? ORDER BY seq",
-        (threshold,))]
+    doomed = [Hint.of(r) for r in conn.execute(
+        f"SELECT {_HINT_COLUMNS} FROM hints WHERE w <= ? ORDER BY seq", (threshold,))]  # noqa: S608
     if not dry_run:
         for hint in doomed:
             delete_hint(conn, hint["id"], kind="pruned", threshold=threshold)
@@ -303,6 +330,7 @@ class MemoryStore:
             )
         self.encoder_spec = stored
         self._encoder = encoder if isinstance(encoder, Encoder) else None
+        self._question_cache: dict[str, np.ndarray] = {}
 
     @property
     def encoder(self) -> Encoder:
@@ -310,6 +338,18 @@ class MemoryStore:
         if self._encoder is None:
             self._encoder = get_encoder(self.encoder_spec)
         return self._encoder
+
+    def question_vectors(self, questions: Sequence[str]) -> np.ndarray:
+        """Vectors of provenance questions (normalised query keys), encoded once per store object:
+        question-level provenance is a few questions per imported hint, so no index is kept."""
+        with self._lock:
+            todo = [q for q in dict.fromkeys(questions) if q not in self._question_cache]
+            if todo:
+                for q, vector in zip(todo, self.embed(todo), strict=True):
+                    self._question_cache[q] = vector
+            import numpy as np
+
+            return np.stack([self._question_cache[q] for q in questions]).astype("float32")
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Encode `texts` with the store's encoder, checking the dimension against stored vectors."""

@@ -1,7 +1,8 @@
 """Learning from one scored run (paper Eq. 13 and 22): write ε_new, credit the hints of its Δ_q.
 
 All of it happens in one write transaction: insert the record (label from the pass rule), add
-w_h += g(u) and S(h) ∪= {ε_new} for every hint that was in the prior and still exists, prune hints
+w_h += g(u) and S(h) ∪= {ε_new} for every hint of the prior that still exists and that the credit
+rule picks (`credited_hints`: under `credit_rule: used`, the hints the run used), prune hints
 with w_h <= threshold, and claim a distillation slot when the schedule says one is due. Runs whose
 metrics say the infrastructure failed are not written at all.
 
@@ -38,7 +39,8 @@ from amapreduce.memory.store import (
     update_hint,
 )
 
-__all__ = ["UpdateResult", "distillation_done", "due_distillation", "finish_distillation", "record_outcome"]
+__all__ = ["UpdateResult", "credited_hints", "distillation_done", "due_distillation", "finish_distillation",
+           "record_outcome"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +61,36 @@ class UpdateResult:
     replayed: bool = False
     """The record was committed before (by a process that died before it finished): this is the
     result that commit logged; its distillation may still be pending (`distillation_done`)."""
+
+
+def credited_hints(conn: Any, prior: Prior | None, decision: DecisionSummary, config: MemoryConfig
+                   ) -> tuple[list[str], list[str], list[str]]:
+    """Which hints of `prior` get the run's credit: (credited, followed, missing).
+
+    `credit_rule: all` (the paper) credits every hint of the prior. `used` (the default) credits a
+    hint with typed advice only when the executed `decision` followed it (same strategy and rows
+    per batch, on a shape the advice applies to), never when it contradicted it; a hint without
+    typed advice only when the projection kept it for this draft (`Prior.kept_hint_ids`).
+    `followed` lists the hints whose advice was followed (recorded with the record).
+    """
+    from amapreduce.memory.advice import HintAdvice
+
+    credited: list[str] = []
+    followed: list[str] = []
+    missing: list[str] = []
+    kept = set(prior.kept_hint_ids) if prior is not None else set()
+    for hint_id in dict.fromkeys(prior.hint_ids if prior else ()):
+        hint = get_hint(conn, hint_id)
+        if hint is None:
+            missing.append(hint_id)
+            continue
+        advice = HintAdvice.model_validate(hint["advice"]) if hint["advice"] else None
+        verdict = advice.verdict(decision) if advice is not None else None
+        if verdict == "followed":
+            followed.append(hint_id)
+        if config.credit_rule == "all" or verdict == "followed" or (advice is None and hint_id in kept):
+            credited.append(hint_id)
+    return credited, followed, missing
 
 
 def due_distillation(conn: Any, total: int, config: MemoryConfig) -> str | None:
@@ -110,12 +142,9 @@ def record_outcome(
     trace_summary = trace if isinstance(trace, TraceSummary) else TraceSummary.model_validate(dict(trace or {}))
     summary = DecisionSummary.of(decision, batches=trace_summary.batches)
     passed = label(metrics, config.label_rule, utility_threshold=config.utility_threshold)
-    record = Record(id=record_id or new_id("r"), query=query, label=passed, decision=summary, trace=trace_summary,
-                    metrics=dict(metrics), task_id=task_id)
     vector = store.embed([query])[0]
     reward = config.reward_pass if passed else config.reward_fail
     credited: dict[str, int] = {}
-    missing: list[str] = []
     with store.write() as conn:
         if record_id is not None and conn.execute("SELECT 1 FROM records WHERE id = ?", (record_id,)).fetchone():
             # Idempotent per record id: an evaluation resumed after it crashed between its commit
@@ -126,12 +155,14 @@ def record_outcome(
                 return earlier
             log_event(conn, "record_skipped", reason="already committed", task_id=task_id, record_id=record_id)
             return UpdateResult(record_id=record_id, skipped="already committed")
+        chosen, followed, missing = credited_hints(conn, prior, summary, config)
+        record = Record(id=record_id or new_id("r"), query=query, label=passed, decision=summary,
+                        trace=trace_summary.model_copy(update={"followed_hints": tuple(followed)}),
+                        metrics=dict(metrics), task_id=task_id)
         insert_record(conn, record, vector)
-        for hint_id in dict.fromkeys(prior.hint_ids if prior else ()):
-            if get_hint(conn, hint_id) is None:
-                missing.append(hint_id)
-                continue
-            hint = update_hint(conn, hint_id, kind="credited", delta=reward, record_id=record.id, label=passed)
+        for hint_id in chosen:
+            hint = update_hint(conn, hint_id, kind="credited", delta=reward, record_id=record.id, label=passed,
+                               rule=config.credit_rule)
             add_provenance(conn, hint_id, [record.id])
             credited[hint_id] = int(hint["w"])
         pruned = prune_hints(conn, config.prune_threshold)

@@ -28,17 +28,21 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from amapreduce.errors import UserError
+from amapreduce.errors import EstimateOverBudget, UserError
 from amapreduce.llm.meter import PriceTable
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import BatchPlan
 from amapreduce.session.rundir import load_run
 from amapreduce.trace import read_trace
 
-__all__ = ["DEFAULTS", "Estimate", "PastRun", "Profile", "estimate_plan", "past_runs", "profile_of", "read_past_run",
-           "similar_templates"]
+if TYPE_CHECKING:
+    from amapreduce.decision.model import Decision
+    from amapreduce.settings import Settings
+
+__all__ = ["DEFAULTS", "DecisionPlan", "Estimate", "PastRun", "Profile", "check_budget", "estimate_for", "estimate_plan",
+           "past_runs", "plan_decision", "profile_of", "read_past_run", "recorded_decisions", "similar_templates"]
 
 MAX_RUNS = 50
 """Past runs read for an estimate, newest first."""
@@ -145,7 +149,8 @@ def read_past_run(folder: Path) -> PastRun | None:
     except UserError:  # an unreadable folder is no past run to learn from (`runs list` reports it)
         return None
     completeness = data.get("completeness") or {}
-    batches, rows = int(completeness.get("batches") or 0), _matrix_rows(data.get("decisions"))
+    decisions = recorded_decisions(data)
+    batches, rows = int(completeness.get("batches") or 0), _matrix_rows(decisions)
     seconds: list[float] = []
     usage, model_ids = Usage(), set()
     for event in read_trace(folder / "trace.jsonl", event="model_call"):
@@ -158,11 +163,19 @@ def read_past_run(folder: Path) -> PastRun | None:
             model_ids.add(str(event["model_id"]))
     if batches <= 0 or rows <= 0 or usage.requests <= 0:
         return None
-    decisions = data.get("decisions")
-    first = decisions[0] if isinstance(decisions, list) and decisions and isinstance(decisions[0], dict) else {}
+    first = decisions[0] if decisions and isinstance(decisions[0], dict) else {}
     return PastRun(model_id=next(iter(model_ids)) if len(model_ids) == 1 else None, batches=batches, rows=rows,
                    calls=usage.requests, prompt_tokens=usage.input_tokens, completion_tokens=usage.output_tokens,
                    call_seconds=tuple(seconds), template=str(first.get("template") or ""))
+
+
+def recorded_decisions(record: dict[str, Any]) -> list[Any]:
+    """The decisions a run's `result.json` records: an `ask`'s `decisions`, or the one `decision`
+    of a `mapreduce run` or an `enrich`."""
+    decisions = record.get("decisions")
+    if isinstance(decisions, list):
+        return decisions
+    return [record["decision"]] if isinstance(record.get("decision"), dict) else []
 
 
 def _matrix_rows(decisions: object) -> int:
@@ -262,3 +275,82 @@ def estimate_plan(plan: BatchPlan, *, workers: int, profile: Profile, model_id: 
                     wall_s=(waves * profile.calls_per_batch * profile.call_s_median,
                             waves * profile.calls_per_batch * profile.call_s_p90),
                     model_id=model_id, source=profile.source)
+
+
+def estimate_for(settings: Settings, plan: BatchPlan, template: str, *, prices: PriceTable | None = None) -> Estimate:
+    """What running `plan` (of a decision whose sub-questions read `template`) would cost with the
+    settings' sub-agent model and workers, from the past runs in `settings.runs_dir` (`prices`:
+    the run's price map, default the settings')."""
+    from amapreduce.llm.factory import model_for_role, new_meter
+
+    model_id = model_for_role(settings, "subagent")
+    profile = profile_of(past_runs(settings.runs_dir), model_id=model_id, template=template)
+    return estimate_plan(plan, workers=settings.workers, profile=profile, model_id=model_id,
+                         prices=prices if prices is not None else new_meter(settings).prices)
+
+
+def check_budget(estimate: Estimate, max_cost_usd: float | None, *, spent_usd: float = 0.0) -> None:
+    """Refuse a fan-out whose estimate's low end (plus `spent_usd`, what the run spent already)
+    costs more than `max_cost_usd`. An unpriced model, or no budget, is never refused: its cost is unknown.
+
+    Raises:
+        EstimateOverBudget: with the estimate's range, the spend so far and the budget in its message.
+    """
+    if estimate.cost_usd is None or max_cost_usd is None or spent_usd + estimate.cost_usd[0] <= max_cost_usd:
+        return
+    low, high = estimate.cost_usd
+    before = f" on top of the ${spent_usd:.4f} the run has spent" if spent_usd > 0 else ""
+    raise EstimateOverBudget(
+        f"the fan-out would cost ${low:.4f} - ${high:.4f}{before} ({estimate.batches:,} batches, "
+        f"{estimate.calls[0]:,} - {estimate.calls[1]:,} model calls, from {estimate.source}), over the budget of "
+        f"${max_cost_usd:.4f}: nothing was run. Raise --max-cost (AMAPREDUCE_MAX_COST_USD), or see the estimate "
+        "with --estimate.", low_usd=low, high_usd=high, spent_usd=spent_usd, max_cost_usd=max_cost_usd)
+
+
+@dataclass(frozen=True)
+class DecisionPlan:
+    """What `mapreduce plan` shows of a decision: its batch plan (for a discovery, its map's), the
+    first sub-question, and, when asked, the estimate."""
+
+    stage: str
+    """`fill`, or `discover` (the fill is planned once discovery has found its entities)."""
+    plan: BatchPlan
+    first: str
+    columns: list[str]
+    keys: list[str]
+    note: str
+    estimate: Estimate | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `mapreduce plan --json` object: the batch plan, `stage`, and `note`, `estimate` when there are."""
+        return {**self.plan.to_json(), "stage": self.stage, **({"note": self.note} if self.note else {}),
+                **({"estimate": self.estimate.to_json()} if self.estimate is not None else {})}
+
+
+def plan_decision(decision: Decision, settings: Settings, *, estimate: bool = False) -> DecisionPlan:
+    """`decision`'s batch plan under the user's cap (`Settings.batch_cap`), with its estimate when asked.
+
+    Raises:
+        DecisionError: the plan is larger than the cap.
+    """
+    from amapreduce.mapreduce.batching import plan_batches
+
+    cap = settings.batch_cap("user")
+    if decision.discover is not None:
+        from amapreduce.mapreduce.discover import discovery_decision
+
+        mapped = discovery_decision(decision.discover)
+        stage, batch_plan = "discover", plan_batches(mapped, max_batches=cap)
+        first, columns, keys = mapped.task_text(0), mapped.columns, mapped.resolved_key_columns
+        note = "The fill stage is planned once discovery has found its entities."
+    else:
+        stage, batch_plan = "fill", plan_batches(decision, max_batches=cap)
+        first, columns, keys = decision.task_text(0), decision.columns, decision.resolved_key_columns
+        child = decision.child
+        note = (f"Each task runs the child decision {repr(child) if isinstance(child, str) else '(inline)'}."
+                if child is not None else "")
+    forecast = estimate_for(settings, batch_plan, decision.template) if estimate else None
+    if forecast is not None and decision.child is not None:
+        note = (note + " " if note else "") + "The estimate covers this decision's own batches, not its children's."
+    return DecisionPlan(stage=stage, plan=batch_plan, first=first, columns=list(columns), keys=list(keys), note=note,
+                        estimate=forecast)

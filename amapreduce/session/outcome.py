@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from amapreduce.llm.usage import Usage
     from amapreduce.mapreduce.prior import Prior
     from amapreduce.mapreduce.result import Completeness, DiscoverySummary, MapReduceResult, RunEnding
+    from amapreduce.session.estimate import Estimate
     from amapreduce.session.journal import RunKind
     from amapreduce.session.rundir import RunDir
     from amapreduce.table.table import Table
@@ -55,6 +56,8 @@ class RunOutcome:
     task_id: str | None = None
     answer: str | None = None
     """The manager's own final answer (None: no manager, or it did not answer)."""
+    estimate: Estimate | None = None
+    """An estimate-only `ask`'s estimate of the manager's decision (`RunOptions.estimate_only`)."""
 
     @property
     def status(self) -> str:

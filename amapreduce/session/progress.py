@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.llm.retry import ProviderRetry
-    from amapreduce.progress import ProgressEvent
+    from amapreduce.progress import ProgressEvent, ProgressSink
 
 __all__ = ["LINE_INTERVAL_S", "ProgressMode", "RunProgress"]
 
@@ -55,6 +55,7 @@ class RunProgress:
         interval_s: seconds between two lines of one stage.
         wait: how the heartbeat waits `s` seconds; returns True when it should stop (default: the
             stop event's `wait`; tests inject one that moves their fake clock).
+        sink: also gets every event, whatever `enabled` says (an MCP client's progress notifications).
     """
 
     def __init__(
@@ -67,8 +68,10 @@ class RunProgress:
         wall: Callable[[], float] = time.time,
         interval_s: float = LINE_INTERVAL_S,
         wait: Callable[[float], bool] | None = None,
+        sink: ProgressSink | None = None,
     ) -> None:
         self.meter = meter
+        self._sink = sink
         self.stream: TextIO = stream if stream is not None else sys.stderr
         if enabled is False:
             self.mode: ProgressMode = "off"
@@ -169,6 +172,8 @@ class RunProgress:
             if other:
                 self._event_facts = ", ".join(f"{name} {value}" for name, value in event.data.items())
             self._refresh(last=other and event.done == event.total)
+        if self._sink is not None:
+            self._sink(event)
 
     def on_provider_retry(self, retry: ProviderRetry) -> None:
         """Models' retry callback: a provider call repeated (429, 5xx, ...), shown apart from

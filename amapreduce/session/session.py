@@ -5,7 +5,9 @@ trial — is one `Session`, built from `Settings` plus one `RunOptions` value:
 
 1. **Pre-flight** (`Session(...)`): the role models, the meter and the search backend are built
    and kept, the MCP config and the memory store checked, tracing turned on. A usage mistake
-   fails here with a `ConfigError`/`UserError` (exit 2) and nothing is created.
+   fails here with a `ConfigError`/`UserError` (exit 2) and nothing is created; so does a decision
+   whose estimate's low end costs more than the cost budget (`EstimateOverBudget`, exit 4). An
+   `ask`'s decision is the manager's, so its fan-out is checked when it executes (`execute`).
 2. **Open** (`with session:`): the run directory, its journal and the live progress; the parts
    (`session.parts`) are connected around the models built in pre-flight (built once per run).
 3. **Work**: `execute(decision)` runs a decision through the engine (composed ones included) and
@@ -24,6 +26,7 @@ Resuming (`session.resume.resume`): a session over a killed run's directory, jou
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -43,6 +46,8 @@ from amapreduce.mapreduce.result import (
     completeness_record,
     stop_ending,
 )
+from amapreduce.progress import ProgressEvent
+from amapreduce.session.estimate import Estimate, check_budget, estimate_for
 from amapreduce.session.journal import RunKind
 from amapreduce.session.ledger import Ledger
 from amapreduce.session.lifecycle import ActiveRun, resume_run, start_run
@@ -71,6 +76,7 @@ if TYPE_CHECKING:
     from amapreduce.mapreduce.batching import BatchPlan
     from amapreduce.mapreduce.prior import PriorProvider
     from amapreduce.mapreduce.solver import BatchSolver
+    from amapreduce.progress import ProgressSink
     from amapreduce.session.executor import Executor
     from amapreduce.session.journal import RunJournal
     from amapreduce.settings import Settings
@@ -109,6 +115,10 @@ class RunOptions:
     changes the memory; learning happens after scoring)."""
     show_progress: bool | None = None
     """False: no progress; True: the live display; None: live on a terminal, else plain lines."""
+    on_progress: ProgressSink | None = None
+    """Also gets the run's progress events, whatever `show_progress` says (an MCP client's progress
+    notifications): first `started` (its `data`: `run`, the run folder's name, and `run_dir`), then
+    the engine's. Called from the run's threads; it must not block."""
     executor: Executor | None = None
     """Runs a plain decision too wide for one engine run in chunks elsewhere (None: all here)."""
     solver: BatchSolver | None = None
@@ -116,7 +126,11 @@ class RunOptions:
     roles: tuple[str, ...] | None = None
     """The roles that get a model (default: by kind; the memory's when there is a store)."""
     decision: Decision | None = None
-    """A `mapreduce run`'s decision: its batch plan is checked in pre-flight (`Session.run` runs it)."""
+    """A `mapreduce run`'s decision: its batch plan is checked in pre-flight (`Session.run` runs it),
+    and so is its estimate against the cost budget (`session.estimate.check_budget`)."""
+    estimate_only: bool = False
+    """An `ask` that stops at its first fan-out: the manager scouts and writes its decision, and the
+    decision's estimate (`RunOutcome.estimate`) is all the run makes (no sub-agent call)."""
 
 
 def _stop_ending(exc: BaseException) -> RunEnding:
@@ -140,6 +154,8 @@ class Session:
             ConfigError: no model for the manager or sub-agents, a model id, search backend or MCP
                 config not usable as given, `--otel` without its extra, an executor that cannot run.
             UserError: `memory_store` holds no store.
+            EstimateOverBudget: `RunOptions.decision`'s estimate (`session.estimate`) costs more,
+                at its low end, than `settings.max_cost_usd`.
         """
         self.settings = settings
         self.options = options = options or RunOptions()
@@ -168,6 +184,11 @@ class Session:
         self._wide = False
         if options.decision is not None and resuming is None:
             self._plan, self._wide = _decision_plan(options.decision, settings, options.executor)
+            if self._plan is not None and settings.max_cost_usd is not None:  # refused before anything is made
+                check_budget(estimate_for(settings, self._plan, options.decision.template, prices=self.meter.prices),
+                             settings.max_cost_usd)
+        self.estimate: Estimate | None = None
+        """An `ask`'s estimate of its first fan-out (`RunOptions.estimate_only`)."""
         self._search: SearchBackend | None = None
         if options.web_tools is None:
             from amapreduce.web.backends import make_backend
@@ -226,8 +247,13 @@ class Session:
             run = self._stack.enter_context(start_run(settings, kind=options.kind, query=options.query,
                                                       meter=self.meter, task_id=options.task_id, trial=options.trial))
         self._run, self.trace = run, run.run_dir.trace
-        progress = self._stack.enter_context(RunProgress(self.meter, enabled=options.show_progress))
+        progress = self._stack.enter_context(RunProgress(self.meter, enabled=options.show_progress,
+                                                         sink=options.on_progress))
         self._progress = progress
+        if options.on_progress is not None:
+            path = run.run_dir.path
+            options.on_progress(ProgressEvent(kind="started", phase="starting", done=0, total=0,
+                                              data={"run": path.name, "run_dir": str(path)}))
         for model in self.models.values():
             model.trace, model.on_retry = self.trace, progress.on_provider_retry
         parts = build_parts(
@@ -298,6 +324,43 @@ class Session:
         self.prior = self._prior_provider.prior(request)
         return self.prior
 
+    def advised(self, decision: Decision, use_advice: bool | None) -> Decision:
+        """The decision an execute call runs: `decision` with the plan stage's proposal Θ′ applied
+        (strategy and size; `memory.advice.apply_choice`) when the manager accepted it
+        (`use_advice: true`), or when `AMAPREDUCE_MEMORY_ADVICE=apply` and the manager did not
+        decline (`use_advice: false`). What was applied, and by whom, is traced and kept in the
+        prior's `advice_used` (result.json, the memory's record).
+
+        Raises:
+            DecisionError: `use_advice: true` with no proposal to apply.
+        """
+        from dataclasses import replace
+
+        from amapreduce.errors import DecisionError
+        from amapreduce.memory.advice import apply_choice
+
+        prior = self.prior
+        proposal = (prior.advice or {}).get("proposal") if prior is not None else None
+        wanted = use_advice if use_advice is not None else self.settings.memory_advice == "apply"
+        if not wanted:
+            return decision
+        if prior is None or not isinstance(proposal, dict):
+            if use_advice:
+                raise DecisionError("use_advice: the plan stage proposed no revision for this decision (its "
+                                    "`memory_advice.proposal` is null); call mapreduce again without use_advice.")
+            return decision
+        revised = apply_choice(decision, str(proposal["strategy"]), proposal.get("batch_size"))
+        used = {"by": "manager" if use_advice else "plan_stage", "strategy": proposal["strategy"],
+                "batch_size": proposal.get("batch_size")}
+        if prior.advice_used is None:
+            self.prior = replace(prior, details={**prior.details, "advice_used": used})
+            self.trace.write("advice_applied", **used)
+        return revised
+
+    def advice_mode(self) -> str:
+        """`suggest` or `apply` (`AMAPREDUCE_MEMORY_ADVICE`)."""
+        return self.settings.memory_advice
+
     # -- executing --------------------------------------------------------------------------------
 
     def execute(self, decision: Decision, plan: BatchPlan | None = None) -> tuple[MapReduceResult, int]:
@@ -315,6 +378,8 @@ class Session:
         parts, composed = self.parts, decision.composed
         if plan is None and not composed:
             plan = plan_batches(decision, max_batches=parts.engine.config.max_batches)
+        if self.options.kind.is_ask and self._resuming is None:
+            self._before_fan_out(decision, None if composed else plan)
         self._keep(decision, None if composed else plan)
         executor = self.options.executor
         if executor is not None and plan is not None and not composed and len(plan.batches) > (
@@ -333,6 +398,28 @@ class Session:
             self._accumulate(decision, exc.partial)  # a stopped run still keeps the rows it found
             raise
         return result, self._accumulate(decision, result)
+
+    def _before_fan_out(self, decision: Decision, plan: BatchPlan | None) -> None:
+        """An `ask`'s check before a decision of the manager fans out: an estimate-only run stops
+        here with the estimate; a fan-out whose estimate's low end, with what the run spent, is over
+        the cost budget is refused (`EstimateOverBudget`, a budget stop: exit 4). A composed
+        decision is estimated by its known batches (a discovery's map), and not checked. An
+        evaluation's trial is not checked either: its budget is what is left of the evaluation's,
+        which `eval run` keeps (it stops starting trials)."""
+        options, settings = self.options, self.settings
+        checked = settings.max_cost_usd is not None and plan is not None and options.kind is not RunKind.EVAL
+        if not options.estimate_only and not checked:
+            return
+        shown = plan if plan is not None else self.plan_of(decision)
+        estimate = estimate_for(settings, shown, decision.template, prices=self.meter.prices)
+        if options.estimate_only:
+            part = ("; the discovery's map only: the fill is planned once the entities are found"
+                    if decision.discover is not None else "; the decision's own batches, not its children's"
+                    if decision.child is not None else "")
+            self.estimate = dataclasses.replace(estimate, source=estimate.source + part)
+            raise RunCancelled("estimate only: the manager's decision was estimated; no sub-agent was called",
+                               partial=estimate)
+        check_budget(estimate, settings.max_cost_usd, spent_usd=self.meter.cost_usd() or 0.0)
 
     def _keep(self, decision: Decision, plan: BatchPlan | None) -> None:
         """An `ask` keeps the decisions it executes for a resume (`Ledger.keep`, `executed.json`)."""
@@ -432,7 +519,7 @@ class Session:
             kind=run.kind, query=run.query, table=table, markdown=markdown, ending=ending, completeness=completeness,
             run_dir=run.run_dir, meter=self.meter, record=record, decisions=list(ledger.decisions),
             results=list(ledger.results), prior=self.prior, task_id=options.task_id,
-            answer=None if answer is None else str(answer),
+            answer=None if answer is None else str(answer), estimate=self.estimate,
         )
 
     def _extra(self, answer: Any) -> dict[str, Any]:
@@ -441,7 +528,7 @@ class Session:
         discoveries = [r.discovery.to_json() for r in ledger.results if r.discovery is not None]
         if not self.options.kind.is_ask:
             decision = ledger.decisions[0].model_dump(mode="json") if ledger.decisions else None
-            planned = {"prior": {"text": p.text, "hint_ids": list(p.hint_ids)}} if (p := self.prior) else {}
+            planned = {"prior": p.to_json()} if (p := self.prior) else {}
             if self._wide_extra is not None:
                 return {"decision": decision, **self._wide_extra, **planned}
             return {"decision": decision, "web": web, **({"discovery": discoveries[0]} if discoveries else {}),
@@ -453,8 +540,9 @@ class Session:
             "decisions": [d.model_dump(mode="json") for d in ledger.decisions],
             # one `DiscoverySummary` per executed decision that discovered its matrix (none: no key)
             **({"discoveries": discoveries} if discoveries else {}),
-            "prior": None if prior is None else {"text": prior.text, "hint_ids": list(prior.hint_ids)},
+            "prior": None if prior is None else prior.to_json(),
             "web": web,
+            **({"estimate": self.estimate.to_json()} if self.estimate is not None else {}),
         }
 
     def run_wide(self, decision: Decision, plan: BatchPlan, executor: Executor, *,
