@@ -124,7 +124,7 @@ def test_the_json_document_has_every_arm_and_its_five_figures(tmp_path: Path, ca
     assert BENCH.main(["--smoke", "--json", "--arms", "off,full", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     document = json.loads(out)  # exactly one JSON object on stdout
-    assert set(document["arms"]) == {"off", "full"}
+    assert list(document) == ["arms"] and set(document["arms"]) == {"off", "full"}
     for figures in document["arms"].values():
         assert {"subagents", "model_calls", "prompt_tokens", "item_f1", "regret_max", "hints"} <= set(figures)
     assert list(BENCH.ARMS) == ["off", "full", "random_retrieval", "no_credit", "no_distillation", "credit_all",
