@@ -112,6 +112,15 @@ def _inner(model: SimulatedAtlasModel) -> Callable[[str], Any]:
     return lambda role: model
 
 
+def _commits(log: Path) -> dict[str, int]:
+    """From the evaluation's memory log: committed records labelled failed, hints debited, hints pruned."""
+    entries = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.is_file() else []
+    debited = sum(1 for e in entries for h in e.get("prior_hints") or []
+                  if h.get("w_before") is not None and h.get("w_after") is not None and h["w_after"] < h["w_before"])
+    return {"negative_records": sum(1 for e in entries if e.get("label") is False), "hints_debited": debited,
+            "hints_pruned": sum(len(e.get("pruned") or []) for e in entries)}
+
+
 def _hint_pool(store: Path) -> list[dict[str, Any]]:
     """The store's hints, best first: text, w, support (provenance size), typed advice (None: none)."""
     from amapreduce.memory.store import MemoryStore, list_hints
@@ -176,7 +185,8 @@ class Bench:
         figures["family_utility"] = {f: statistics.fmean(v) for f, v in sorted(by_family.items())}
         figures["memory"] = {k: results["memory"][k] for k in ("records_before", "records_after", "hints_before",
                                                                "hints_after")}
-        figures["negatives"] = sum(1 for rows in per_task.values() for r in rows if float(r.get("score", 1.0)) < 1.0)
+        figures["failed_trials"] = sum(1 for rows in per_task.values() for r in rows if float(r.get("score", 1.0)) < 1.0)
+        figures.update(_commits(self.out / name / "memory_log.jsonl"))
         figures["hints"] = _hint_pool(store) if memory else []
         figures["wall_s"] = round(time.monotonic() - started, 1)
         return figures
@@ -232,6 +242,8 @@ def _table(arms: dict[str, dict[str, Any]], echo: Callable[[str], None]) -> None
     echo(f"{'second half, per task':<22}" + "".join(f"{n:>17}" for n in names))
     for field in (*FIELDS, "regret_max"):
         echo(f"{field:<22}" + "".join(f"{_num(arms[n].get(field)):>17.3f}" for n in names))
+    for field in ("failed_trials", "negative_records", "hints_debited", "hints_pruned"):  # all tasks, all trials
+        echo(f"{field + ' (all)':<22}" + "".join(f"{arms[n].get(field, 0):>17}" for n in names))
     if "off" in arms and "full" in arms:
         off, full = arms["off"], arms["full"]
         echo(f"full/off sub-agents: {full['subagents'] / off['subagents']:.2f} (target <= 0.5), "
