@@ -20,18 +20,24 @@ provider's error object) and `code`; a connection that fails raises `ProviderCon
 `ConnectionError`) and a timeout `ProviderTimeout` (a `TimeoutError`), each raised from httpx's
 own error, so the request's host and the low-level cause stay in the chain
 (`amapreduce.llm.breaker.unreachable`).
+
+With a `hedger` (`amapreduce.llm.hedge`; a managed model installs one), a request that runs late
+gets one hedged copy and the first valid reply wins; the other request is cancelled.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import httpx
 
 from amapreduce._version import __version__
-from amapreduce.llm.transport import chat_http_client
+from amapreduce.llm.hedge import CancelToken, Hedger, RequestCancelled
+from amapreduce.llm.transport import cancellable, chat_http_client
 
 __all__ = ["AuthenticationError", "BadRequestError", "ChatCompletionsClient", "InternalServerError", "NotFoundError",
            "PermissionDeniedError", "ProviderConnectionError", "ProviderHTTPError", "ProviderTimeout", "RateLimitError",
@@ -209,19 +215,30 @@ class ChatCompletionsClient:
                          "Accept": "application/json", "User-Agent": f"amapreduce/{__version__}"}
         self._http = http_client or chat_http_client()
         self.chat = _Chat(self)
+        self.hedger: Hedger | None = None
+        """Hedges late requests (`llm.hedge`); None: each request is sent once."""
 
     def post(self, path: str, payload: Mapping[str, Any]) -> Reply:
-        """POST `payload` as JSON to `base_url + path` and return the reply's JSON object."""
+        """POST `payload` as JSON to `base_url + path` and return the reply's JSON object (with a
+        `hedger`, the first valid reply of the request and its hedge, when it ran late)."""
         content = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        hedger = self.hedger
+        if hedger is None:
+            return self._send(path, content, None)
+        messages = payload.get("messages")
+        return hedger.race(functools.partial(self._send, path, content),
+                           shape=len(messages) if isinstance(messages, list) else 0, request_bytes=len(content))
+
+    def _send(self, path: str, content: bytes, token: CancelToken | None) -> Reply:
+        """Send one request; `token` may cancel it from another thread (`RequestCancelled`)."""
         try:
-            response = self._http.post(self.base_url + path, content=content, headers=self._headers,
-                                       timeout=self._timeout)
-        except httpx.TimeoutException as exc:
-            request = _request_of(exc)
-            raise ProviderTimeout(f"Request timed out{_request_text(request)}.", request=request) from exc
+            with cancellable(token) if token is not None else nullcontext():
+                response = self._http.post(self.base_url + path, content=content, headers=self._headers,
+                                           timeout=self._timeout)
         except httpx.TransportError as exc:
-            request = _request_of(exc)
-            raise ProviderConnectionError(f"Connection error{_request_text(request)}: {exc}", request=request) from exc
+            if token is not None and token.cancelled:
+                raise RequestCancelled(f"cancelled{_request_text(_request_of(exc))}: another copy answered") from exc
+            raise self._transport_error(exc) from exc
         if response.status_code >= 400:
             raise http_error(response)
         try:
@@ -233,6 +250,13 @@ class ChatCompletionsClient:
             raise http_error(httpx.Response(502, text=f"the reply is not a JSON object: {str(data)[:200]}",
                                             request=response.request))
         return Reply(data)
+
+    @staticmethod
+    def _transport_error(exc: httpx.TransportError) -> ProviderTimeout | ProviderConnectionError:
+        request = _request_of(exc)
+        if isinstance(exc, httpx.TimeoutException):
+            return ProviderTimeout(f"Request timed out{_request_text(request)}.", request=request)
+        return ProviderConnectionError(f"Connection error{_request_text(request)}: {exc}", request=request)
 
     def close(self) -> None:
         """Close the connections."""
