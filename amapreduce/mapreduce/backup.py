@@ -19,6 +19,12 @@ fresh sub-agent, when
 * and the run's `BackupGate` admits one more attempt of the usual size: the provider's limiter
   would not make it wait, its breaker is closed, and `--max-cost`/`--max-tokens` would not be crossed.
 
+The extra calls are one budget of the run (`llm.hedge.ExtraCalls`), shared with the hedges of
+late model calls (`llm.hedge`): each attempt's usage scope carries it to the model client. A run
+whose model hedges leaves stragglers to its hedges and starts no backup (a backup repeats every
+call of an attempt, a hedge only the late one); `Stragglers` keeps the budget's `needed` calls and
+the calls hedges leave for the end of the run (`TAIL_WAVES`) current.
+
 The engine (`mapreduce.engine`) owns the attempts; `Stragglers` only keeps the durations, the
 counts and the decision, so it is testable without threads.
 """
