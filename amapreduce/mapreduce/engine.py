@@ -409,12 +409,10 @@ class MapReduceEngine:
         sub-questions follow it, one per line."""
         v = state.prompt_vars
         key = repr((v["rationale"], sorted(v["shared_context"].items()), v["columns"], v["rows_per_task"], v["many_rows"]))
-        with run.prompt_lock:
+        with run.prompt_lock:  # rendered once: a first wave of attempts must not all render it at once
             header = run.prompt_headers.get(key)
-        if header is None:
-            header = render_prompt("mapreduce", "batch", **v)
-            with run.prompt_lock:
-                run.prompt_headers[key] = header
+            if header is None:
+                header = run.prompt_headers[key] = render_prompt("mapreduce", "batch", **v)
         tasks = "\n".join(f"{k}. {item.text}" for k, item in enumerate(state.work.items, 1))
         return f"{header}\n{tasks}"
 
