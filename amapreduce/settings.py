@@ -114,7 +114,7 @@ class Settings(BaseModel):
     backup: BackupMode = "auto"
     """Hedged model calls and backup attempts for stragglers (`AMAPREDUCE_BACKUP`). With `auto`, a
     sub-agent's model request to an `--api-base` endpoint that runs far longer than the calls of the
-    same step finished lately (1.5 times their 75th percentile, at least 0.1 s) is sent once more,
+    same step finished lately (twice their 75th percentile, at least 0.1 s) is sent once more,
     the first valid reply wins and the other request is cancelled (`llm.hedge`); and where calls
     are not hedged, an attempt that runs far longer than the run's finished attempts (1.5 times
     their 75th percentile, at least 0.5 s) gets one backup on a fresh sub-agent when a worker slot

@@ -93,7 +93,7 @@ def serve() -> Iterator[Any]:
 
 
 def trained(hedger: Hedger, shape: int = 1, seconds: float = 1.0) -> Hedger:
-    """`hedger` after `min_samples` finished calls of `seconds` each (threshold: 1.5 x seconds)."""
+    """`hedger` after `min_samples` finished calls of `seconds` each."""
     for _ in range(hedger.policy.min_samples):
         hedger.latencies.add(shape, seconds)
     return hedger
@@ -124,7 +124,7 @@ def test_a_late_request_gets_a_hedge_and_the_faster_reply_wins(serve: Any) -> No
         admitted.append((size, again))
         return True
 
-    client.hedger = trained(Hedger(HedgePolicy(min_samples=3), admit=admit,
+    client.hedger = trained(Hedger(HedgePolicy(min_samples=3, multiple=1.5), admit=admit,
                                    report=outcomes.append, clock=clock.clock, watch=False))
     with allow_model_requests(), ThreadPoolExecutor(1) as pool:
         call: Future[Reply] = pool.submit(client.post, "chat/completions", request())
@@ -224,7 +224,7 @@ def test_a_managed_model_counts_both_requests_and_charges_the_runs_extra_calls(s
         clock.sleep(5.0)
         hedger.check()
         assert call.result(timeout=10).content == "fast"
-    assert extra.spent == 1 and extra.hedges == 1 and extra.late == 1 and not extra.fits(1)
+    assert extra.spent == 1 and extra.hedges == 1 and extra.late == 1 and extra.calls == 1 and not extra.fits(1)
     used = meter.by_role()["subagent"]
     (outcome,) = outcomes  # the loser was cancelled: charged its request's size / 4 as its prompt
     assert used.requests == 2 and used.input_tokens == 30 + outcome.request_bytes // 4 and outcome.loser_reply is None

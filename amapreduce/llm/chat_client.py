@@ -21,6 +21,10 @@ provider's error object) and `code`; a connection that fails raises `ProviderCon
 own error, so the request's host and the low-level cause stay in the chain
 (`amapreduce.llm.breaker.unreachable`).
 
+A plain-`http://` endpoint that no proxy applies to (local servers) is sent to through the standard
+library's `http.client` instead, a keep-alive connection per thread (`amapreduce.llm.plain_http`:
+about half of httpx's CPU per call); `https://` and proxied endpoints keep httpx.
+
 With a `hedger` (`amapreduce.llm.hedge`; a managed model installs one), a request that runs late
 gets one hedged copy and the first valid reply wins; the other request is cancelled.
 """

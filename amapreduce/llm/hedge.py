@@ -74,6 +74,8 @@ class ExtraCalls:
         """Hedged requests sent."""
         self.late = 0
         """Late calls that asked for a hedge (sent or not)."""
+        self.calls = 0
+        """Calls answered so far (`count_call`): what the share of late calls is measured against."""
         self.waiting = False
         """Whether work waits for a worker slot (the bulk of a run, as the engine last saw it)."""
         self.held_back = 0.0
@@ -105,6 +107,17 @@ class ExtraCalls:
             self.reserved = max(0.0, self.reserved - reserved)
             self.spent += spent
 
+    def count_call(self) -> None:
+        """One more call of the run was answered."""
+        with self._lock:
+            self.calls += 1
+
+    def late_share(self, *, at_least: int = 20) -> float:
+        """The share of the run's calls found late so far (over at least `at_least` calls, so a
+        run's first late calls do not make it look as if every call were)."""
+        with self._lock:
+            return self.late / max(at_least, self.calls)
+
     def take_hedge(self, *, again: bool = False) -> bool:
         """Charge one hedged request if it fits the cap (less `held_back` while work waits);
         `again`: the same late call asks once more (it counts as late once)."""
@@ -123,11 +136,11 @@ class HedgePolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    multiple: float = Field(default=1.5, ge=1)
+    multiple: float = Field(default=2.0, ge=1)
     """A call is late past this multiple of its shape's finished calls' 75th percentile."""
     floor_s: float = Field(default=0.1, ge=0)
     """The shortest run time that makes a call late, whatever the percentile says."""
-    min_samples: int = Field(default=8, ge=1)
+    min_samples: int = Field(default=16, ge=1)
     """Finished calls needed before the percentile is trusted."""
     window: int = Field(default=256, ge=8)
     """Latest finished calls kept per shape."""

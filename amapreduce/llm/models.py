@@ -459,6 +459,9 @@ class ManagedModel(Model):
         )
         if state.ticket is not None and self.limiter is not None:
             self.limiter.settle(state.ticket, usage.total_tokens)
+        extra = scope_extra_calls()
+        if extra is not None:  # a call of a run that may hedge: the base of its share of late calls
+            extra.count_call()
         priced = self.meter.record(self.role, self.model_id or "unknown", usage)
         self._write(
             "model_call", latency_s=round(time.monotonic() - started, 6), retries=state.attempts - 1,

@@ -120,9 +120,8 @@ class Stragglers:
         the calls of its last `TAIL_WAVES` waves of attempts or the calls still to make if fewer)."""
         per = self._calls_per_attempt()
         self.extra.needed = self.planned * per
-        done = self._calls()
-        tail = min(max(0.0, self.extra.needed - done), TAIL_WAVES * self.workers * per)
-        self.extra.held_back = self.extra.late / max(1, done) * tail
+        tail = min(max(0.0, self.extra.needed - self.extra.calls), TAIL_WAVES * self.workers * per)
+        self.extra.held_back = self.extra.late_share() * tail
 
     def waiting(self, waiting: bool) -> None:
         """Whether attempts wait for a worker slot now (hedges then leave `ExtraCalls.held_back`)."""
