@@ -243,6 +243,8 @@ class HedgeOutcome(Generic[T]):
     """The losing request's reply when it answered too (else it was cancelled)."""
     request_bytes: int
     """The request's size (an estimate of a cancelled loser's prompt)."""
+    hedge_error: str | None = None
+    """Why the hedge failed, when it did (the first request then answered, or failed too)."""
 
 
 @dataclass(eq=False)
@@ -338,8 +340,11 @@ class Hedger:
 
     def _told(self, race: _Race[T], winner: str, loser_reply: T | None) -> None:
         if self._report is not None:
+            failed = race.hedge_error
             self._report(HedgeOutcome(winner=winner, after_s=race.hedge_after_s, threshold_s=race.threshold_s,
-                                      loser_reply=loser_reply, request_bytes=race.request_bytes))
+                                      loser_reply=loser_reply, request_bytes=race.request_bytes,
+                                      hedge_error=None if failed is None or isinstance(failed, RequestCancelled)
+                                      else f"{type(failed).__name__}: {failed}"))
 
     def _track(self, race: _Race[T]) -> None:
         if self._admit is None:

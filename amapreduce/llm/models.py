@@ -344,7 +344,7 @@ class ManagedModel(Model):
         priced = self.meter.record(self.role, self.model_id or "unknown", usage)
         self._write("model_hedge", winner=outcome.winner, after_s=round(outcome.after_s, 6),
                     threshold_s=round(outcome.threshold_s, 6), loser="answered" if used is not None else "cancelled",
-                    usage=priced.to_json())
+                    usage=priced.to_json(), hedge_error=self._describe_text(outcome.hedge_error))
 
     def has_room_for(self, usage: Usage) -> bool:
         """Whether one more optional piece of work of about `usage` (a straggler's backup
@@ -364,6 +364,10 @@ class ManagedModel(Model):
         if exc is None:
             return None
         return redact_secrets(f"{type(exc).__name__}: {exc}")[:1000]
+
+    @staticmethod
+    def _describe_text(text: str | None) -> str | None:
+        return None if text is None else redact_secrets(text)[:1000]
 
     def _write(self, event: str, **data: Any) -> None:
         if self.trace is not None and self.trace.enabled:
