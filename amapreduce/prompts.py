@@ -12,6 +12,7 @@ change what the next one renders.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -56,8 +57,18 @@ def prompt_names(name: str) -> tuple[str, ...]:
     return tuple(_templates(name))
 
 
-@functools.cache
+_COMPILING = threading.Lock()
+"""Held while a template is read and compiled: the first wave of a wide run's sub-agents asks for
+the same templates at once, and each would otherwise parse the YAML and compile them itself."""
+
+
 def _compiled(name: str, key: str) -> jinja2.Template:
+    with _COMPILING:
+        return _compile(name, key)
+
+
+@functools.cache
+def _compile(name: str, key: str) -> jinja2.Template:
     templates = _templates(name)
     if key not in templates:
         raise ConfigError(f"prompt {key!r} is not in prompts/{name}.yaml; it has {sorted(templates)}.")

@@ -47,8 +47,8 @@ DecisionAuthor = Literal["manager", "user"]
 VerifyMode = Literal["off", "record", "strict"]
 """How cells' quotes are checked (`Settings.verify`)."""
 BackupMode = Literal["auto", "off"]
-"""Whether stragglers get backup attempts (`Settings.backup`): `auto` under the engine's rules
-(`mapreduce.backup`), `off` never."""
+"""Whether stragglers get hedged model calls and backup attempts (`Settings.backup`): `auto` under
+their rules (`llm.hedge`, `mapreduce.backup`), `off` never."""
 
 _RETRY_DEFAULTS = RetryPolicy()
 
@@ -112,14 +112,17 @@ class Settings(BaseModel):
     patch_rounds: int = Field(default=2, ge=0, le=10)
     """Delta-patch rounds after the map (`AMAPREDUCE_PATCH_ROUNDS`)."""
     backup: BackupMode = "auto"
-    """Backup attempts for stragglers (`AMAPREDUCE_BACKUP`): with `auto`, an attempt that runs far
-    longer than the run's finished attempts (1.5 times their 75th percentile, at least 0.5 s) gets one
-    backup on a fresh sub-agent when a worker slot is free and no batch waits for one; the first
-    valid reply wins and the other is cancelled. `off`: never."""
+    """Hedged model calls and backup attempts for stragglers (`AMAPREDUCE_BACKUP`). With `auto`, a
+    sub-agent's model request to an `--api-base` endpoint that runs far longer than the calls of the
+    same step finished lately (twice their 75th percentile, at least 0.1 s) is sent once more,
+    the first valid reply wins and the other request is cancelled (`llm.hedge`); and where calls
+    are not hedged, an attempt that runs far longer than the run's finished attempts (1.5 times
+    their 75th percentile, at least 0.5 s) gets one backup on a fresh sub-agent when a worker slot
+    is free and no batch waits for one (`mapreduce.backup`). `off`: neither."""
     backup_max_extra: float = Field(default=0.05, ge=0, le=1, allow_inf_nan=False)
-    """Cap on the model calls backups add, as a share of the calls a run needs: its planned batches
-    times the calls a finished attempt made (`AMAPREDUCE_BACKUP_MAX_EXTRA`, default 0.05: at most 5 %
-    extra calls)."""
+    """Cap on the model calls hedges and backups add together, as a share of the calls a run needs:
+    its planned batches times the calls a finished attempt made (`AMAPREDUCE_BACKUP_MAX_EXTRA`,
+    default 0.05: at most 5 % extra calls)."""
     verify: VerifyMode = "record"
     """Cells' quotes checked against the pages fetched (`AMAPREDUCE_VERIFY`, `--verify`): `off`
     checks nothing, `record` records each cell's evidence, `strict` also counts `unverified` cells

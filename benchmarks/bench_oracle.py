@@ -28,7 +28,8 @@ stragglers, F times slower (its `p_straggler` and `straggler_factor`). For each 
 count it runs, in one invocation, backups `auto` with no stragglers (the baseline: backups must add
 no call), then with stragglers backups `off` and `auto` (`AMAPREDUCE_BACKUP`), faults otherwise
 off, and prints wall, the no-straggler ideal, wall / ideal, extra calls (requests beyond
-batches x calls per batch), backups started, stragglers the oracle injected, and cells right.
+batches x calls per batch: hedged requests and backups' calls), backups started, stragglers the
+oracle injected, and cells right.
 
 Run: `.venv/bin/python benchmarks/bench_oracle.py` (defaults: N=300, workers 8,32, per_atom and
 open/5, faults off and on, 210 ms per call, seed 1); a quick check:
@@ -441,8 +442,8 @@ def print_tail_table(rows: list[TailRow], args: argparse.Namespace, factor: floa
         )
     print(
         "\nideal = ceil(batches / workers) x calls per batch x latency (no stragglers); wall s: the run's timings.wall_s; "
-        "extra calls: requests the oracle saw beyond batches x calls per batch (a backup's calls, less the calls its "
-        "cancelled rival never sent); started: backups the run started (completeness.backups); injected: straggling "
+        "extra calls: requests the oracle saw beyond batches x calls per batch (hedged requests, and a backup's calls "
+        "less the calls its cancelled rival never sent); started: backups the run started (completeness.backups); injected: straggling "
         "calls the oracle served (GET /stats)."
     )
 

@@ -476,6 +476,7 @@ def test_timeline_lays_out_every_attempt_of_every_execution(tmp_path: Path) -> N
         {"ts": 102.0, "event": "attempt", "batch_id": "batch-001", "phase": "map", "attempt": 1, "outcome": "timeout",
          "elapsed_s": 2.0, "error": "BatchTimeout: <slow>"},
         {"ts": 101.5, "event": "model_retry", "batch_id": "batch-001", "retry": 1, "kind": "rate_limit", "delay_s": 0.5},
+        {"ts": 101.8, "event": "model_hedge", "batch_id": "batch-001", "winner": "hedge", "after_s": 0.3},
         {"ts": 103.0, "event": "attempt", "batch_id": "batch-001", "phase": "map", "attempt": 2, "outcome": "ok",
          "elapsed_s": 1.0},
         {"ts": 103.0, "event": "patch_round", "round": 1, "batches": [{"batch_id": "patch1.1-batch-001"}]},
@@ -489,12 +490,12 @@ def test_timeline_lays_out_every_attempt_of_every_execution(tmp_path: Path) -> N
     assert timeline is not None
     assert [lane.label for lane in timeline.lanes] == ["1:batch-001", "1:batch-002", "2:batch-001"]
     assert [b.outcome for b in timeline.bars] == ["timeout", "ok", "parse_error"]
-    assert timeline.counts == {"timeout": 1, "ok": 1, "parse_error": 1, "retries": 1, "patch_rounds": 1}
+    assert timeline.counts == {"timeout": 1, "ok": 1, "parse_error": 1, "retries": 1, "hedges": 1, "patch_rounds": 1}
     assert timeline.span_s == 10.0  # from the first attempt's start (100 s) to the last one's end (110 s)
     first, second, third = timeline.bars
     assert first.x == LABEL_WIDTH and third.x + third.width == LABEL_WIDTH + PLOT_WIDTH
     assert second.width == PLOT_WIDTH / 10 and first.y == second.y < third.y
-    assert "BatchTimeout: <slow>" in first.title and [m.kind for m in timeline.marks] == ["retry", "patch"]
+    assert "BatchTimeout: <slow>" in first.title and [m.kind for m in timeline.marks] == ["retry", "hedge", "patch"]
     assert [t.label for t in timeline.ticks] == ["0 s", "2 s", "4 s", "6 s", "8 s", "10 s"]
     assert read_timeline(tmp_path / "none.jsonl") is None
 

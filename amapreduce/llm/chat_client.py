@@ -20,18 +20,31 @@ provider's error object) and `code`; a connection that fails raises `ProviderCon
 `ConnectionError`) and a timeout `ProviderTimeout` (a `TimeoutError`), each raised from httpx's
 own error, so the request's host and the low-level cause stay in the chain
 (`amapreduce.llm.breaker.unreachable`).
+
+A plain-`http://` endpoint that no proxy applies to (local servers) is sent to through the standard
+library's `http.client` instead, a keep-alive connection per thread (`amapreduce.llm.plain_http`:
+about half of httpx's CPU per call); `https://` and proxied endpoints keep httpx.
+
+With a `hedger` (`amapreduce.llm.hedge`; a managed model installs one), a request that runs late
+gets one hedged copy and the first valid reply wins; the other request is cancelled.
 """
 
 from __future__ import annotations
 
+import functools
+import http.client
 import json
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from amapreduce._version import __version__
-from amapreduce.llm.transport import chat_http_client
+from amapreduce.llm.hedge import CancelToken, Hedger, RequestCancelled
+from amapreduce.llm.plain_http import PlainPoster, plain_http_usable
+from amapreduce.llm.transport import cancellable, chat_http_client
 
 __all__ = ["AuthenticationError", "BadRequestError", "ChatCompletionsClient", "InternalServerError", "NotFoundError",
            "PermissionDeniedError", "ProviderConnectionError", "ProviderHTTPError", "ProviderTimeout", "RateLimitError",
@@ -169,6 +182,19 @@ def _request_text(request: httpx.Request | None) -> str:
     return f" ({request.method} {request.url})" if request is not None else ""
 
 
+def _parsed(body: bytes, request: httpx.Request) -> Reply:
+    """A successful reply's JSON object (an HTTP 502 error when the body is not one)."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        text = body[:200].decode("utf-8", "replace")
+        raise http_error(httpx.Response(502, text=f"the reply is not JSON: {text!r}", request=request)) from exc
+    if not isinstance(data, Mapping):
+        raise http_error(httpx.Response(502, text=f"the reply is not a JSON object: {str(data)[:200]}",
+                                        request=request))
+    return Reply(data)
+
+
 class _Completions:
     def __init__(self, client: ChatCompletionsClient) -> None:
         self._client = client
@@ -208,32 +234,71 @@ class ChatCompletionsClient:
         self._headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
                          "Accept": "application/json", "User-Agent": f"amapreduce/{__version__}"}
         self._http = http_client or chat_http_client()
+        self._plain = (PlainPoster(self.base_url, connect_timeout_s=min(CONNECT_TIMEOUT_S, total), read_timeout_s=total)
+                       if http_client is None and plain_http_usable(self.base_url) else None)
+        """The lean path for a plain-HTTP endpoint no proxy applies to (`llm.plain_http`)."""
+        self._path = urlsplit(self.base_url).path
         self.chat = _Chat(self)
+        self.hedger: Hedger | None = None
+        """Hedges late requests (`llm.hedge`); None: each request is sent once."""
 
     def post(self, path: str, payload: Mapping[str, Any]) -> Reply:
-        """POST `payload` as JSON to `base_url + path` and return the reply's JSON object."""
+        """POST `payload` as JSON to `base_url + path` and return the reply's JSON object (with a
+        `hedger`, the first valid reply of the request and its hedge, when it ran late)."""
         content = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        hedger = self.hedger
+        if hedger is None:
+            return self._send(path, content, None)
+        messages = payload.get("messages")
+        return hedger.race(functools.partial(self._send, path, content),
+                           shape=len(messages) if isinstance(messages, list) else 0, request_bytes=len(content))
+
+    def _send(self, path: str, content: bytes, token: CancelToken | None) -> Reply:
+        """Send one request; `token` may cancel it from another thread (`RequestCancelled`)."""
+        if self._plain is not None:
+            reply = self._send_plain(path, content, token)
+            if reply is not None:
+                return reply
         try:
-            response = self._http.post(self.base_url + path, content=content, headers=self._headers,
-                                       timeout=self._timeout)
-        except httpx.TimeoutException as exc:
-            request = _request_of(exc)
-            raise ProviderTimeout(f"Request timed out{_request_text(request)}.", request=request) from exc
+            with cancellable(token) if token is not None else nullcontext():
+                response = self._http.post(self.base_url + path, content=content, headers=self._headers,
+                                           timeout=self._timeout)
         except httpx.TransportError as exc:
-            request = _request_of(exc)
-            raise ProviderConnectionError(f"Connection error{_request_text(request)}: {exc}", request=request) from exc
+            if token is not None and token.cancelled:
+                raise RequestCancelled(f"cancelled{_request_text(_request_of(exc))}: another copy answered") from exc
+            raise self._transport_error(exc) from exc
         if response.status_code >= 400:
             raise http_error(response)
+        return _parsed(response.content, response.request)
+
+    def _send_plain(self, path: str, content: bytes, token: CancelToken | None) -> Reply | None:
+        """`_send` on the lean path (`llm.plain_http`); None for a redirect, which httpx follows."""
+        assert self._plain is not None  # noqa: S101 - the caller checked
         try:
-            data = response.json()
-        except ValueError as exc:
-            raise http_error(httpx.Response(502, text=f"the reply is not JSON: {response.text[:200]!r}",
-                                            request=response.request)) from exc
-        if not isinstance(data, Mapping):
-            raise http_error(httpx.Response(502, text=f"the reply is not a JSON object: {str(data)[:200]}",
-                                            request=response.request))
-        return Reply(data)
+            status, headers, body = self._plain.post(self._path + path, content, self._headers, token)
+        except (OSError, http.client.HTTPException) as exc:
+            request = httpx.Request("POST", self.base_url + path)
+            if token is not None and token.cancelled:
+                raise RequestCancelled(f"cancelled{_request_text(request)}: another copy answered") from exc
+            if isinstance(exc, TimeoutError):
+                raise ProviderTimeout(f"Request timed out{_request_text(request)}.", request=request) from exc
+            raise ProviderConnectionError(f"Connection error{_request_text(request)}: {exc}", request=request) from exc
+        if 300 <= status < 400:
+            return None
+        request = httpx.Request("POST", self.base_url + path)
+        if status >= 400:
+            raise http_error(httpx.Response(status, headers=headers, content=body, request=request))
+        return _parsed(body, request)
+
+    @staticmethod
+    def _transport_error(exc: httpx.TransportError) -> ProviderTimeout | ProviderConnectionError:
+        request = _request_of(exc)
+        if isinstance(exc, httpx.TimeoutException):
+            return ProviderTimeout(f"Request timed out{_request_text(request)}.", request=request)
+        return ProviderConnectionError(f"Connection error{_request_text(request)}: {exc}", request=request)
 
     def close(self) -> None:
         """Close the connections."""
         self._http.close()
+        if self._plain is not None:
+            self._plain.close()

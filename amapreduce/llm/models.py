@@ -37,6 +37,7 @@ from amapreduce import telemetry
 from amapreduce.breaker import BreakerState, CircuitBreaker
 from amapreduce.errors import ConfigError, ProviderUnavailable
 from amapreduce.llm.breaker import BreakerPolicy, is_outage, record_answer, shared_breaker, unreachable
+from amapreduce.llm.hedge import HedgeOutcome, Hedger
 from amapreduce.llm.messages import estimate_tokens, message_text, without_secrets
 from amapreduce.llm.meter import UsageMeter, litellm_offline
 from amapreduce.llm.retry import (
@@ -47,7 +48,7 @@ from amapreduce.llm.retry import (
     Transient,
     call_with_retries,
 )
-from amapreduce.llm.scope import scope_cancelled, scope_labels
+from amapreduce.llm.scope import scope_cancelled, scope_extra_calls, scope_labels
 from amapreduce.llm.usage import Usage
 from amapreduce.ratelimit import WindowGate, WindowLimiter, WindowPolicy, shared_limiter
 from amapreduce.trace import redact_secrets, register_secrets
@@ -313,6 +314,37 @@ class ManagedModel(Model):
         self._slowed_until = float("-inf")
         """`time.monotonic()` until which the provider asked us to slow down (its last 429 and the
         wait it asked for): no optional work (`has_room_for`) starts before then."""
+        client: Any = getattr(inner, "client", None)
+        if getattr(client, "hedger", False) is None:  # our OpenAI-compatible client (`llm.chat_client`)
+            client.hedger = Hedger(admit=self._may_hedge, report=self._hedged)
+
+    def _may_hedge(self, request_bytes: int, again: bool) -> bool:
+        """Whether a late request of the call in this context may get its hedge (`llm.hedge`): the
+        call belongs to a run's attempt whose extra-call budget has room, and one more request fits
+        `has_room_for`; the hedge's call is charged to the budget and takes a limiter ticket."""
+        extra = scope_extra_calls()
+        estimate = max(1, request_bytes // 4)
+        if extra is None or scope_cancelled() or not self.has_room_for(Usage(requests=1, input_tokens=estimate)):
+            return False
+        if not extra.take_hedge(again=again):
+            return False
+        if self.limiter is not None:
+            self.limiter.acquire(estimate)
+        return True
+
+    def _hedged(self, outcome: HedgeOutcome[Any]) -> None:
+        """Count the request that lost a hedged call (its reply's usage, or for a cancelled one its
+        prompt's estimate) and trace the hedge (`model_hedge`)."""
+        used = getattr(outcome.loser_reply, "usage", None)
+        usage = Usage(
+            requests=1,
+            input_tokens=int(getattr(used, "prompt_tokens", None) or max(1, outcome.request_bytes // 4)),
+            output_tokens=int(getattr(used, "completion_tokens", None) or 0),
+        )
+        priced = self.meter.record(self.role, self.model_id or "unknown", usage)
+        self._write("model_hedge", winner=outcome.winner, after_s=round(outcome.after_s, 6),
+                    threshold_s=round(outcome.threshold_s, 6), loser="answered" if used is not None else "cancelled",
+                    usage=priced.to_json(), hedge_error=self._describe_text(outcome.hedge_error))
 
     def has_room_for(self, usage: Usage) -> bool:
         """Whether one more optional piece of work of about `usage` (a straggler's backup
@@ -332,6 +364,10 @@ class ManagedModel(Model):
         if exc is None:
             return None
         return redact_secrets(f"{type(exc).__name__}: {exc}")[:1000]
+
+    @staticmethod
+    def _describe_text(text: str | None) -> str | None:
+        return None if text is None else redact_secrets(text)[:1000]
 
     def _write(self, event: str, **data: Any) -> None:
         if self.trace is not None and self.trace.enabled:
@@ -427,6 +463,9 @@ class ManagedModel(Model):
         )
         if state.ticket is not None and self.limiter is not None:
             self.limiter.settle(state.ticket, usage.total_tokens)
+        extra = scope_extra_calls()
+        if extra is not None:  # a call of a run that may hedge: the base of its share of late calls
+            extra.count_call()
         priced = self.meter.record(self.role, self.model_id or "unknown", usage)
         self._write(
             "model_call", latency_s=round(time.monotonic() - started, 6), retries=state.attempts - 1,

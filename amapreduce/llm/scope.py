@@ -19,17 +19,21 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from amapreduce.llm.hedge import ExtraCalls
 from amapreduce.llm.usage import Usage
 
-__all__ = ["UsageScope", "active_scopes", "scope_cancelled", "scope_labels", "usage_scope"]
+__all__ = ["UsageScope", "active_scopes", "scope_cancelled", "scope_extra_calls", "scope_labels", "usage_scope"]
 
 
 class UsageScope:
     """Usage by role of the model calls made inside one `usage_scope` block (thread-safe)."""
 
-    def __init__(self, labels: dict[str, Any] | None = None, *, cancelled: Callable[[], bool] | None = None) -> None:
+    def __init__(self, labels: dict[str, Any] | None = None, *, cancelled: Callable[[], bool] | None = None,
+                 extra_calls: ExtraCalls | None = None) -> None:
         self.labels = dict(labels or {})
         self._cancelled = cancelled
+        self.extra_calls = extra_calls
+        """The run's budget of extra calls, when the work may hedge its late calls (`llm.hedge`)."""
         self._lock = threading.Lock()
         self._by_role: dict[str, Usage] = {}
 
@@ -78,6 +82,14 @@ def active_scopes() -> tuple[UsageScope, ...]:
 def scope_cancelled() -> bool:
     """True when the work of an open scope was given up (`UsageScope.cancelled`)."""
     return any(scope.cancelled() for scope in _ACTIVE.get())
+
+
+def scope_extra_calls() -> ExtraCalls | None:
+    """The extra-call budget of the innermost open scope that has one (None: no hedging here)."""
+    for scope in reversed(_ACTIVE.get()):
+        if scope.extra_calls is not None:
+            return scope.extra_calls
+    return None
 
 
 def scope_labels() -> dict[str, Any]:

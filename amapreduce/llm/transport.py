@@ -22,22 +22,47 @@ transport used to go direct behind a proxy. `chat_http_client` mounts the enviro
 itself, read by httpx's own helper (`httpx._utils.get_environment_proxies`, the map httpx's default
 client builds): a proxied URL goes through an `httpx.HTTPTransport(proxy=...)` as with httpx's
 default client, a direct one (NO_PROXY, or no proxy set) through the quick-ACK transport.
+
+Cancelling. A request sent inside `cancellable(token)` attaches its socket to the token as it
+writes and reads, so another thread can cancel it (`llm.hedge.CancelToken`: the socket is shut
+down, the blocked read returns and the request fails at once; httpcore drops that connection).
+A hedged call (`llm.hedge`) cancels the request that lost its race so. Requests through a proxy
+transport never attach a socket, so they cannot be cancelled (and are not hedged).
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable
-from typing import Any
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import httpcore
 import httpx
 
+if TYPE_CHECKING:
+    from amapreduce.llm.hedge import CancelToken
+
 __all__ = ["CONNECTION_LIMITS", "QUICKACK", "QuickAckBackend", "QuickAckStream", "QuickAckTransport",
-           "chat_http_client", "environment_proxy_mounts"]
+           "cancellable", "chat_http_client", "environment_proxy_mounts"]
 
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 """The socket option (Linux only); None where the system has none."""
+
+_requests = threading.local()
+"""The `CancelToken` of the request this thread is sending, if any (`cancellable`)."""
+
+
+@contextmanager
+def cancellable(token: CancelToken) -> Iterator[None]:
+    """Send requests in this block so that `token.cancel()` from another thread cuts them short."""
+    _requests.token = token
+    try:
+        yield
+    finally:
+        _requests.token = None
+        token.detach()
 
 
 class QuickAckStream(httpcore.NetworkStream):
@@ -47,8 +72,16 @@ class QuickAckStream(httpcore.NetworkStream):
         self._stream = stream
         sock = stream.get_extra_info("socket")
         self._sock: socket.socket | None = sock if isinstance(sock, socket.socket) else None
+        self._socket = self._sock
+        """The socket a `CancelToken` shuts (kept when the option is refused)."""
+
+    def _attach(self) -> None:
+        token: CancelToken | None = getattr(_requests, "token", None)
+        if token is not None and self._socket is not None:
+            token.attach(self._socket)
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        self._attach()
         if self._sock is not None and QUICKACK is not None:
             try:
                 self._sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
@@ -57,6 +90,7 @@ class QuickAckStream(httpcore.NetworkStream):
         return self._stream.read(max_bytes, timeout)
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._attach()
         self._stream.write(buffer, timeout)
 
     def close(self) -> None:

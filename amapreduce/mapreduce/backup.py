@@ -19,6 +19,12 @@ fresh sub-agent, when
 * and the run's `BackupGate` admits one more attempt of the usual size: the provider's limiter
   would not make it wait, its breaker is closed, and `--max-cost`/`--max-tokens` would not be crossed.
 
+The extra calls are one budget of the run (`llm.hedge.ExtraCalls`), shared with the hedges of
+late model calls (`llm.hedge`): each attempt's usage scope carries it to the model client. A run
+whose model hedges leaves stragglers to its hedges and starts no backup (a backup repeats every
+call of an attempt, a hedge only the late one); `Stragglers` keeps the budget's `needed` calls and
+the calls hedges leave for the end of the run (`TAIL_WAVES`) current.
+
 The engine (`mapreduce.engine`) owns the attempts; `Stragglers` only keeps the durations, the
 counts and the decision, so it is testable without threads.
 """
@@ -26,14 +32,21 @@ counts and the decision, so it is testable without threads.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from amapreduce.llm.hedge import ExtraCalls, p75
 from amapreduce.llm.usage import Usage
 from amapreduce.settings import BackupMode, default_setting
 
-__all__ = ["BackupGate", "BackupPolicy", "Stragglers"]
+__all__ = ["TAIL_WAVES", "BackupGate", "BackupPolicy", "Stragglers"]
+
+TAIL_WAVES = 3
+"""Waves of attempts at the end of a run whose late calls hedges keep budget for: a late call
+there (a tenfold straggler outlasts several attempts) delays the whole run, where an earlier one
+delays only its worker while the others take the batches that wait."""
 
 BackupGate = Callable[[Usage], bool]
 """Whether one more sub-agent attempt of about this usage may start now (the provider's limiter
@@ -56,18 +69,13 @@ class BackupPolicy(BaseModel):
     """Finished attempts needed before the percentile is trusted."""
 
 
-def _p75(values: list[float]) -> float:
-    """The 75th percentile (nearest rank) of `values`, which is not empty."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.75 * len(ordered)) - 1)]
-
-
 class Stragglers:
     """One run's backup bookkeeping: finished attempts' durations and usage, batches planned,
     backups started. Used from the engine's loop only (no lock)."""
 
-    def __init__(self, policy: BackupPolicy, gate: BackupGate | None = None) -> None:
+    def __init__(self, policy: BackupPolicy, gate: BackupGate | None = None, *, workers: int = 1) -> None:
         self.policy = policy
+        self.workers = workers
         self._gate = gate
         self._durations: list[float] = []
         self._usage = Usage()
@@ -77,28 +85,52 @@ class Stragglers:
         """Batches the run planned so far (each phase adds its own)."""
         self.started = 0
         """Backups started so far."""
-        self.extra_calls = 0.0
-        """Model calls backups cost so far: the calls of each cancelled copy."""
-        self._unsettled = 0
-        """Backups whose race is not decided yet (each reserves a typical attempt's calls)."""
+        self.extra = ExtraCalls(policy.max_extra)
+        """The run's extra calls, shared with the hedges of its late model calls (`llm.hedge`)."""
+        self._reservations: deque[float] = deque()
+        """Backups whose race is not decided yet, each holding a typical attempt's calls."""
+
+    @property
+    def extra_calls(self) -> float:
+        """Extra model calls made so far: the calls of each cancelled copy and each hedged request."""
+        return self.extra.spent
 
     @property
     def enabled(self) -> bool:
         """Whether backups may start at all in this run."""
         return self.policy.mode == "auto"
 
+    def _calls(self) -> int:
+        """Model calls the finished attempts needed (their hedges' extra requests left out)."""
+        return max(0, self._usage.requests - self.extra.hedges)
+
     def _calls_per_attempt(self) -> float:
-        return self._usage.requests / self._measured if self._measured and self._usage.requests else 1.0
+        calls = self._calls()
+        return calls / self._measured if self._measured and calls else 1.0
 
     @property
     def cap(self) -> float:
         """The most extra calls the run may spend on backups: `max_extra` of the calls it needs
         (batches planned times a finished attempt's calls)."""
-        return self.policy.max_extra * self.planned * self._calls_per_attempt()
+        return self.extra.cap
+
+    def _needed(self) -> None:
+        """Keep the shared budget current: the calls the run needs, and the calls hedges leave for
+        the late calls expected at the end of the run (the share of calls found late so far, times
+        the calls of its last `TAIL_WAVES` waves of attempts or the calls still to make if fewer)."""
+        per = self._calls_per_attempt()
+        self.extra.needed = self.planned * per
+        tail = min(max(0.0, self.extra.needed - self.extra.calls), TAIL_WAVES * self.workers * per)
+        self.extra.held_back = self.extra.late_share() * tail
+
+    def waiting(self, waiting: bool) -> None:
+        """Whether attempts wait for a worker slot now (hedges then leave `ExtraCalls.held_back`)."""
+        self.extra.waiting = waiting
 
     def plan(self, batches: int) -> None:
         """A phase of `batches` batches begins."""
         self.planned += batches
+        self._needed()
 
     def finished(self, elapsed_s: float, usage: Usage) -> None:
         """An attempt returned a reply after `elapsed_s` seconds, using `usage`."""
@@ -106,6 +138,7 @@ class Stragglers:
         self._usage = self._usage + usage
         self._measured += 1
         self._threshold = None
+        self._needed()
 
     @property
     def threshold_s(self) -> float | None:
@@ -113,7 +146,7 @@ class Stragglers:
         if len(self._durations) < self.policy.min_samples:
             return None
         if self._threshold is None:
-            self._threshold = max(self.policy.floor_s, self.policy.multiple * _p75(self._durations))
+            self._threshold = max(self.policy.floor_s, self.policy.multiple * p75(self._durations))
         return self._threshold
 
     def typical_usage(self) -> Usage:
@@ -127,16 +160,14 @@ class Stragglers:
     def room(self) -> bool:
         """Whether one more backup fits the cap, counting a typical attempt's calls for it and
         for each backup still racing."""
-        if not self.enabled:
-            return False
-        reserve = self._calls_per_attempt()
-        return self.extra_calls + (self._unsettled + 1) * reserve <= self.cap + 1e-9
+        # A run whose model hedges its late calls (`llm.hedge`) leaves stragglers to them: a backup
+        # redoes every call of an attempt, where a hedge repeats only the late one.
+        return self.enabled and not self.extra.hedges and self.extra.fits(self._calls_per_attempt())
 
     def settled(self, wasted_calls: int) -> None:
         """A straggler's race is decided; the copy that lost made `wasted_calls` model calls
         (0 when the first copy to answer failed, since the other then does a retry's work)."""
-        self._unsettled = max(0, self._unsettled - 1)
-        self.extra_calls += wasted_calls
+        self.extra.settle(self._reservations.popleft() if self._reservations else 0.0, wasted_calls)
 
     def due(self, now: float, started_at: Iterable[float]) -> float | None:
         """The earliest time one of the attempts started at `started_at` becomes a straggler
@@ -158,6 +189,9 @@ class Stragglers:
             return False
         if self._gate is not None and not self._gate(self.typical_usage()):
             return False
+        reserve = self._calls_per_attempt()
+        if not self.extra.reserve(reserve):
+            return False
+        self._reservations.append(reserve)
         self.started += 1
-        self._unsettled += 1
         return True

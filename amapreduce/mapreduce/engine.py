@@ -191,7 +191,7 @@ class MapReduceEngine:
         execution = checkpoint.begin(decision, plan) if checkpoint is not None else None
         records: list[AttemptRecord] = []
         run = EngineRun(cfg.workers, batch_timeout_s=cfg.batch_timeout_s, clock=self._clock,
-                        stragglers=Stragglers(cfg.backup, self._backup_gate))
+                        stragglers=Stragglers(cfg.backup, self._backup_gate, workers=cfg.workers))
         with self._runs_lock:
             self._runs.add(run)
         executor = self._executor or ThreadExecutor(cfg.threads or cfg.workers + max(2, cfg.workers // 4))
@@ -356,12 +356,11 @@ class MapReduceEngine:
         """When the loop should wake to give a straggler its backup (None: no backup can start
         now — attempts wait for a slot, none is free, or the cap is spent)."""
         stragglers = run.stragglers
-        if not stragglers.room():
-            return None
         with run.gate:
             running = [j for j in run.running if self._may_back_up(j)]
             busy = len(run.running)
-        if len(inflight) > busy or busy >= run.workers:
+        stragglers.waiting(len(inflight) > busy)
+        if not stragglers.room() or len(inflight) > busy or busy >= run.workers:
             return None
         due = stragglers.due(self._clock(), (j.started_at for j in running if j.started_at is not None))
         return None if due is None else max(due, self._clock() + POLL_S)
@@ -410,12 +409,10 @@ class MapReduceEngine:
         sub-questions follow it, one per line."""
         v = state.prompt_vars
         key = repr((v["rationale"], sorted(v["shared_context"].items()), v["columns"], v["rows_per_task"], v["many_rows"]))
-        with run.prompt_lock:
+        with run.prompt_lock:  # rendered once: a first wave of attempts must not all render it at once
             header = run.prompt_headers.get(key)
-        if header is None:
-            header = render_prompt("mapreduce", "batch", **v)
-            with run.prompt_lock:
-                run.prompt_headers[key] = header
+            if header is None:
+                header = run.prompt_headers[key] = render_prompt("mapreduce", "batch", **v)
         tasks = "\n".join(f"{k}. {item.text}" for k, item in enumerate(state.work.items, 1))
         return f"{header}\n{tasks}"
 
@@ -432,7 +429,9 @@ class MapReduceEngine:
             now = self._clock()
             request = dataclasses.replace(job.request, deadline=now + self.config.batch_timeout_s, clock=self._clock)
             job.request = request
-            job.scope = UsageScope({"batch_id": request.batch_id, "attempt": request.attempt}, cancelled=request.expired)
+            hedges = run.stragglers.extra if run.stragglers.enabled else None  # late calls may be hedged (`llm.hedge`)
+            job.scope = UsageScope({"batch_id": request.batch_id, "attempt": request.attempt}, cancelled=request.expired,
+                                   extra_calls=hedges)
             with run.gate:
                 job.started_at = now
                 run.running.add(job)

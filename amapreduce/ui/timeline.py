@@ -123,7 +123,7 @@ def read_timeline(trace: Path) -> Timeline | None:
             key = (max(execution, 1), event["batch_id"])
             lanes.setdefault(key, str(event.get("phase") or "map"))
             attempts.append((key, event))
-        elif kind == "model_retry" and isinstance(event.get("batch_id"), str):
+        elif kind in ("model_retry", "model_hedge") and isinstance(event.get("batch_id"), str):
             retries.append(((max(execution, 1), event["batch_id"]), event))
         elif kind == "patch_round":
             rounds.append(event)
@@ -160,11 +160,18 @@ def read_timeline(trace: Path) -> Timeline | None:
     height = AXIS_HEIGHT + len(lanes) * LANE_HEIGHT + 6
     marks = [Mark(x=x_of(_number(e["ts"])), y=y_of(key) + 1, height=LANE_HEIGHT - 2, kind="retry",
                   title=f"{key[1]}: provider retry {e.get('retry')} ({e.get('kind')}), waited {_number(e.get('delay_s')):.2f} s")
-             for key, e in retries if key in row]
+             for key, e in retries if key in row and e.get("event") == "model_retry"]
+    hedges = [(key, e) for key, e in retries if e.get("event") == "model_hedge"]
+    marks += [Mark(x=x_of(_number(e["ts"])), y=y_of(key) + 1, height=LANE_HEIGHT - 2, kind="hedge",
+                   title=f"{key[1]}: a late model call hedged after {_number(e.get('after_s')):.2f} s; "
+                         f"{'the hedge' if e.get('winner') == 'hedge' else 'the first request'} answered first")
+              for key, e in hedges if key in row]
     marks += [Mark(x=x_of(_number(e["ts"])), y=AXIS_HEIGHT - 4, height=height - AXIS_HEIGHT, kind="patch",
                    title=f"patch round {e.get('round')}: {len(e.get('batches') or [])} batches")
               for e in rounds]
-    counts["retries"] = len(retries)
+    counts["retries"] = len(retries) - len(hedges)
+    if hedges:
+        counts["hedges"] = len(hedges)
     counts["patch_rounds"] = len(rounds)
     step = _step(span)
     ticks = [Tick(x=x_of(t0 + k * step), label=f"{k * step:g} s") for k in range(int(span / step) + 1)]
