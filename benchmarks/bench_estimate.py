@@ -29,7 +29,13 @@ from typing import Any
 from amapreduce.decision.model import Decision
 from amapreduce.demo.run import load_sandbox_tasks, run_demo
 from amapreduce.mapreduce.batching import plan_batches
-from amapreduce.session.estimate import estimate_plan, past_runs, profile_of, read_past_run, recorded_decisions
+from amapreduce.session.estimate import (
+    estimate_plan,
+    past_runs,
+    profile_of,
+    read_past_run,
+    recorded_decisions,
+)
 from amapreduce.session.rundir import load_run
 from amapreduce.settings import load_settings
 
