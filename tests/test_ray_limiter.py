@@ -412,3 +412,22 @@ def test_a_dead_workers_calls_are_in_the_ledger_and_its_entries_up_to_its_last_r
     assert left.entries == entries[:2]
     sink.flush()  # a chunk that comes back: the rest, waited for
     assert handle.actor.left("r2.0.0").entries == entries[2:] and handle.calls[-1] == "deliver"
+
+
+def test_a_retry_is_admitted_by_the_cluster_breaker_after_the_answers_before_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first request of a call is admitted on the breaker state its call began with; a retry
+    asks the actor, after delivering the answers its call deferred (they may close the breaker)."""
+    from amapreduce.cluster.limits import ClusterGates, ClusterMeter
+
+    handle = _in_process(monkeypatch)
+    meter = ClusterMeter(handle, handle.actor.budget(), tag="r3.0.0")
+    breaker = ClusterGates(handle).breaker("127.0.0.1:9", BreakerPolicy(failures=2, cooldown_s=600.0, max_wait_s=0.0))
+    meter.check()
+    assert breaker.admit() is False and handle.calls == ["begin"]
+    breaker.record(False, None)  # answered (a 429, say): deferred to the call's end
+    assert handle.calls == ["begin"]
+    assert breaker.admit() is False
+    assert handle.calls == ["begin", "deliver", "admit"]
+    breaker.record(False, "ConnectionError: refused")  # an outage failure is told at once
+    assert handle.calls[-1] == "record" and handle.actor._breakers["127.0.0.1:9"]._failures == 1

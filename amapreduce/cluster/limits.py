@@ -356,6 +356,9 @@ class _RemoteBreaker:
             call.admitted = True
             if self.key not in call.state.down:  # closed when the call began: no round trip
                 return False
+        elif call is not None and call.later.answered:  # a retry: the answers before it reach the breaker first
+            answered, call.later.answered = call.later.answered, []
+            _ray().get(self._actor.deliver.remote(None, Deferred(answered=answered)))
         probe, outage = _ray().get(self._actor.admit.remote(self.key, self.policy))
         if outage is not None:
             raise provider_unavailable(outage)
