@@ -386,32 +386,24 @@ def test_with_a_budget_each_call_asks_the_cluster_as_it_begins_and_none_starts_o
     assert handle.calls.count("begin") == calls + 2 and handle.calls.count("end") == calls  # + the two refusals
 
 
-def test_a_dead_workers_calls_are_in_the_ledger_and_its_entries_up_to_its_last_round_trip(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A chunk's journal entries go with its meter's next round trip (no actor call of their own);
-    a worker that dies before `flush` leaves every call's usage (each call's end is waited for)
-    and the entries sent by its last call; `flush` delivers the rest."""
-    from amapreduce.cluster.limits import AttemptSink, ClusterLimits, ClusterMeter, _known
-    from amapreduce.mapreduce.checkpoint import ExecutionStarted
+def test_a_dead_workers_calls_are_all_in_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No call's usage waits in a worker: each call's end is waited for, so a worker that dies
+    after any call has left that call's usage in its attempt's ledger (and in the run's spend);
+    read after each call, the ledger adds up to the worker's own count, role by role."""
+    from amapreduce.cluster.limits import ClusterMeter
+    from amapreduce.llm.usage import Usage
 
     handle = _in_process(monkeypatch)
-    limits = ClusterLimits(name="limits-test-dead-worker")
-    _known(limits, handle)
     meter = ClusterMeter(handle, handle.actor.budget(), tag="r2.0.0")
-    sink = AttemptSink(limits, "r2.0.0", meter)
-    model = _model(handle, meter)
-    entries = [ExecutionStarted(execution=k + 1, decision={}, plan={}) for k in range(3)]
-    sink.append(entries[0])
-    model.generate([])
-    sink.append(entries[1])
-    model.generate([])
-    sink.append(entries[2])  # journaled after the last call: not yet in the actor
-    assert handle.calls == ["begin", "end", "end"]  # no `keep` of their own
-    left = handle.actor.left("r2.0.0")  # the worker died here
-    assert left.usage == meter.by_role() and left.usage["subagent"].requests == 2
-    assert left.entries == entries[:2]
-    sink.flush()  # a chunk that comes back: the rest, waited for
-    assert handle.actor.left("r2.0.0").entries == entries[2:] and handle.calls[-1] == "deliver"
+    model = _model(handle, meter, rpm=10_000)
+    read = Usage()
+    for calls in range(1, 4):
+        model.generate([])
+        left = handle.actor.left("r2.0.0").usage  # as the driver reads it when the worker died here
+        assert left["subagent"].requests == 1
+        read = read + left["subagent"]
+        assert read == meter.by_role()["subagent"] and meter.total().requests == calls
+    assert handle.actor.spent()[1] == meter.total().total_tokens
 
 
 def test_a_retry_is_admitted_by_the_cluster_breaker_after_the_answers_before_it(

@@ -27,7 +27,7 @@ next call, as a spent budget stops it (`DriverStopped`), and returns what it fou
 
 Round trips. Each model call asks the actor as it ends (`LimiterActor.end`, waited for): its spend
 and usage, and what its gates deferred to it (`Deferred`: the window ticket's tokens, a closed
-breaker's answer, the attempt's journal entries), so the ledger holds every finished call's usage
+breaker's answer), so the ledger holds every finished call's usage
 before the call returns. It asks as it begins (`begin`: the run's spend for the budget check, the
 halt, which breakers are not closed) when the run has a budget, or the thread has no answer yet;
 otherwise it takes what the actor said at the end of the thread's previous call. So a run with no
@@ -115,20 +115,12 @@ class CallState:
 
 @dataclass
 class Deferred:
-    """What a worker's gates left for its next round trip to the actor, none of which a caller
-    waits on: a window ticket's tokens (`settle`), a request that was answered (a closed
-    breaker's `record(False, None)`), journal entries of the attempt (`keep`, with their numbers)."""
+    """What a worker's gates left for the end of their model call, none of which a caller waits on:
+    a window ticket's tokens (`settle`), a request that was answered (a closed breaker's
+    `record(False, None)`)."""
 
     settled: list[tuple[str, WindowPolicy, int, int]] = dataclasses.field(default_factory=list)
     answered: list[tuple[str, BreakerPolicy]] = dataclasses.field(default_factory=list)
-    kept: list[tuple[int, JournalEntry]] = dataclasses.field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.settled or self.answered or self.kept)
-
-    def take(self, other: Deferred) -> Deferred:
-        """This and `other` in one (`other` is left as it was)."""
-        return Deferred([*self.settled, *other.settled], [*self.answered, *other.answered], [*self.kept, *other.kept])
 
 
 class _Refused(Exception):
@@ -234,7 +226,7 @@ class LimiterActor:
         return self._state(tag)
 
     def deliver(self, tag: str | None, later: Deferred) -> None:
-        """What a caller deferred, with no call to go with it (a chunk that ends)."""
+        """What a caller deferred, ahead of its call's end (a retry's admission)."""
         self._apply(tag, later)
 
     def _apply(self, tag: str | None, later: Deferred) -> None:
@@ -242,9 +234,6 @@ class LimiterActor:
             self._settle(key, window, number, tokens)
         for key, policy in later.answered:
             self._breaker(key, policy).record(False, None)
-        if tag is not None and later.kept:
-            with self._lock:
-                self._entries.setdefault(tag, []).extend(later.kept)
 
     def _state(self, tag: str | None) -> CallState:
         with self._lock:
@@ -429,8 +418,6 @@ class ClusterMeter(UsageMeter):
         """Whether the run has a budget: then each call asks the actor for the run's spend as it begins."""
         self._seen = threading.local()
         """Per thread: the `CallState` the actor gave at the end of the thread's last call."""
-        self._kept: list[tuple[int, JournalEntry]] = []
-        self._kept_lock = threading.Lock()
 
     def check(self) -> None:
         """Before a model call: the run's halt and budget, as the actor says at this call's `begin`,
@@ -441,7 +428,7 @@ class ClusterMeter(UsageMeter):
         state: CallState | None = getattr(self._seen, "state", None)
         self._seen.state = None  # used once
         if state is None or self._limited:
-            state = _ray().get(self._actor.begin.remote(self.tag, self._with_kept(later)))
+            state = _ray().get(self._actor.begin.remote(self.tag, later))
             later = Deferred()
         _thread.call = _Call(self._actor, state, later)
         if state.halted is not None:
@@ -451,33 +438,15 @@ class ClusterMeter(UsageMeter):
         check_budget(self.local_budget, own.cost_usd, own.total_tokens)
 
     def record(self, role: str, model_id: str, usage: Usage) -> Usage:
-        """A call's spend, with what its gates deferred and the attempt's entries kept since the
-        last round trip, in one actor call (`LimiterActor.end`), waited for: the ledger holds the
-        call's usage before the call returns."""
+        """A call's spend and what its gates deferred, in one actor call (`LimiterActor.end`),
+        waited for: the ledger holds the call's usage before the call returns."""
         priced = super().record(role, model_id, usage)
         call = _open(self._actor)
         _thread.call = None
-        later = self._with_kept(call.later if call is not None else Deferred())
+        later = call.later if call is not None else Deferred()
         self._seen.state = _ray().get(self._actor.end.remote(priced.cost_usd, priced.total_tokens, self.tag, role,
                                                              priced if self.tag is not None else None, later))
         return priced
-
-    def keep(self, number: int, entry: JournalEntry) -> None:
-        """Entry `number` of attempt `tag`'s journal: sent with this meter's next round trip (`flush`: now)."""
-        with self._kept_lock:
-            self._kept.append((number, entry))
-
-    def flush(self) -> None:
-        """Send the entries still waiting for a round trip, and wait until the actor holds them."""
-        later = self._with_kept(Deferred())
-        if later:
-            _ray().get(self._actor.deliver.remote(self.tag, later))
-
-    def _with_kept(self, later: Deferred) -> Deferred:
-        with self._kept_lock:
-            kept, self._kept = self._kept, []
-        later.kept.extend(kept)
-        return later
 
 
 _ACTORS: dict[ClusterLimits, Any] = {}
@@ -534,32 +503,25 @@ class AttemptSink:
     """A worker's journal sink that also keeps each entry in the actor's ledger of attempt `tag`,
     so the work of a worker that dies is not lost.
 
-    Never waited for: the engine journals from its one loop, which must not wait a round trip per
-    settled batch (on a busy machine that tripled the time per batch). With the attempt's
-    `ClusterMeter` (`meter`), an entry goes with the meter's next round trip (a model call's end),
-    so it costs no actor call of its own; without, it is sent at once. Each entry carries its
-    number, so the ledger keeps journal order. An entry not yet in the actor when the worker is
-    killed is lost with it, and its batch is asked again by the retry (the calls it made are in
-    the ledger: each call's end is waited for); `flush` sends and waits for all of them (a chunk
-    that comes back)."""
+    Sent without waiting for the actor: the engine journals from its one loop, which must not wait
+    a round trip per settled batch (on a busy machine that tripled the time per batch). (Sending
+    them with the next model call's end instead, which is waited for, saved those calls but
+    measured no faster: see docs/scaling.md.) Each entry carries its number, so the ledger keeps
+    journal order. An entry still on its way when the worker is killed is lost with it, and its
+    batch is asked again by the retry (the calls it made are in the ledger: each call's end is
+    waited for); `flush` waits for all of them (a chunk that comes back)."""
 
-    def __init__(self, limits: ClusterLimits, tag: str, meter: UsageMeter | None = None) -> None:
+    def __init__(self, limits: ClusterLimits, tag: str) -> None:
         self._actor, self._tag = _actor(limits), tag
-        self._meter = meter if isinstance(meter, ClusterMeter) and meter.tag == tag else None
         self.entries: list[JournalEntry] = []
         self._sent: list[Any] = []
 
     def append(self, entry: JournalEntry) -> None:
-        if self._meter is not None:
-            self._meter.keep(len(self.entries), entry)
-        else:
-            self._sent.append(self._actor.keep.remote(self._tag, len(self.entries), entry))
+        self._sent.append(self._actor.keep.remote(self._tag, len(self.entries), entry))
         self.entries.append(entry)
 
     def flush(self) -> None:
-        """Wait until the actor holds every entry."""
-        if self._meter is not None:
-            self._meter.flush()
+        """Wait until the actor holds every entry sent."""
         sent, self._sent = self._sent, []
         _ray().get(sent)
 

@@ -191,10 +191,10 @@ def run_chunk(job: ChunkJob) -> ChunkRun | None:
         return None
     decision = Decision.parse(job.decision)
     trace = _Collected()
+    kept: _Kept | AttemptSink = (AttemptSink(job.limits, job.tag) if job.limits is not None and job.tag is not None
+                                 else _Kept())
     with cluster_limits(job.limits):
         meter = cluster_meter(job.limits, job.settings, tag=job.tag)
-        kept: _Kept | AttemptSink = (AttemptSink(job.limits, job.tag, meter)
-                                     if job.limits is not None and job.tag is not None else _Kept())
         models = build_models(job.settings, ("subagent", "extraction"), meter=meter, trace=trace)
         with build_parts(job.settings, models=models, trace=trace, decisions_by="user") as parts:
             try:
