@@ -116,7 +116,7 @@ def _count_ray_calls() -> dict[str, int]:
             return self._served
 
     for method in ("acquire", "settle", "defer", "admit", "record", "release", "spend", "spent", "state", "budget",
-                   "grants", "keep", "left", "forget", "halt", "halted"):
+                   "grants", "keep", "left", "forget", "halt", "halted", "begin", "end", "deliver"):
         def serve(self: Any, *args: Any, _method: str = method, **kwargs: Any) -> Any:
             with self._served_lock:
                 self._served += 1

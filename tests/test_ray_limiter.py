@@ -234,8 +234,11 @@ def test_a_worker_meter_holds_its_own_budget_and_the_clusters(monkeypatch: pytes
                 self.remote = fn
 
         def __init__(self) -> None:
-            self.state = self._Remote(lambda tag=None: (*self.spent_so_far, None))
-            self.spend = self._Remote(lambda cost, tokens, tag=None, role=None, usage=None: None)
+            self.begin = self._Remote(lambda tag, later: self._state())
+            self.end = self._Remote(lambda cost, tokens, tag, role, usage, later: self._state())
+
+        def _state(self) -> Any:
+            return ray_limits.CallState(*self.spent_so_far, halted=None, down=frozenset())
 
     class FakeRay:
         @staticmethod
@@ -279,3 +282,144 @@ def test_the_ledger_keeps_each_attempts_calls_and_entries_and_a_halt_reaches_onl
     assert actor.state("r1.3.1") == (0.75, 22, "chunk 0: the token budget is spent")
     assert actor.state("r2.0.0")[2] is None and actor.state()[2] is None
     assert actor.halted("r1.0.2") == "chunk 0: the token budget is spent"
+
+
+class _Handle:
+    """A `LimiterActor` in this process behind Ray's call syntax (`handle.method.remote(...)`),
+    recording each call it serves: the round trips a worker would make."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor, self.calls = actor, []
+
+    def __getattr__(self, name: str) -> Any:
+        method, calls = getattr(self.actor, name), self.calls
+
+        class Method:
+            @staticmethod
+            def remote(*args: Any, **kwargs: Any) -> Any:
+                calls.append(name)
+                return method(*args, **kwargs)
+        return Method()
+
+
+def _in_process(monkeypatch: pytest.MonkeyPatch, budget: Any = None) -> Any:
+    """A limiter actor in this process, reached through a stand-in for Ray (no cluster needed)."""
+    from amapreduce.cluster import limits as ray_limits
+    from amapreduce.llm.meter import Budget
+
+    class FakeRay:
+        @staticmethod
+        def get(value: Any) -> Any:
+            return value
+
+    monkeypatch.setattr(ray_limits, "_ray", lambda: FakeRay)
+    return _Handle(ray_limits.LimiterActor(budget or Budget(), 0.0, 0))
+
+
+def _model(handle: Any, meter: Any, **spec: Any) -> Any:
+    from amapreduce.cluster.limits import ClusterGates
+
+    previous = use_provider_gates(ClusterGates(handle))
+    try:
+        return build_model(ModelSpec(model_id="simulated/x", api_base="http://127.0.0.1:9/v1", **spec), role="subagent",
+                           meter=meter, inner=FunctionModel(lambda m, i: "ok"),
+                           breaker=BreakerPolicy(failures=2, cooldown_s=600.0, max_wait_s=0.0))
+    finally:
+        use_provider_gates(previous)
+
+
+def test_a_model_call_is_one_round_trip_to_the_cluster_limiter_and_its_gates_are_settled_exactly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no budget: a thread's first call asks the actor as it begins (halt, budget, breakers),
+    each later call only at its end, which carries its spend, its window ticket's tokens and its
+    breaker's answer; the usage of every call is in the attempt's ledger when the call returns."""
+    from amapreduce.cluster.limits import ClusterMeter
+
+    handle = _in_process(monkeypatch)
+    meter = ClusterMeter(handle, handle.actor.budget(), tag="r1.0.0")
+    model = _model(handle, meter)
+    handle.actor.record("127.0.0.1:9", BreakerPolicy(failures=2, cooldown_s=600.0, max_wait_s=0.0), False, "down")
+    for _ in range(3):
+        model.generate([])
+    assert handle.calls == ["begin", "end", "end", "end"]
+    breaker = handle.actor._breakers["127.0.0.1:9"]
+    assert breaker._failures == 0  # the answers reached the cluster's breaker: "in a row" is kept
+    assert handle.actor.left("r1.0.0").usage == meter.by_role()  # every call's usage, as the worker counts it
+    assert handle.actor.spent() == (0.0, meter.total().total_tokens)
+
+    # a provider rate: one more round trip per call for the window's turn; the tokens go with the end
+    handle.calls.clear()
+    limited = ClusterMeter(handle, handle.actor.budget(), tag="r1.1.0")
+    windowed = _model(handle, limited, rpm=10_000, tpm=1_000_000)
+    for _ in range(2):
+        windowed.generate([])
+    assert handle.calls == ["begin", "acquire", "end", "acquire", "end"]
+    assert handle.actor._tickets == {}  # each ticket settled with the call's tokens
+    window = handle.actor._windows["127.0.0.1:9"]
+    assert window.window_counts() == (2, limited.total().total_tokens)
+
+
+def test_with_a_budget_each_call_asks_the_cluster_as_it_begins_and_none_starts_once_it_is_spent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers (meters) on one budget, calling in turn: every call begins with the run's spend
+    as the actor holds it, so the first call after the budget is crossed, in either worker, is
+    refused: the run is over by at most the call that crossed it (none was in flight)."""
+    from amapreduce.cluster.limits import ClusterMeter
+    from amapreduce.errors import BudgetExceeded
+    from amapreduce.llm.meter import Budget
+
+    handle = _in_process(monkeypatch, Budget(max_tokens=50))
+    meters = [ClusterMeter(handle, Budget(max_tokens=50), tag=f"r1.{k}.0") for k in range(2)]
+    models = [_model(handle, meter) for meter in meters]
+    calls, stopped = 0, set()
+    while len(stopped) < 2 and calls < 100:
+        for k, model in enumerate(models):
+            try:
+                model.generate([])
+                calls += 1
+            except BudgetExceeded:
+                stopped.add(k)
+    per_call = meters[0].total().total_tokens // max(1, meters[0].total().requests)
+    spent = handle.actor.spent()[1]
+    assert spent == sum(m.total().total_tokens for m in meters)
+    assert 50 <= spent < 50 + per_call  # not one call more than the one that crossed it
+    assert handle.calls.count("begin") == calls + 2 and handle.calls.count("end") == calls  # + the two refusals
+
+
+def test_a_dead_workers_calls_are_all_in_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No call's usage waits in a worker: each call's end is waited for, so a worker that dies
+    after any call has left that call's usage in its attempt's ledger (and in the run's spend);
+    read after each call, the ledger adds up to the worker's own count, role by role."""
+    from amapreduce.cluster.limits import ClusterMeter
+    from amapreduce.llm.usage import Usage
+
+    handle = _in_process(monkeypatch)
+    meter = ClusterMeter(handle, handle.actor.budget(), tag="r2.0.0")
+    model = _model(handle, meter, rpm=10_000)
+    read = Usage()
+    for calls in range(1, 4):
+        model.generate([])
+        left = handle.actor.left("r2.0.0").usage  # as the driver reads it when the worker died here
+        assert left["subagent"].requests == 1
+        read = read + left["subagent"]
+        assert read == meter.by_role()["subagent"] and meter.total().requests == calls
+    assert handle.actor.spent()[1] == meter.total().total_tokens
+
+
+def test_a_retry_is_admitted_by_the_cluster_breaker_after_the_answers_before_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first request of a call is admitted on the breaker state its call began with; a retry
+    asks the actor, after delivering the answers its call deferred (they may close the breaker)."""
+    from amapreduce.cluster.limits import ClusterGates, ClusterMeter
+
+    handle = _in_process(monkeypatch)
+    meter = ClusterMeter(handle, handle.actor.budget(), tag="r3.0.0")
+    breaker = ClusterGates(handle).breaker("127.0.0.1:9", BreakerPolicy(failures=2, cooldown_s=600.0, max_wait_s=0.0))
+    meter.check()
+    assert breaker.admit() is False and handle.calls == ["begin"]
+    breaker.record(False, None)  # answered (a 429, say): deferred to the call's end
+    assert handle.calls == ["begin"]
+    assert breaker.admit() is False
+    assert handle.calls == ["begin", "deliver", "admit"]
+    breaker.record(False, "ConnectionError: refused")  # an outage failure is told at once
+    assert handle.calls[-1] == "record" and handle.actor._breakers["127.0.0.1:9"]._failures == 1

@@ -25,6 +25,19 @@ let its retry go on from the batches already settled. `halt` tells every worker 
 manager) go on: a queued attempt starts, sees it and gives back nothing; a running one stops before its
 next call, as a spent budget stops it (`DriverStopped`), and returns what it found.
 
+Round trips. Each model call asks the actor as it ends (`LimiterActor.end`, waited for): its spend
+and usage, and what its gates deferred to it (`Deferred`: the window ticket's tokens, a closed
+breaker's answer), so the ledger holds every finished call's usage
+before the call returns. It asks as it begins (`begin`: the run's spend for the budget check, the
+halt, which breakers are not closed) when the run has a budget, or the thread has no answer yet;
+otherwise it takes what the actor said at the end of the thread's previous call. So a run with no
+budget and no provider rate makes one round trip per call, and two with a budget (with RPM/TPM,
+one more for the window's turn). The price of the second case: with no budget, a halt or a
+breaker opened elsewhere reaches a thread at the end of its call in flight, so it may send one
+more request before it stops. A request whose breaker was not closed at the call's start, a
+retry, an outage and a probe's outcome ask the actor at once, as before. Worker processes look the
+actor up once per run (`_actor`).
+
 The actor is threaded (`max_concurrency`): a caller waiting for its turn in the window, or for
 the breaker's probe, holds one of the actor's threads, as a thread of a local run would wait in
 its process. An open breaker's error is built in the caller (`breaker.provider_unavailable`)
@@ -35,13 +48,14 @@ actor's: grant times (`ClusterLimiter.grants`) are comparable across machines.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from amapreduce.breaker import BreakerPolicy, CircuitBreaker, Outage, provider_unavailable
+from amapreduce.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Outage, provider_unavailable
 from amapreduce.cluster.ray import require_ray
 from amapreduce.errors import BudgetExceeded, ConfigError
 from amapreduce.llm.meter import Budget, Price, UsageMeter, check_budget
@@ -85,6 +99,28 @@ class AttemptLedger:
 
     usage: dict[str, Usage]
     entries: list[JournalEntry]
+
+
+@dataclass(frozen=True)
+class CallState:
+    """Where the run stands, as the actor answers a call's `begin` and `end`."""
+
+    cost_usd: float
+    tokens: int
+    halted: str | None
+    """Why the driver halted the caller's run (None: it goes on)."""
+    down: frozenset[str]
+    """The providers whose breaker is not closed (a caller must ask the actor to be admitted)."""
+
+
+@dataclass
+class Deferred:
+    """What a worker's gates left for the end of their model call, none of which a caller waits on:
+    a window ticket's tokens (`settle`), a request that was answered (a closed breaker's
+    `record(False, None)`)."""
+
+    settled: list[tuple[str, WindowPolicy, int, int]] = dataclasses.field(default_factory=list)
+    answered: list[tuple[str, BreakerPolicy]] = dataclasses.field(default_factory=list)
 
 
 class _Refused(Exception):
@@ -140,6 +176,9 @@ class LimiterActor:
 
     def settle(self, key: str, policy: WindowPolicy, number: int, tokens: int) -> None:
         """The call of ticket `number` used `tokens` tokens."""
+        self._settle(key, policy, number, tokens)
+
+    def _settle(self, key: str, policy: WindowPolicy, number: int, tokens: int) -> None:
         with self._lock:
             ticket = self._tickets.pop(number, None)
         if ticket is not None:
@@ -172,10 +211,45 @@ class LimiterActor:
         """A request ended without an outcome (see `CircuitBreaker.release`)."""
         self._breaker(key, policy).release(probe)
 
+    def begin(self, tag: str | None, later: Deferred) -> CallState:
+        """A model call starts: apply what the caller deferred (`Deferred`) and say where the run
+        stands (`CallState`): one round trip for the budget check, the halt and the breaker."""
+        self._apply(tag, later)
+        return self._state(tag)
+
+    def end(self, cost_usd: float, tokens: int, tag: str | None, role: str | None, usage: Usage | None,
+            later: Deferred) -> CallState:
+        """A model call ended: its spend (`spend`) and what its gates deferred, in one round trip;
+        the `CallState` after them."""
+        self._apply(tag, later)
+        self._spend(cost_usd, tokens, tag, role, usage)
+        return self._state(tag)
+
+    def deliver(self, tag: str | None, later: Deferred) -> None:
+        """What a caller deferred, ahead of its call's end (a retry's admission)."""
+        self._apply(tag, later)
+
+    def _apply(self, tag: str | None, later: Deferred) -> None:
+        for key, window, number, tokens in later.settled:
+            self._settle(key, window, number, tokens)
+        for key, policy in later.answered:
+            self._breaker(key, policy).record(False, None)
+
+    def _state(self, tag: str | None) -> CallState:
+        with self._lock:
+            breakers = list(self._breakers.items())
+            cost, tokens, why = self._spent[0], int(self._spent[1]), self._why(tag)
+        down = frozenset(key for key, breaker in breakers if breaker.state is not BreakerState.CLOSED)
+        return CallState(cost_usd=cost, tokens=tokens, halted=why, down=down)
+
     def spend(self, cost_usd: float, tokens: int, tag: str | None = None, role: str | None = None,
               usage: Usage | None = None) -> tuple[float, int]:
         """Add one call's spend (and, with a `tag`, its usage to that attempt's ledger); return the
         run's (dollars, tokens) so far."""
+        return self._spend(cost_usd, tokens, tag, role, usage)
+
+    def _spend(self, cost_usd: float, tokens: int, tag: str | None, role: str | None,
+               usage: Usage | None) -> tuple[float, int]:
         with self._lock:
             self._spent[0] += cost_usd
             self._spent[1] += tokens
@@ -249,6 +323,10 @@ class _RemoteWindow:
 
     def settle(self, ticket: list[float], tokens: int) -> None:
         ticket[1] = float(max(0, tokens))
+        call = _open(self._actor)
+        if call is not None:  # sent with the call's spend
+            call.later.settled.append((self._key, self.policy, int(ticket[2]), max(0, tokens)))
+            return
         _ray().get(self._actor.settle.remote(self._key, self.policy, int(ticket[2]), max(0, tokens)))
 
     def defer(self, seconds: float) -> None:
@@ -262,12 +340,24 @@ class _RemoteBreaker:
         self._actor, self.key, self.policy = actor, key, policy
 
     def admit(self) -> bool:
+        call = _open(self._actor)
+        if call is not None and not call.admitted:  # the call's first request
+            call.admitted = True
+            if self.key not in call.state.down:  # closed when the call began: no round trip
+                return False
+        elif call is not None and call.later.answered:  # a retry: the answers before it reach the breaker first
+            answered, call.later.answered = call.later.answered, []
+            _ray().get(self._actor.deliver.remote(None, Deferred(answered=answered)))
         probe, outage = _ray().get(self._actor.admit.remote(self.key, self.policy))
         if outage is not None:
             raise provider_unavailable(outage)
         return bool(probe)
 
     def record(self, probe: bool, outage: str | None) -> None:
+        call = _open(self._actor)
+        if call is not None and outage is None and not probe:  # an answer: sent with the call's spend
+            call.later.answered.append((self.key, self.policy))
+            return
         _ray().get(self._actor.record.remote(self.key, self.policy, probe, outage))
 
     def release(self, probe: bool) -> None:
@@ -287,6 +377,26 @@ class ClusterGates:
         return _RemoteBreaker(self._actor, key, policy)
 
 
+_thread = threading.local()
+"""This thread's model call in flight (`_Call`), between its meter's `check` and `record`."""
+
+
+class _Call:
+    """One model call of this thread, from its `ClusterMeter.check` to its `record`: where the run
+    stood when it began (the first admission of its request asks the actor only for a provider
+    whose breaker was not closed then) and what its gates deferred to its end (`Deferred`)."""
+
+    def __init__(self, actor: Any, state: CallState, later: Deferred) -> None:
+        self.actor, self.state, self.later = actor, state, later
+        self.admitted = False
+
+
+def _open(actor: Any) -> _Call | None:
+    """This thread's model call in flight on `actor`'s limiter (None: none; gates then ask the actor at once)."""
+    call: _Call | None = getattr(_thread, "call", None)
+    return call if call is not None and call.actor is actor else None
+
+
 class ClusterMeter(UsageMeter):
     """A worker's usage meter whose budget is the cluster's: each call's spend is added to the
     run's sum in the actor, and `check` compares that sum with the run's budget, after this
@@ -304,27 +414,61 @@ class ClusterMeter(UsageMeter):
         self.local_budget = local_budget or Budget()
         self.tag = tag
         """The attempt whose ledger in the actor each call's usage is added to (None: none kept)."""
+        self._limited = budget.max_cost_usd is not None or budget.max_tokens is not None
+        """Whether the run has a budget: then each call asks the actor for the run's spend as it begins."""
+        self._seen = threading.local()
+        """Per thread: the `CallState` the actor gave at the end of the thread's last call."""
 
     def check(self) -> None:
-        cost, tokens, halted = _ray().get(self._actor.state.remote(self.tag))
-        if halted is not None:
-            raise DriverStopped(f"the run's driver stopped the cluster ({halted})", kind="halted")
-        check_budget(self.budget, float(cost), int(tokens), where=" across the cluster")
+        """Before a model call: the run's halt and budget, as the actor says at this call's `begin`,
+        or, with no cluster budget to hold, as it said at the end of this thread's previous call
+        (no round trip: see the module doc)."""
+        previous = _open(self._actor)  # a call that never ended (it failed): what it deferred goes now
+        later = previous.later if previous is not None else Deferred()
+        state: CallState | None = getattr(self._seen, "state", None)
+        self._seen.state = None  # used once
+        if state is None or self._limited:
+            state = _ray().get(self._actor.begin.remote(self.tag, later))
+            later = Deferred()
+        _thread.call = _Call(self._actor, state, later)
+        if state.halted is not None:
+            raise DriverStopped(f"the run's driver stopped the cluster ({state.halted})", kind="halted")
+        check_budget(self.budget, state.cost_usd, state.tokens, where=" across the cluster")
         own = self.total()  # after the cluster's: where both are the run's budget, the cluster's is reached first
         check_budget(self.local_budget, own.cost_usd, own.total_tokens)
 
     def record(self, role: str, model_id: str, usage: Usage) -> Usage:
+        """A call's spend and what its gates deferred, in one actor call (`LimiterActor.end`),
+        waited for: the ledger holds the call's usage before the call returns."""
         priced = super().record(role, model_id, usage)
-        _ray().get(self._actor.spend.remote(priced.cost_usd, priced.total_tokens, self.tag, role,
-                                            priced if self.tag is not None else None))
+        call = _open(self._actor)
+        _thread.call = None
+        later = call.later if call is not None else Deferred()
+        self._seen.state = _ray().get(self._actor.end.remote(priced.cost_usd, priced.total_tokens, self.tag, role,
+                                                             priced if self.tag is not None else None, later))
         return priced
 
 
+_ACTORS: dict[ClusterLimits, Any] = {}
+"""The limiter actors this process has found, by their limits: one name look-up per run, not per chunk."""
+
+
 def _actor(limits: ClusterLimits) -> Any:
+    actor = _ACTORS.get(limits)
+    if actor is not None:
+        return actor
     try:
-        return _ray().get_actor(limits.name, namespace=limits.namespace)
+        actor = _ray().get_actor(limits.name, namespace=limits.namespace)
     except ValueError as exc:
         raise ConfigError(f"the cluster's limiter {limits.name!r} is gone ({exc}); its driver has ended.") from None
+    return _known(limits, actor)
+
+
+def _known(limits: ClusterLimits, actor: Any) -> Any:
+    if len(_ACTORS) >= 16:  # a long-lived worker serves run after run: forget the old runs' actors
+        _ACTORS.clear()
+    _ACTORS[limits] = actor
+    return actor
 
 
 @contextlib.contextmanager
@@ -360,10 +504,12 @@ class AttemptSink:
     so the work of a worker that dies is not lost.
 
     Sent without waiting for the actor: the engine journals from its one loop, which must not wait
-    a round trip per settled batch (on a busy machine that tripled the time per batch); each entry
-    carries its number, so the ledger keeps journal order. An entry still on its way when the
-    worker is killed is lost with it, and its batch is asked again by the retry; `flush` waits for
-    all of them (a chunk that comes back)."""
+    a round trip per settled batch (on a busy machine that tripled the time per batch). (Sending
+    them with the next model call's end instead, which is waited for, saved those calls but
+    measured no faster: see docs/scaling.md.) Each entry carries its number, so the ledger keeps
+    journal order. An entry still on its way when the worker is killed is lost with it, and its
+    batch is asked again by the retry (the calls it made are in the ledger: each call's end is
+    waited for); `flush` waits for all of them (a chunk that comes back)."""
 
     def __init__(self, limits: ClusterLimits, tag: str) -> None:
         self._actor, self._tag = _actor(limits), tag
@@ -418,7 +564,7 @@ class ClusterLimiter:
         actor = remote.options(name=limits.name, namespace=limits.namespace).remote(
             budget or Budget(), spent.cost_usd if spent else 0.0, spent.total_tokens if spent else 0)
         ray.get(actor.spent.remote())  # started and reachable before any worker looks it up
-        return cls(actor, limits)
+        return cls(_known(limits, actor), limits)
 
     def spent(self) -> tuple[float, int]:
         """The run's (dollars, tokens) so far, across the cluster."""
@@ -445,4 +591,5 @@ class ClusterLimiter:
     def stop(self) -> None:
         """End the actor (its limits end with the run); a limiter found (`find`) is left running."""
         if self._owned:
+            _ACTORS.pop(self.limits, None)
             _ray().kill(self._actor, no_restart=True)
