@@ -203,12 +203,15 @@ def test_a_hint_added_for_a_question_surfaces_on_a_hashing_store(tmp_path: Path,
     assert main(["memory", "add", "Another.", "--question", " ", "--store", store]) == 2  # an empty question
 
 
-def test_a_hint_for_a_question_not_asked_yet_surfaces_once_it_is(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_hint_for_a_question_not_asked_yet_surfaces_at_once(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Question-level provenance serves before any record asks the question (issue 24, part 8),
+    and keeps serving once records do."""
     store = _hashing_store(tmp_path / "st", "Top 10 Forbes billionaires 2019-2024 with net worth")
     assert main(["memory", "add", "One sub-agent per member state.", "--question", EU, "--store", store]) == 0
-    assert "no stored record asks its --question yet" in capsys.readouterr().err
-    assert _search(capsys, store, EU) == []
+    assert "warning" not in capsys.readouterr().err
+    assert _search(capsys, store, EU) == ["One sub-agent per member state."]
+    assert _search(capsys, store, "Top 10 Forbes billionaires 2019-2024 with net worth") == []  # not its question
     _hashing_store(Path(store), EU)  # a run asking it is recorded
     assert _search(capsys, store, EU) == ["One sub-agent per member state."]
 

@@ -273,9 +273,10 @@ def add(text: str = typer.Argument(..., metavar="TEXT"), store: Path | None = St
     """Add a hint by hand, for the records or questions it applies to.
 
     Retrieval reaches hints only through their provenance: a hint is shown for a question when one
-    of the question's nearest records supports it. So give --provenance RECORD_ID or --question
-    QUESTION (the records asking it, as for hints imported from insights.json); a hint with neither
-    is stored but never retrieved, and the command warns. Creates the store if needed (--encoder).
+    of the question's nearest records supports it, or when the question is close to one of its
+    --question questions (at once, before any record asks them). So give --provenance RECORD_ID or
+    --question QUESTION (as for hints imported from insights.json); a hint with neither is stored
+    but never retrieved, and the command warns. Creates the store if needed (--encoder).
     """
     from amapreduce.errors import UserError
     from amapreduce.memory.schema import DB_NAME
@@ -295,12 +296,11 @@ def add(text: str = typer.Argument(..., metavar="TEXT"), store: Path | None = St
         hid = insert_hint(conn, text, score, origin="manual", provenance=provenance or [], **detail)
         add_pending_provenance(conn, hid, questions)
         support = hint_provenance(conn, hid)
-    if not support:  # retrieval reaches a hint only through the records supporting it
-        why = ("no stored record asks its --question yet; retrieval can show it once one does" if questions else
-               "it has no provenance, and retrieval shows a hint only for questions whose nearest records "
-               "support it. Add it with --provenance RECORD_ID or --question QUESTION instead (remove this "
-               f"one with `amapreduce memory remove {hid}`)")
-        typer.echo(f"warning: hint {hid}: {why}.", err=True)
+    if not support and not questions:  # retrieval reaches a hint through its records or its questions
+        typer.echo(f"warning: hint {hid}: it has no provenance, and retrieval shows a hint only for questions "
+                   "whose nearest records support it or that are close to its --question questions. Add it with "
+                   "--provenance RECORD_ID or --question QUESTION instead (remove this one with "
+                   f"`amapreduce memory remove {hid}`).", err=True)
     _emit(as_json, {"id": hid, "text": " ".join(text.split()), "w": score, "provenance": support,
                     "questions": questions}, f"added hint {hid}" + (f" ({len(support)} supporting records)" if support else ""))
 

@@ -102,7 +102,8 @@ def stats(store: MemoryStore) -> dict[str, Any]:
             "SELECT cluster, count(*) FROM records GROUP BY cluster ORDER BY cluster")}
         hints = sum(histogram.values())
         no_prov = conn.execute("SELECT count(*) FROM hints h WHERE NOT EXISTS "
-                               "(SELECT 1 FROM provenance p WHERE p.hint_id = h.id)").fetchone()[0]
+                               "(SELECT 1 FROM provenance p WHERE p.hint_id = h.id) AND NOT EXISTS "
+                               "(SELECT 1 FROM pending_provenance q WHERE q.hint_id = h.id)").fetchone()[0]
         events = conn.execute("SELECT count(*) FROM events").fetchone()[0]
         tasks = conn.execute("SELECT count(DISTINCT task_id) FROM records WHERE task_id IS NOT NULL").fetchone()[0]
         meta = {k: get_meta(conn, k) for k in ("encoder", "dim", "created_at", "last_refine_at", "last_merge_at")}
