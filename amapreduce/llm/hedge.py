@@ -317,6 +317,8 @@ class Hedger:
             error = exc
         with self._cond:
             self._inflight.pop(id(race), None)
+            if not self._inflight:
+                self._cond.notify()  # the watcher ends when nothing is in flight (`_watch_loop`)
             race.first_ended = True
             hedge = race.hedge
             race.closed = True
@@ -422,9 +424,14 @@ class Hedger:
         race.hedge_done.set()
 
     def _watch_loop(self) -> None:
+        """The watcher thread: hedge late calls until none is in flight, then end (the next tracked
+        call starts a new one), so no thread outlives the calls of a run that stopped."""
         while True:
             wake = self.check()
             with self._cond:
+                if not self._inflight:
+                    self._thread = None
+                    return
                 now = self._clock()
                 if wake is not None and wake <= now:
                     continue
