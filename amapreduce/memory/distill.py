@@ -20,6 +20,7 @@ import os
 import random
 import socket
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,6 @@ from amapreduce.memory.records import normalise_query
 from amapreduce.memory.store import (
     MemoryStore,
     add_provenance,
-    advice_json,
     delete_hint,
     get_hint,
     get_meta,
@@ -144,9 +144,10 @@ def _cluster_hints(store: MemoryStore, record_ids: list[str], limit: int | None 
     return hints[:limit] if limit is not None else hints
 
 
-def _shown(text: str, advice: str | None) -> str:
-    """A hint as the distillation prompts list it: its text and its typed payload (`render_hint`)."""
-    return render_hint(text, json.loads(advice) if advice else None)
+def _shown(text: str, advice: Mapping[str, Any] | str | None) -> str:
+    """A hint as the distillation prompts list it: its text and its typed payload (`render_hint`;
+    the payload as stored, JSON text, or as `get_hint` reads it back, a dict)."""
+    return render_hint(text, json.loads(advice) if isinstance(advice, str) else advice or None)
 
 
 def _line(op: Operation) -> str:
@@ -175,8 +176,8 @@ def _apply(store: MemoryStore, config: MemoryConfig, ops: list[Operation], relev
                 if current is None:
                     report.rejected.append({"line": _line(op), "reason": "hint no longer exists"})
                     continue
-                if op.op == "EDIT" and _shown(current["text"], advice_json(current["advice"])) != listed.get(
-                        op.hint_id, _shown(current["text"], advice_json(current["advice"]))):
+                shown = _shown(current["text"], current["advice"])
+                if op.op == "EDIT" and shown != listed.get(op.hint_id, shown):
                     report.rejected.append({"line": _line(op), "reason": "hint was changed by another writer "
                                             "after it was shown to the model"})
                     continue

@@ -31,6 +31,7 @@ __all__ = [
     "MemoryStore",
     "add_pending_provenance",
     "add_provenance",
+    "advice_dict",
     "advice_json",
     "MAX_SCORE",
     "bump_generation",
@@ -78,12 +79,17 @@ class Hint(dict[str, Any]):
 _HINT_COLUMNS = "seq, id, text, w, origin, created_at, updated_at, advice"
 
 
-def advice_json(advice: Any) -> str | None:
-    """A typed payload (`HintAdvice`, a dict or None) as the JSON text the `advice` column holds."""
+def advice_dict(advice: Any) -> dict[str, Any] | None:
+    """A typed payload (`HintAdvice`, a dict or None) as a plain dict (None stays None)."""
     if advice is None:
         return None
-    payload = advice.to_json() if hasattr(advice, "to_json") else dict(advice)
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return advice.to_json() if hasattr(advice, "to_json") else dict(advice)
+
+
+def advice_json(advice: Any) -> str | None:
+    """A typed payload (`HintAdvice`, a dict or None) as the JSON text the `advice` column holds."""
+    payload = advice_dict(advice)
+    return None if payload is None else json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
 
 def get_meta(conn: sqlite3.Connection, key: str) -> str | None:
@@ -181,8 +187,9 @@ def insert_hint(conn: sqlite3.Connection, text: str, w: int, *, origin: str, pro
     except sqlite3.IntegrityError as exc:
         raise UserError(f"hint id {hid!r} already exists in the store. Use another id.") from exc
     added = add_provenance(conn, hid, provenance)
-    log_event(conn, "hint_added", hint_id=hid, text=text, w=int(w), origin=origin, provenance=added,
-              **({"advice": json.loads(advice_json(advice) or "null")} if advice is not None else {}), **detail)
+    if advice is not None:
+        detail["advice"] = advice_dict(advice)
+    log_event(conn, "hint_added", hint_id=hid, text=text, w=int(w), origin=origin, provenance=added, **detail)
     return hid
 
 
@@ -264,7 +271,7 @@ def update_hint(conn: sqlite3.Connection, hint_id: str, *, kind: str, text: str 
     if not new_text:
         raise UserError("a hint needs non-empty text.")
     new_w = check_score((int(score) if score is not None else int(hint["w"])) + int(delta))
-    new_advice = hint["advice"] if advice is _KEEP else json.loads(advice_json(advice) or "null")
+    new_advice = hint["advice"] if advice is _KEEP else advice_dict(advice)
     conn.execute("UPDATE hints SET text = ?, w = ?, advice = ?, updated_at = ? WHERE id = ?",
                  (new_text, new_w, advice_json(new_advice), now(), hint_id))
     log_event(conn, f"hint_{kind}", hint_id=hint_id, w_before=hint["w"], w_after=new_w,

@@ -334,8 +334,6 @@ class Session:
         Raises:
             DecisionError: `use_advice: true` with no proposal to apply.
         """
-        from dataclasses import replace
-
         from amapreduce.errors import DecisionError
         from amapreduce.memory.advice import apply_choice
 
@@ -353,7 +351,7 @@ class Session:
         used = {"by": "manager" if use_advice else "plan_stage", "strategy": proposal["strategy"],
                 "batch_size": proposal.get("batch_size")}
         if prior.advice_used is None:
-            self.prior = replace(prior, details={**prior.details, "advice_used": used})
+            self.prior = dataclasses.replace(prior, details={**prior.details, "advice_used": used})
             self.trace.write("advice_applied", **used)
         return revised
 
