@@ -20,7 +20,7 @@ from smolagents.models import ChatMessage, MessageRole
 
 from amapreduce.llm.chat_client import ChatCompletionsClient, Reply
 from amapreduce.llm.guard import allow_model_requests
-from amapreduce.llm.hedge import ExtraCalls, HedgeOutcome, HedgePolicy, Hedger
+from amapreduce.llm.hedge import STALE, ExtraCalls, HedgeOutcome, HedgePolicy, Hedger, LatencyWindow
 from amapreduce.llm.meter import UsageMeter
 from amapreduce.llm.models import ManagedModel
 from amapreduce.llm.scope import UsageScope, usage_scope
@@ -120,7 +120,7 @@ def test_a_late_request_gets_a_hedge_and_the_faster_reply_wins(serve: Any) -> No
     clock, outcomes = FakeTime(), list[HedgeOutcome[Any]]()
     admitted: list[tuple[int, bool]] = []
 
-    def admit(size: int, again: bool) -> bool:
+    def admit(size: int, again: bool, overdue: float) -> bool:
         admitted.append((size, again))
         return True
 
@@ -130,23 +130,23 @@ def test_a_late_request_gets_a_hedge_and_the_faster_reply_wins(serve: Any) -> No
         call: Future[Reply] = pool.submit(client.post, "chat/completions", request())
         assert script.arrived[0].wait(10)
         wait_attached(client.hedger)
-        assert client.hedger.check() == 1.5  # not late yet: the threshold is 1.5 x the p75 of 1 s
-        clock.sleep(1.5)
-        assert client.hedger.check() is None and client.hedger.sent == 1
+        assert client.hedger.check() == 1.2  # not late yet: 1.2 x the p90 of 1 s comes before 1.5 x the p75
+        clock.sleep(1.2)
+        assert client.hedger.check() in (None, 2.4) and client.hedger.sent == 1  # 2.4: a second hedge if this one is late too
         answer = call.result(timeout=10)
     assert answer.id == "fast"  # the hedge's reply, while the first request was still held
     assert not script.answered[0].is_set()  # ... and never answered: it was cancelled
     assert len(admitted) == 1 and admitted[0][1] is False
     (outcome,) = outcomes
-    assert outcome.winner == "hedge" and outcome.after_s == 1.5 and outcome.threshold_s == 1.5
-    assert outcome.loser_reply is None and outcome.request_bytes > 0
+    assert outcome.winner == "hedge" and outcome.after_s == 1.2 and outcome.threshold_s == 1.2
+    assert outcome.losers == (None,) and outcome.request_bytes > 0
 
 
 def test_the_first_reply_wins_when_it_comes_before_the_hedges(serve: Any) -> None:
     script = Script([completion("first", 10), completion("hedge", 10)], held={0, 1})
     client = ChatCompletionsClient(base_url=serve(script), api_key="k")
     clock, outcomes = FakeTime(), list[HedgeOutcome[Any]]()
-    client.hedger = trained(Hedger(HedgePolicy(min_samples=1), admit=lambda size, again: True, report=outcomes.append,
+    client.hedger = trained(Hedger(HedgePolicy(min_samples=1), admit=lambda size, again, overdue: True, report=outcomes.append,
                                    clock=clock.clock, watch=False))
     with allow_model_requests(), ThreadPoolExecutor(1) as pool:
         call = pool.submit(client.post, "chat/completions", request())
@@ -157,7 +157,7 @@ def test_the_first_reply_wins_when_it_comes_before_the_hedges(serve: Any) -> Non
         assert script.arrived[1].wait(10)  # the hedge is on the wire, held too
         script.release[0].set()
         assert call.result(timeout=10).id == "first"
-    assert [o.winner for o in outcomes] == ["first"] and outcomes[0].loser_reply is None
+    assert [o.winner for o in outcomes] == ["first"] and outcomes[0].losers == (None,)
 
 
 def test_no_hedge_before_enough_calls_finished_nor_below_the_threshold(serve: Any) -> None:
@@ -166,11 +166,11 @@ def test_no_hedge_before_enough_calls_finished_nor_below_the_threshold(serve: An
     clock = FakeTime()
     asked: list[int] = []
 
-    def admit(size: int, again: bool) -> bool:
+    def admit(size: int, again: bool, overdue: float) -> bool:
         asked.append(size)
         return True
 
-    hedger = Hedger(HedgePolicy(min_samples=3, multiple=2.0, floor_s=0.5), admit=admit,
+    hedger = Hedger(HedgePolicy(min_samples=3, multiple=2.0, floor_s=0.5, spread=3.0), admit=admit,
                     clock=clock.clock, watch=False)
     client.hedger = hedger
     hedger.latencies.add(1, 1.0)
@@ -193,6 +193,67 @@ def test_no_hedge_before_enough_calls_finished_nor_below_the_threshold(serve: An
     floor.latencies.add(0, 0.01)
     assert floor.latencies.threshold_s(0) == 0.5  # never below the floor
     assert floor.latencies.threshold_s(7) == 0.5  # a shape with too few calls uses all calls
+
+
+def test_the_threshold_is_the_sooner_of_the_p75_and_the_p90_rule() -> None:
+    steady = LatencyWindow(HedgePolicy(min_samples=10, floor_s=0.0))
+    for seconds in [0.2] * 9 + [0.21]:
+        steady.add(0, seconds)
+    assert steady.threshold_s(0) == pytest.approx(1.2 * 0.2)  # steady latency: 20 % past nine calls in ten
+    varied = LatencyWindow(HedgePolicy(min_samples=10, floor_s=0.0))
+    for seconds in (0.5, 0.6, 0.8, 1.0, 1.2, 1.5, 2.0, 2.5, 5.0, 8.0):
+        varied.add(0, seconds)
+    assert varied.threshold_s(0) == pytest.approx(2.0 * 2.5)  # widely varying: twice the p75, not 1.2 x 5 s
+
+
+def test_a_late_call_that_should_end_before_a_hedge_could_is_left_alone() -> None:
+    window = LatencyWindow(HedgePolicy(min_samples=4, floor_s=0.0, spread=3.0))
+    for _ in range(4):
+        window.add(0, 1.0)  # threshold 2 x 1 s
+    assert window.ends_soon(0, 2.0, 9.5) is None  # no late call ended unhedged yet: hedge
+    window.add(0, 10.0)  # a late call that ran 10 s, 5 thresholds
+    threshold = window.threshold_s(0)
+    assert threshold == 2.0
+    assert window.ends_soon(0, threshold, 9.5) == 10.0  # due within a call's time: not worth one
+    assert window.ends_soon(0, threshold, 3.0) is None  # far from it: hedge
+    assert window.ends_soon(0, threshold, 10.5) is None  # outlived the late calls seen: hedge
+
+
+def test_a_hedge_that_runs_late_too_gets_a_second_one_and_every_loser_is_reported(serve: Any) -> None:
+    script = Script([completion("first", 10), completion("hedge", 10), completion("second", 10)], held={0, 1})
+    client = ChatCompletionsClient(base_url=serve(script), api_key="k")
+    clock, outcomes = FakeTime(), list[HedgeOutcome[Any]]()
+    asks: list[tuple[bool, float]] = []
+
+    def admit(size: int, again: bool, overdue: float) -> bool:
+        asks.append((again, overdue))
+        return True
+
+    client.hedger = trained(Hedger(HedgePolicy(min_samples=1, spread=3.0), admit=admit, report=outcomes.append,
+                                   clock=clock.clock, watch=False))
+    with allow_model_requests(), ThreadPoolExecutor(1) as pool:
+        call = pool.submit(client.post, "chat/completions", request())
+        assert script.arrived[0].wait(10)
+        wait_attached(client.hedger)
+        clock.sleep(2.0)
+        assert client.hedger.check() == 4.0  # the hedge is sent; it turns late 2 s later
+        assert script.arrived[1].wait(10)
+        clock.sleep(2.0)
+        assert client.hedger.check() is None  # the second hedge (the most a call sends): nothing more to watch
+        assert call.result(timeout=10).id == "second"
+    assert asks == [(False, 1.0), (True, 1.0)] and client.hedger.sent == 2
+    (outcome,) = outcomes
+    assert outcome.winner == "hedge" and outcome.hedges == 2 and outcome.losers == (None, None)
+    assert not script.answered[0].is_set() and not script.answered[1].is_set()  # both cancelled
+
+
+def test_while_work_waits_a_late_call_long_refused_is_left_alone() -> None:
+    extra = ExtraCalls(0.05, needed=200)  # 10 extra calls
+    extra.waiting = True
+    assert not extra.take_hedge(overdue=STALE + 0.5) and extra.late == 1  # counted late, not hedged
+    assert extra.take_hedge(again=True, overdue=STALE)
+    extra.waiting = False  # the run's end: what it still saves delays the whole run
+    assert extra.take_hedge(overdue=10 * STALE) and extra.late == 2
 
 
 def test_a_managed_model_counts_both_requests_and_charges_the_runs_extra_calls(serve: Any) -> None:
@@ -227,7 +288,7 @@ def test_a_managed_model_counts_both_requests_and_charges_the_runs_extra_calls(s
     assert extra.spent == 1 and extra.hedges == 1 and extra.late == 1 and extra.calls == 1 and not extra.fits(1)
     used = meter.by_role()["subagent"]
     (outcome,) = outcomes  # the loser was cancelled: charged its request's size / 4 as its prompt
-    assert used.requests == 2 and used.input_tokens == 30 + outcome.request_bytes // 4 and outcome.loser_reply is None
+    assert used.requests == 2 and used.input_tokens == 30 + outcome.request_bytes // 4 and outcome.losers == (None,)
     assert scope.usage("subagent") == used  # the attempt's usage holds both requests
 
 

@@ -26,7 +26,7 @@ library's `http.client` instead, a keep-alive connection per thread (`amapreduce
 about half of httpx's CPU per call); `https://` and proxied endpoints keep httpx.
 
 With a `hedger` (`amapreduce.llm.hedge`; a managed model installs one), a request that runs late
-gets one hedged copy and the first valid reply wins; the other request is cancelled.
+gets a hedged copy (and a second if that runs late too); the first valid reply wins, the others are cancelled.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hedged model calls: a second copy of one slow HTTP request; the first valid reply wins.
+"""Hedged model calls: another copy of one slow HTTP request; the first valid reply wins.
 
 Why: a search sub-agent's attempt is several model calls in a row, and a provider's latency has a
 heavy tail (one call in twenty taking ten times the median is common). A batch whose call
@@ -9,16 +9,21 @@ starts as soon as that call is late ("The Tail at Scale", Dean and Barroso, 2013
 
 The rule: a call is late once it has run longer than `HedgePolicy.multiple` times the 75th
 percentile of the calls of the same shape (the same number of messages, i.e. the same step of a
-sub-agent; all calls while a shape has too few) that this client finished lately, never less
-than `floor_s`, and only after `min_samples` finished. A late call gets one hedge, the same
-request sent again, when its `admit` callback agrees (for a managed model: the call belongs to
-a run's attempt that carries an `ExtraCalls` budget with room for one call, the provider's
-breaker is closed, its limiter admits a request at once, the run's budget would not be
-crossed). The first valid reply (an HTTP 200 with a JSON object) wins; the other request is
-cancelled by shutting its socket (`CancelToken`), and both are reported (`HedgeOutcome`) so the
-loser's usage is still counted. A call whose first request fails while its hedge runs waits
-for the hedge. Requests that cannot be cancelled (no socket seen yet, a proxied client) are not
-hedged: a hedge is only worth its call if the waiting caller can take its reply.
+sub-agent; all calls while a shape has too few) that this client finished lately, or
+`HedgePolicy.spread` times their 90th percentile if that comes first (steady latencies make a
+call 20 % slower than nine in ten already a straggler), never less than `floor_s`, and only
+after `min_samples` finished. A late call gets a hedge, the same request sent again, when its
+`admit` callback agrees (for a managed model: the call belongs to a run's attempt that carries
+an `ExtraCalls` budget with room for one call, the provider's breaker is closed, its limiter
+admits a request at once, the run's budget would not be crossed); if that hedge runs late too
+(one in twenty does, under a tail of one in twenty), a second one (`max_hedges`). A late call
+that should end before a hedge could answer (the late calls that ended unhedged lasted about
+as long) is left alone. The first valid reply (an HTTP 200 with a JSON object) wins; the other
+requests are cancelled by shutting their sockets (`CancelToken`), and all are reported
+(`HedgeOutcome`) so the losers' usage is still counted. A call whose first request fails while
+a hedge runs waits for the hedges. Requests that cannot be cancelled (no socket seen yet, a
+proxied client) are not hedged: a hedge is only worth its call if the waiting caller can take
+its reply.
 
 `ExtraCalls` is the one budget of extra model calls of a run, shared by these hedges and the
 engine's backup attempts, so `AMAPREDUCE_BACKUP_MAX_EXTRA` bounds both together.
@@ -39,15 +44,27 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["CancelToken", "ExtraCalls", "HedgeOutcome", "HedgePolicy", "Hedger", "LatencyWindow", "RequestCancelled",
-           "p75"]
+           "STALE", "p75", "percentile"]
 
 T = TypeVar("T")
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The `q` quantile (0 < q <= 1, nearest rank) of `values`, which is not empty."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
 def p75(values: list[float]) -> float:
     """The 75th percentile (nearest rank) of `values`, which is not empty."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.75 * len(ordered)) - 1)]
+    return percentile(values, 0.75)
+
+
+STALE = 3.0
+"""While batches wait for a worker, a late call refused its hedge until it has run this many
+lateness thresholds is left alone: what a hedge would still save of it is little (it delays only
+its own worker, whose next batches the others take), and the budget is worth more at the run's
+end, where a late call delays the whole run. Once nothing waits, it is asked again."""
 
 
 class RequestCancelled(Exception):
@@ -118,11 +135,14 @@ class ExtraCalls:
         with self._lock:
             return self.late / max(at_least, self.calls)
 
-    def take_hedge(self, *, again: bool = False) -> bool:
+    def take_hedge(self, *, again: bool = False, overdue: float = 1.0) -> bool:
         """Charge one hedged request if it fits the cap (less `held_back` while work waits);
-        `again`: the same late call asks once more (it counts as late once)."""
+        `again`: the same late call asks once more (it counts as late once); `overdue`: how many
+        lateness thresholds it has run (while work waits, past `STALE` it is left alone)."""
         with self._lock:
             self.late += not again
+            if self.waiting and overdue > STALE:
+                return False
             held = self.held_back if self.waiting else 0.0
             if self.spent + self.reserved + 1 > self.cap - held + 1e-9:
                 return False
@@ -137,18 +157,28 @@ class HedgePolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     multiple: float = Field(default=2.0, ge=1)
-    """A call is late past this multiple of its shape's finished calls' 75th percentile."""
+    """A call is late past this multiple of its shape's finished calls' 75th percentile, ..."""
+    spread: float = Field(default=1.2, ge=1)
+    """... or past this multiple of their 90th percentile, whichever comes first: where calls of a
+    step take about the same time (a provider's steady latency), a call 20 % slower than nine in
+    ten of them is already a straggler; where they vary widely, the 75th percentile rule holds."""
     floor_s: float = Field(default=0.1, ge=0)
     """The shortest run time that makes a call late, whatever the percentile says."""
     min_samples: int = Field(default=16, ge=1)
     """Finished calls needed before the percentile is trusted."""
     window: int = Field(default=256, ge=8)
     """Latest finished calls kept per shape."""
+    max_hedges: int = Field(default=2, ge=1)
+    """Hedged requests one call may send: a second once the first hedge has run late too (with a
+    heavy tail, one hedge in twenty straggles as well)."""
+    ask_again: float = Field(default=0.125, gt=0)
+    """A refused late call is asked again after this share of the threshold (the cap grows as the
+    run learns how many calls it needs, and the limiter frees up)."""
 
 
 class LatencyWindow:
-    """The latest finished calls' durations per call shape, and the lateness threshold they give
-    (thread-safe; a threshold is recomputed only after a new sample)."""
+    """The latest finished calls' durations per call shape, the lateness threshold they give, and
+    how long late calls lasted (thread-safe; a threshold is recomputed only after a new sample)."""
 
     def __init__(self, policy: HedgePolicy) -> None:
         self.policy = policy
@@ -156,10 +186,15 @@ class LatencyWindow:
         self._by_shape: dict[int, deque[float]] = {}
         self._all: deque[float] = deque(maxlen=policy.window)
         self._cached: dict[int, float | None] = {}
+        self._late: deque[float] = deque(maxlen=policy.window)
+        """Late calls that ended without a hedge's help: their durations over their threshold."""
 
     def add(self, shape: int, seconds: float) -> bool:
         """Record one finished call; True when it gave the first threshold of all."""
+        threshold = self.threshold_s(shape)
         with self._lock:
+            if threshold is not None and seconds > threshold:
+                self._late.append(seconds / threshold)
             first = len(self._all) + 1 == self.policy.min_samples
             self._by_shape.setdefault(shape, deque(maxlen=self.policy.window)).append(seconds)
             self._all.append(seconds)
@@ -173,10 +208,30 @@ class LatencyWindow:
                 return self._cached[shape]
             own = self._by_shape.get(shape)
             values = own if own is not None and len(own) >= self.policy.min_samples else self._all
-            value = (max(self.policy.floor_s, self.policy.multiple * p75(list(values)))
-                     if len(values) >= self.policy.min_samples else None)
+            value = None
+            if len(values) >= self.policy.min_samples:
+                seen = list(values)
+                value = max(self.policy.floor_s, min(self.policy.multiple * p75(seen),
+                                                     self.policy.spread * percentile(seen, 0.9)))
             self._cached[shape] = value
             return value
+
+    def ends_soon(self, shape: int, threshold: float, elapsed: float) -> float | None:
+        """When a late call of `shape` that has run `elapsed` s is expected to end, if that comes
+        before a hedge sent now could answer (in the median time of the shape's calls); else None
+        (hedge it).
+
+        Expected from the late calls that ended unhedged: the median of their durations over
+        their threshold. A call that outlives that is a worse straggler than they were: hedged."""
+        with self._lock:
+            if not self._late:
+                return None
+            expected = sorted(self._late)[len(self._late) // 2] * threshold
+            own = self._by_shape.get(shape)
+            values = list(own if own is not None and len(own) >= self.policy.min_samples else self._all)
+        if values and expected - percentile(values, 0.5) <= elapsed < expected:
+            return expected
+        return None
 
 
 class CancelToken:
@@ -235,16 +290,33 @@ class HedgeOutcome(Generic[T]):
     """How a hedged call ended (reported once, in the caller's thread, before the call returns)."""
 
     winner: str
-    """`first` (the original request answered first) or `hedge`."""
+    """`first` (the original request answered first) or `hedge` (one of its hedges did)."""
     after_s: float
-    """How long the original request had run when the hedge was sent."""
+    """How long the original request had run when its first hedge was sent."""
     threshold_s: float
-    loser_reply: T | None
-    """The losing request's reply when it answered too (else it was cancelled)."""
+    losers: tuple[T | None, ...]
+    """One entry per request that lost: its reply when it answered too, else None (it was
+    cancelled, or failed). A call with one hedge has one loser; with two, two."""
     request_bytes: int
     """The request's size (an estimate of a cancelled loser's prompt)."""
     hedge_error: str | None = None
-    """Why the hedge failed, when it did (the first request then answered, or failed too)."""
+    """Why the last hedge failed, when one did (the first request then answered, or failed too)."""
+
+    @property
+    def hedges(self) -> int:
+        """Hedged requests the call sent."""
+        return len(self.losers)
+
+
+@dataclass(eq=False)
+class _Copy(Generic[T]):
+    """One hedged request of a call."""
+
+    token: CancelToken
+    sent_at: float
+    reply: T | None = None
+    error: BaseException | None = None
+    ended: bool = False
 
 
 @dataclass(eq=False)
@@ -255,37 +327,44 @@ class _Race(Generic[T]):
     context: contextvars.Context
     request_bytes: int
     first: CancelToken = field(default_factory=CancelToken)
-    hedge: CancelToken | None = None
+    hedges: list[_Copy[T]] = field(default_factory=list)
     closed: bool = False
-    """No hedge may start any more (the first request ended, or a hedge was sent)."""
+    """No hedge may start any more (the first request ended, a hedge won, or all were sent)."""
     asked: bool = False
-    """A hedge was asked for and refused: it is asked again at `retry_at`."""
+    """A hedge was asked for (sent or refused): a later ask is the same late call asking again."""
     retry_at: float = 0.0
     first_ended: bool = False
-    winner: str | None = None
-    hedge_after_s: float = 0.0
+    winner: int | None = None
+    """0: the first request won; k: its k-th hedge did."""
     threshold_s: float = 0.0
-    hedge_reply: T | None = None
-    hedge_error: BaseException | None = None
-    hedge_done: threading.Event = field(default_factory=threading.Event)
+    settled: threading.Event = field(default_factory=threading.Event)
+    """Set once a hedge won, or once the first request and every hedge ended."""
+
+    def due(self, threshold: float) -> float:
+        """When the newest request turns late (and a refused ask may be asked again)."""
+        newest = self.hedges[-1].sent_at if self.hedges else self.started_at
+        return max(newest + threshold, self.retry_at)
+
+    def all_ended(self) -> bool:
+        return self.first_ended and all(copy.ended for copy in self.hedges)
 
 
 class Hedger:
-    """Races a late request against one hedged copy (see the module's docstring).
+    """Races a late request against up to `HedgePolicy.max_hedges` hedged copies (see the module's docstring).
 
     Args:
         policy: the lateness rule.
         admit: asked (in the caller's context, from the hedger's thread) whether a hedge of a
-            request of that many bytes may be sent now, and whether it was asked for that call
-            before; it charges whatever it admits (an `ExtraCalls` budget, a limiter ticket).
-            None: never hedge. A refused call is asked again every half threshold while it runs.
+            request of that many bytes may be sent now, whether it was asked for that call
+            before, and how many thresholds the call's newest request has run; it charges whatever it admits (an `ExtraCalls` budget, a limiter ticket).
+            None: never hedge. A refused call is asked again a little later while it runs.
         report: told of each hedged call's outcome, in the caller's thread and context.
         clock: `time.monotonic` (tests pass a fake one and call `check` themselves).
         watch: run the hedger's own thread, which sends hedges when calls turn late (tests that
             drive `check` by hand pass False).
     """
 
-    def __init__(self, policy: HedgePolicy | None = None, *, admit: Callable[[int, bool], bool] | None = None,
+    def __init__(self, policy: HedgePolicy | None = None, *, admit: Callable[[int, bool, float], bool] | None = None,
                  report: Callable[[HedgeOutcome[object]], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, watch: bool = True) -> None:
         self.policy = policy or HedgePolicy()
@@ -303,7 +382,7 @@ class Hedger:
 
     def race(self, send: Callable[[CancelToken], T], *, shape: int = 0, request_bytes: int = 0) -> T:
         """Send a request with `send(token)` (in this thread) and return the first valid reply:
-        its own, or its hedge's when it ran late and a hedge was admitted and answered first.
+        its own, or a hedge's when it ran late and a hedge was admitted and answered first.
 
         Raises whatever `send` raised when no hedge answered validly."""
         race: _Race[T] = _Race(send=send, shape=shape, started_at=self._clock(), context=contextvars.copy_context(),
@@ -313,40 +392,45 @@ class Hedger:
         error: BaseException | None = None
         try:
             reply = send(race.first)
-        except BaseException as exc:  # noqa: BLE001 - decided below, re-raised unless the hedge won
+        except BaseException as exc:  # noqa: BLE001 - decided below, re-raised unless a hedge won
             error = exc
         with self._cond:
             self._inflight.pop(id(race), None)
             if not self._inflight:
                 self._cond.notify()  # the watcher ends when nothing is in flight (`_watch_loop`)
             race.first_ended = True
-            hedge = race.hedge
             race.closed = True
             if race.winner is None and error is None:
-                race.winner = "first"
-        if race.winner == "first":
+                race.winner = 0
+            hedges = list(race.hedges)
+            settled = race.winner is not None or race.all_ended()
+        if race.winner == 0:
             if self.latencies.add(shape, self._clock() - race.started_at):
                 self._wake()  # the first threshold: calls already in flight may be late
-            if hedge is not None:
-                hedge.cancel()  # not waited for: a cancelled request ends at once, its usage is estimated
-                self._told(race, "first", race.hedge_reply)
+            if hedges:
+                for copy in hedges:
+                    copy.token.cancel()  # not waited for: a cancelled request ends at once, its usage is estimated
+                self._told(race, "first", tuple(copy.reply for copy in hedges))
             return reply  # type: ignore[return-value]
-        if hedge is None and error is not None:
+        if not hedges and error is not None:
             raise error
-        race.hedge_done.wait()  # the hedge won, or the first request failed and the hedge decides
-        if race.hedge_error is None:
-            self._told(race, "hedge", reply)
-            return race.hedge_reply  # type: ignore[return-value]
-        self._told(race, "first", None)
-        raise error if error is not None else race.hedge_error
+        if not settled:
+            race.settled.wait()  # a hedge won, or the first request failed and the hedges decide
+        if race.winner is not None:
+            won = hedges[race.winner - 1]
+            self._told(race, "hedge", (reply, *(copy.reply for copy in hedges if copy is not won)))
+            return won.reply  # type: ignore[return-value]
+        self._told(race, "first", tuple(None for _ in hedges))
+        raise error if error is not None else hedges[-1].error  # type: ignore[misc]
 
-    def _told(self, race: _Race[T], winner: str, loser_reply: T | None) -> None:
+    def _told(self, race: _Race[T], winner: str, losers: tuple[T | None, ...]) -> None:
         if self._report is not None:
-            failed = race.hedge_error
-            self._report(HedgeOutcome(winner=winner, after_s=race.hedge_after_s, threshold_s=race.threshold_s,
-                                      loser_reply=loser_reply, request_bytes=race.request_bytes,
-                                      hedge_error=None if failed is None or isinstance(failed, RequestCancelled)
-                                      else f"{type(failed).__name__}: {failed}"))
+            failed = next((copy.error for copy in reversed(race.hedges)
+                           if copy.error is not None and not isinstance(copy.error, RequestCancelled)), None)
+            self._report(HedgeOutcome(winner=winner, after_s=race.hedges[0].sent_at - race.started_at,
+                                      threshold_s=race.threshold_s, losers=losers,
+                                      request_bytes=race.request_bytes,
+                                      hedge_error=None if failed is None else f"{type(failed).__name__}: {failed}"))
 
     def _track(self, race: _Race[T]) -> None:
         if self._admit is None:
@@ -381,47 +465,63 @@ class Hedger:
                 threshold = self.latencies.threshold_s(race.shape)
                 if threshold is None:
                     continue
-                due = max(race.started_at + threshold, race.retry_at)
+                due = race.due(threshold)
                 if now >= due:
-                    race.retry_at = now + threshold / 2  # if refused now, asked again then
-                    late.append((race, threshold))
-                else:
-                    wake = due if wake is None else min(wake, due)
+                    soon = self.latencies.ends_soon(race.shape, threshold, now - race.started_at)
+                    if soon is not None:  # it should answer before a hedge could: asked again once it did not
+                        due = race.retry_at = race.started_at + soon
+                    else:
+                        race.retry_at = now + max(threshold * self.policy.ask_again, 0.01)  # if refused now
+                        late.append((race, threshold))
+                        continue
+                wake = due if wake is None else min(wake, due)
         for race, threshold in late:
             self._hedge(race, now, threshold)
+            with self._cond:
+                if not race.closed:  # refused, or its hedge may need one more: when to look again
+                    due = race.due(threshold)
+                    wake = due if wake is None else min(wake, due)
         return wake
 
     def _hedge(self, race: _Race[object], now: float, threshold: float) -> None:
         if not race.first.cancellable:  # the caller could not take the hedge's reply: not worth a call
             return
         again, race.asked = race.asked, True
-        if self._admit is None or not race.context.run(self._admit, race.request_bytes, again):
+        newest = race.hedges[-1].sent_at if race.hedges else race.started_at
+        overdue = (now - newest) / threshold if threshold > 0 else 1.0
+        if self._admit is None or not race.context.copy().run(self._admit, race.request_bytes, again, overdue):
             return
         with self._cond:
-            race.closed = True
-            if race.first_ended:  # it answered meanwhile; the admitted call is spent all the same
+            if race.closed:  # it answered meanwhile; the admitted call is spent all the same
                 return
-            race.hedge = CancelToken()
-            race.hedge_after_s = now - race.started_at
+            copy: _Copy[object] = _Copy(token=CancelToken(), sent_at=now)
+            race.hedges.append(copy)
+            race.closed = len(race.hedges) >= self.policy.max_hedges
             race.threshold_s = threshold
             self.sent += 1
-            token = race.hedge
-        threading.Thread(target=race.context.run, args=(self._send_hedge, race, token), name="amapreduce-hedge",
+        threading.Thread(target=race.context.copy().run, args=(self._send_hedge, race, copy), name="amapreduce-hedge",
                          daemon=True).start()
 
-    def _send_hedge(self, race: _Race[object], token: CancelToken) -> None:
+    def _send_hedge(self, race: _Race[object], copy: _Copy[object]) -> None:
         try:
-            race.hedge_reply = race.send(token)
+            copy.reply = race.send(copy.token)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            race.hedge_error = exc
+            copy.error = exc
         with self._cond:
-            won = race.winner is None and race.hedge_error is None
+            copy.ended = True
+            won = race.winner is None and copy.error is None
             if won:
-                race.winner = "hedge"
-            first_running = not race.first_ended
-        if won and first_running:
+                race.winner = race.hedges.index(copy) + 1
+                race.closed = True
+            rivals = [] if not won else [other.token for other in race.hedges if other is not copy and not other.ended]
+            first_running = won and not race.first_ended
+            settled = won or race.all_ended()
+        if first_running:
             race.first.cancel()
-        race.hedge_done.set()
+        for token in rivals:
+            token.cancel()
+        if settled:
+            race.settled.set()
 
     def _watch_loop(self) -> None:
         """The watcher thread: hedge late calls until none is in flight, then end (the next tracked

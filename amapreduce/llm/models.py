@@ -318,7 +318,7 @@ class ManagedModel(Model):
         if getattr(client, "hedger", False) is None:  # our OpenAI-compatible client (`llm.chat_client`)
             client.hedger = Hedger(admit=self._may_hedge, report=self._hedged)
 
-    def _may_hedge(self, request_bytes: int, again: bool) -> bool:
+    def _may_hedge(self, request_bytes: int, again: bool, overdue: float = 1.0) -> bool:
         """Whether a late request of the call in this context may get its hedge (`llm.hedge`): the
         call belongs to a run's attempt whose extra-call budget has room, and one more request fits
         `has_room_for`; the hedge's call is charged to the budget and takes a limiter ticket."""
@@ -326,25 +326,29 @@ class ManagedModel(Model):
         estimate = max(1, request_bytes // 4)
         if extra is None or scope_cancelled() or not self.has_room_for(Usage(requests=1, input_tokens=estimate)):
             return False
-        if not extra.take_hedge(again=again):
+        if not extra.take_hedge(again=again, overdue=overdue):
             return False
         if self.limiter is not None:
             self.limiter.acquire(estimate)
         return True
 
     def _hedged(self, outcome: HedgeOutcome[Any]) -> None:
-        """Count the request that lost a hedged call (its reply's usage, or for a cancelled one its
+        """Count each request that lost a hedged call (its reply's usage, or for a cancelled one its
         prompt's estimate) and trace the hedge (`model_hedge`)."""
-        used = getattr(outcome.loser_reply, "usage", None)
-        usage = Usage(
-            requests=1,
-            input_tokens=int(getattr(used, "prompt_tokens", None) or max(1, outcome.request_bytes // 4)),
-            output_tokens=int(getattr(used, "completion_tokens", None) or 0),
-        )
-        priced = self.meter.record(self.role, self.model_id or "unknown", usage)
-        self._write("model_hedge", winner=outcome.winner, after_s=round(outcome.after_s, 6),
-                    threshold_s=round(outcome.threshold_s, 6), loser="answered" if used is not None else "cancelled",
-                    usage=priced.to_json(), hedge_error=self._describe_text(outcome.hedge_error))
+        total = Usage()
+        kinds: list[str] = []
+        for loser in outcome.losers:
+            used = getattr(loser, "usage", None)
+            usage = Usage(
+                requests=1,
+                input_tokens=int(getattr(used, "prompt_tokens", None) or max(1, outcome.request_bytes // 4)),
+                output_tokens=int(getattr(used, "completion_tokens", None) or 0),
+            )
+            total = total + self.meter.record(self.role, self.model_id or "unknown", usage)
+            kinds.append("answered" if used is not None else "cancelled")
+        self._write("model_hedge", winner=outcome.winner, hedges=outcome.hedges, after_s=round(outcome.after_s, 6),
+                    threshold_s=round(outcome.threshold_s, 6), losers=kinds,
+                    usage=total.to_json(), hedge_error=self._describe_text(outcome.hedge_error))
 
     def has_room_for(self, usage: Usage) -> bool:
         """Whether one more optional piece of work of about `usage` (a straggler's backup
