@@ -8,7 +8,10 @@ cap, the jitter and the `Retry-After` limit, so no caller retries in lockstep or
 `Retry-After` is a wait, not a floor under the exponential backoff: a server that says "retry in
 1 s" four times in a row is retried after about 1 s each time (plus up to `RETRY_AFTER_SPREAD`), not
 after 1, 2, 4 and 8 s. Exponential growth is kept for failures that carry no `Retry-After`. (A
-model call's `Retry-After` also defers the provider's shared limiter, so every caller waits.)
+model call's `Retry-After` also defers the provider's shared limiter, so every caller waits; the
+retry itself is held neither by that deferral nor by those other callers' 429s set while it
+waited: `ratelimit.WindowLimiter.acquire(skip_deferral=True)`. `benchmarks/bench_oracle.py`
+measures the waits under its fault profile.)
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ Why a gate protocol. A model provider's limit is one quota however many processe
 would get N times the quota). So model calls take their tickets from a `WindowGate`, which a
 `WindowLimiter` of this process is, and which a cluster-wide limiter (a Ray actor, in
 `cluster.limits`) is too. The gate also takes a provider's `Retry-After` (`defer`): a 429 tells
-the caller that the provider refuses this key for a while, so every caller sharing the key waits.
+the caller that the provider refuses this key for a while, so every caller sharing the key waits
+(except a retry that already waited the `Retry-After` of its own 429: `acquire(skip_deferral=True)`).
 """
 
 from __future__ import annotations
@@ -100,9 +101,11 @@ class SpacingLimiter:
 class WindowGate(Protocol):
     """What a model call needs of its provider's limiter, wherever the limiter lives."""
 
-    def acquire(self, tokens: int = 0) -> list[float]:
+    def acquire(self, tokens: int = 0, *, skip_deferral: bool = False) -> list[float]:
         """Block until a call of about `tokens` tokens may start; return its ticket
-        (`[grant time, tokens]`, the time on the limiter's own clock)."""
+        (`[grant time, tokens]`, the time on the limiter's own clock). `skip_deferral`: a retry
+        that already waited the `Retry-After` of its own 429 is held by the window only, not
+        again by the deferrals (`defer`) other callers' 429s set meanwhile."""
 
     def settle(self, ticket: list[float], tokens: int) -> None:
         """Replace a ticket's estimate with the tokens the call really used."""
@@ -131,10 +134,10 @@ class WindowLimiter:
         while self._events and self._events[0][0] <= now - self.policy.window_s:
             self._events.popleft()
 
-    def _wait_needed(self, now: float, tokens: int) -> float:
+    def _wait_needed(self, now: float, tokens: int, *, deferred: bool = True) -> float:
         self._expire(now)
         rpm, tpm, window_s = self.policy.rpm, self.policy.tpm, self.policy.window_s
-        waits = [0.0, self._resume_at - now]
+        waits = [0.0, self._resume_at - now] if deferred else [0.0]
         if rpm is not None and len(self._events) >= rpm:
             waits.append(self._events[len(self._events) - rpm][0] + window_s - now)
         if tpm is not None:
@@ -150,17 +153,22 @@ class WindowLimiter:
                     waits.append(self._events[-1][0] + window_s - now)
         return max(waits)
 
-    def acquire(self, tokens: int = 0) -> list[float]:
+    def acquire(self, tokens: int = 0, *, skip_deferral: bool = False) -> list[float]:
         """Block until a call of about `tokens` tokens may start; return its ticket.
 
         A single call larger than `tpm` is admitted once the window is empty (it could never
-        fit otherwise).
+        fit otherwise). `skip_deferral`: the caller is a retry that already waited the
+        `Retry-After` of its own 429, so only the window holds it. Why: a provider's `Retry-After`
+        is a wait, not a floor (`amapreduce._retry`); were the retry held by the deferrals other
+        callers' 429s set while it slept, each would add up to one more `Retry-After` to its wait
+        (measured on the oracle's fault profile with a limiter: waits of 2.1 s for a 1 s
+        `Retry-After`). Callers that met no 429 still wait for the deferral.
         """
         tokens = max(0, tokens)
         with self._cond:
             while True:
                 now = self._clock()
-                wait = self._wait_needed(now, tokens)
+                wait = self._wait_needed(now, tokens, deferred=not skip_deferral)
                 if wait <= 0:
                     ticket = [now, float(tokens)]
                     self._events.append(ticket)

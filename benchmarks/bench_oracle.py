@@ -17,7 +17,11 @@ call is shown beside it), the run's wall time, and efficiency = the latency-boun
 ideal = ⌈batches / workers⌉ × calls per batch × latency (the oracle makes `search_steps` search
 calls then `final_answer`: 2 calls per batch by default, read from its `/config`). The reference
 figures of the oracle README (the published A-MapReduce tool, N=300, faults off, 210 ms per call)
-are shown as ratios ours / reference.
+are shown as ratios ours / reference. With the faults on it also prints how long the client waited
+after each 429 it retried, from the `retry_waits` of each run's `model_call` trace events: the 429s,
+the longest wait and its excess over the `Retry-After` asked, the waits past `Retry-After` plus
+`RETRY_AFTER_SPREAD`, and the longest chain of one call's consecutive 429s with its total wait
+(`waits_429` in `--json`).
 
 Nothing leaves loopback: the sub-agents search a one-page local corpus (`--search corpus:...`),
 page extraction is off, LiteLLM uses its bundled price map, proxies are unset for the child.
@@ -62,6 +66,8 @@ from typing import Any
 
 from _cli import REPO, amapreduce_command, checkout_environment
 
+from amapreduce._retry import RETRY_AFTER_SPREAD
+
 DEFAULT_ORACLE_DIR = REPO.parent / "shared" / "tools" / "oracle"
 
 SMOKE = ["--n", "4", "--workers", "2", "--strategies", "per_atom", "--faults", "off", "--latency-ms", "0"]
@@ -95,6 +101,87 @@ _NUMBER = re.compile(r"[+-]?\d[\d,_ ]*(?:\.\d+)?")
 
 
 @dataclass
+class RateLimitWaits:
+    """How long the client waited after each 429 it retried, read from a run's trace.
+
+    Each `model_call` event lists its retries (`retry_waits`: kind, the `Retry-After` asked,
+    `waited_s` from the failed attempt to the next one sent, breaker and limiter waits included).
+    The retry loop's promise (`amapreduce._retry`): a 429 with `Retry-After` R is retried after R
+    plus at most `RETRY_AFTER_SPREAD` x R, never after an exponential backoff; `over_bound` counts
+    the waits that broke it. A chain is one call's consecutive 429s."""
+
+    count: int = 0
+    """429s retried (a call's last attempt that gave up is not a wait)."""
+    with_retry_after: int = 0
+    """Of those, the ones whose reply carried `Retry-After`."""
+    max_wait_s: float = 0.0
+    max_over_s: float = 0.0
+    """The largest wait less its `Retry-After` (of the 429s that carried one)."""
+    over_bound: int = 0
+    """Waits longer than `Retry-After` x (1 + `RETRY_AFTER_SPREAD`)."""
+    max_late_s: float = 0.0
+    """The largest wait less the retry loop's own backoff (`delay_s`): what the breaker, the
+    limiter and the scheduler added, i.e. what a bound broken by the retry path itself shows."""
+    unsent: int = 0
+    """Retries never sent (the run stopped, or the breaker refused): no wait measured."""
+    longest_chain: int = 0
+    longest_chain_wait_s: float = 0.0
+    """The total wait of the longest chain (the longest wait among chains of that length)."""
+
+    def add_call(self, waits: list[dict[str, Any]], spread: float) -> None:
+        """Add one `model_call` event's `retry_waits`."""
+        chain, chain_wait = 0, 0.0
+        for wait in [*waits, {"kind": "end"}]:
+            if wait["kind"] != "rate_limit":
+                self._chain(chain, chain_wait)
+                chain, chain_wait = 0, 0.0
+                continue
+            self.count += 1
+            waited, asked = wait.get("waited_s"), wait.get("retry_after_s")
+            if waited is None:
+                self.unsent += 1
+                continue
+            chain, chain_wait = chain + 1, chain_wait + waited
+            self.max_wait_s = max(self.max_wait_s, waited)
+            if wait.get("delay_s") is not None:
+                self.max_late_s = max(self.max_late_s, waited - wait["delay_s"])
+            if asked is not None:
+                self.with_retry_after += 1
+                self.max_over_s = max(self.max_over_s, waited - asked)
+                self.over_bound += waited > asked * (1 + spread)
+
+    def _chain(self, length: int, wait_s: float) -> None:
+        if (length, wait_s) > (self.longest_chain, self.longest_chain_wait_s):
+            self.longest_chain, self.longest_chain_wait_s = length, wait_s
+
+    def merge(self, other: RateLimitWaits) -> None:
+        self.count += other.count
+        self.with_retry_after += other.with_retry_after
+        self.max_wait_s = max(self.max_wait_s, other.max_wait_s)
+        self.max_over_s = max(self.max_over_s, other.max_over_s)
+        self.over_bound += other.over_bound
+        self.max_late_s = max(self.max_late_s, other.max_late_s)
+        self.unsent += other.unsent
+        self._chain(other.longest_chain, other.longest_chain_wait_s)
+
+
+def rate_limit_waits(run_dir: Path | None) -> RateLimitWaits:
+    """The 429 waits of one run, from its `trace.jsonl` (empty when the run left none)."""
+    waits = RateLimitWaits()
+    trace = run_dir / "trace.jsonl" if run_dir is not None else None
+    if trace is None or not trace.exists():
+        return waits
+    with trace.open(encoding="utf-8") as lines:
+        for line in lines:
+            if '"model_call"' not in line:
+                continue
+            event = json.loads(line)
+            if event.get("event") == "model_call" and event.get("retry_waits"):
+                waits.add_call(event["retry_waits"], RETRY_AFTER_SPREAD)
+    return waits
+
+
+@dataclass
 class RunFigures:
     """What one configuration produced, summed over its seeds."""
 
@@ -118,6 +205,8 @@ class RunFigures:
     ideal_s: float = 0.0
     faults_injected: dict[str, int] = field(default_factory=dict)
     statuses: list[str] = field(default_factory=list)
+    waits_429: RateLimitWaits = field(default_factory=RateLimitWaits)
+    """The client's waits after the 429s it retried, all seeds together."""
 
     @property
     def efficiency(self) -> float:
@@ -145,6 +234,7 @@ class RunFigures:
         for name, count in one.stats["faults"].items():
             self.faults_injected[name] = self.faults_injected.get(name, 0) + int(count)
         self.statuses.append(one.status)
+        self.waits_429.merge(one.waits_429)
 
 
 def load_workload(oracle_dir: Path) -> ModuleType:
@@ -289,6 +379,7 @@ class OneRun:
     status: str
     backups: int = 0
     """Backup attempts the run started (`completeness.backups` of its `--json`)."""
+    waits_429: RateLimitWaits = field(default_factory=RateLimitWaits)
 
 
 def run_once(
@@ -356,14 +447,15 @@ def run_once(
         reply = json.loads(stdout.strip().splitlines()[-1])
         status, wall_s = str(reply["status"]), float(reply["timings"]["wall_s"])
         backups = int(reply["completeness"].get("backups", 0))
+        run_dir: Path | None = Path(reply["run_dir"])
     except (IndexError, ValueError, KeyError, TypeError):
-        backups = 0
+        backups, run_dir = 0, None
         last = (stderr.strip().splitlines() or ["no output"])[-1]
         status, wall_s = f"error (exit {child.returncode}): {last[:120]}", process_s
     gold = [{k: normalise_cell(v) for k, v in row.items()} for row in gold_rows]
     score = workload.score(read_result_rows(csv_path), gold)
     return OneRun(score=score, stats=stats, cpu_s=cpu_s, wall_s=wall_s, process_s=process_s, status=status,
-                  backups=backups)
+                  backups=backups, waits_429=rate_limit_waits(run_dir))
 
 
 @dataclass
@@ -490,6 +582,16 @@ def print_table(
         injected = {k: v for k, v in r.faults_injected.items() if v}
         if injected:
             print(f"  faults injected, {r.strategy} w{r.workers}: {json.dumps(injected)}")
+    waited = [r for r in rows if r.faults == "on"]
+    if waited:
+        print(f"\n{'429 waits (faults on)':<24} {'429s':>5} {'w/ R-A':>6} {'max wait s':>10} {'max wait-R-A s':>14} "
+              f"{'over bound':>10} {'max late s':>10} {'unsent':>6} {'longest chain':>13} {'its wait s':>10}")
+        for r in waited:
+            w = r.waits_429
+            config = f"{r.strategy}{'/' + str(CHUNK_SIZE) if r.strategy == 'open' else ''} w{r.workers}"
+            print(f"{config:<24} {w.count:>5} {w.with_retry_after:>6} {w.max_wait_s:>10.3f} {w.max_over_s:>14.3f} "
+                  f"{w.over_bound:>10} {w.max_late_s:>10.3f} {w.unsent:>6} {w.longest_chain:>13} "
+                  f"{w.longest_chain_wait_s:>10.3f}")
     same = args.n == REFERENCE_CONDITIONS["n"] and args.latency_ms == REFERENCE_CONDITIONS["latency_ms"]
     print(
         "\ncells: 3 per entity (capital, population, currency), matched by key, numbers compared as normalised text; "
@@ -500,6 +602,11 @@ def print_table(
         f"({baseline.cpu_s:.2f} s CPU for {base_calls} calls), i.e. the marginal CPU per call.\n"
         "wall s: the run's timings.wall_s (engine start to table); proc s: the whole subprocess; "
         "eff = ideal / wall s, ideal = ceil(batches / workers) x calls per batch x latency.\n"
+        "429 waits: from each model_call's retry_waits in the run's trace, all seeds; wait = from the 429 to the retry "
+        "sent (backoff, breaker and limiter); R-A = the Retry-After asked; over bound: waits > R-A x "
+        "(1 + RETRY_AFTER_SPREAD); late: a wait less the retry loop's own backoff (what the breaker, the limiter and the "
+        "scheduler added); unsent: retries never sent (the attempt was cancelled meanwhile); a chain is one call's "
+        "consecutive 429s, its wait their total.\n"
         "eff/ref, ptok/ref: ours / the oracle README's reference (A-MapReduce, N=300, faults off, 210 ms)"
         + (
             ""

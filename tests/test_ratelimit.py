@@ -115,3 +115,12 @@ def test_forgetting_the_shared_limiters_lets_a_long_lived_process_set_new_limits
     second = shared_limiter("test-ratelimit-forget", SpacingPolicy(3.0))  # no conflict: the old one is gone
     assert second is not first and second.policy.min_interval_s == 3.0
     assert first.policy.min_interval_s == 1.0  # a holder of the old limiter keeps it as it was
+
+
+def test_a_deferral_holds_every_caller_but_a_retry_that_waited_its_own_retry_after() -> None:
+    t = FakeTime()
+    limiter = WindowLimiter(WindowPolicy(rpm=2, window_s=60), clock=t.clock, sleep=t.sleep)
+    limiter.defer(5.0)  # another caller's 429
+    assert limiter.acquire(skip_deferral=True)[0] == 0.0  # a retry that already waited: not held again
+    assert limiter.acquire()[0] == 5.0  # any other caller waits for the deferral
+    assert limiter.acquire(skip_deferral=True)[0] == 60.0  # the window still holds everyone

@@ -4,6 +4,7 @@ with no finished batch asked again; run states from the journal; the journal hol
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import re
@@ -22,6 +23,7 @@ import pytest
 from amapreduce.cli.app import main
 from amapreduce.journal import JournalWriter
 from amapreduce.llm.guard import allow_model_requests
+from amapreduce.llm.hedge import HedgePolicy
 from amapreduce.llm.messages import message_text
 from amapreduce.mapreduce.checkpoint import BatchAttempt
 from amapreduce.session.journal import JOURNAL_KIND, JOURNAL_NAME, RunStarted, read_run_journal
@@ -221,6 +223,82 @@ def test_a_run_killed_with_a_backup_in_flight_is_resumed_counting_each_batch_onc
     assert done == dict.fromkeys((f"batch-{i:03d}" for i in range(1, rows + 1)), 1)
     # Usage: the journaled answers and the resumed ones; the killed attempts never answered.
     assert out["usage"]["requests"] == len(done_before) + sum(resumed.values())
+
+
+def test_a_run_killed_with_a_hedged_call_in_flight_is_resumed_counting_each_batch_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 28: late model calls and their hedges (`llm.hedge`) in flight when the process is
+    killed; none was journaled, so the resumed run asks those batches once more, their rows and
+    usage count once, and no journaled batch is asked again.
+
+    Deterministic without a clock: the hedger trusts its lateness threshold after `min_samples`
+    finished calls, so the server answers exactly that many asks and holds every later one. The
+    two held calls then turn late (any run time past the threshold) and are hedged; the same
+    request asked again is a hedge. Batches still wait for a slot, so no batch backup starts
+    (`mapreduce.backup`: only when a slot is free and nothing waits); the trace shows none."""
+    answered = HedgePolicy().min_samples
+    rows, workers = answered + 4, 2  # two batches held in flight, two waiting for a slot
+    agents = GatedSubAgents(answered)
+    runs = tmp_path / "runs"
+    # Room for a hedge of each held call whatever the default share (`AMAPREDUCE_BACKUP_MAX_EXTRA`).
+    env = {**os.environ, "AMAPREDUCE_RUNS_DIR": str(runs), "OPENAI_API_KEY": SECRET, "AMAPREDUCE_BACKUP": "auto",
+           "AMAPREDUCE_BACKUP_MAX_EXTRA": "1"}
+    with OpenAICompatibleServer(FunctionModel(agents, model_id="sim-model")) as srv:
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-c", "from amapreduce.cli.app import run; run()", "mapreduce", "run",
+                 str(per_atom_decision(tmp_path, rows)), "--model", "sim-model", "--api-base", srv.base_url,
+                 "--workers", str(workers), "--json"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )
+            with killed_at_the_end(child):
+                run_dir = wait_for("the run directory",
+                                   lambda: next((p for p in runs.glob("*") if (p / JOURNAL_NAME).is_file()), None))
+                # Both held calls hedged (a call gets one hedge, waiting batches get no slot): the
+                # killed process can ask nothing more, so the server's counts are final at the kill.
+                hedged = wait_for("a hedge of each held call in flight",
+                                  lambda: sorted(item for item, n in list(agents.asked.items()) if n > 1)
+                                  if sum(agents.asked.values()) == answered + 2 * workers else None)
+                wait_for("the answered batches journaled", lambda: len(done_batches(run_dir)) == answered)
+            trace = [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines() if line]
+            assert not [e for e in trace if e["event"] == "backup_start"]  # the second ask was the hedge
+            assert not [e for e in trace if e["event"] == "model_hedge"]  # undecided: it was in flight
+            done_before = done_batches(run_dir)
+            assert len(done_before) == answered
+            hedged_batches = {f"batch-{int(item[4:]) + 1:03d}" for item in hedged}
+            assert len(hedged) == workers and not hedged_batches & done_before
+            asked_before = Counter(agents.asked)
+            assert all(asked_before[item] == 2 for item in hedged)  # each call and its hedge, held when the process died
+
+            agents.release.set()
+            monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+            with allow_model_requests():
+                code = main(["runs", "resume", run_dir.name, "--runs-dir", str(runs), "--json"])
+        finally:
+            agents.release.set()
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    assert out["status"] == "complete" and out["rows"] == rows and out["missing_cells"] == 0
+    # Rows: each batch's row once, in the table and its CSV.
+    with (run_dir / "table.csv").open(newline="", encoding="utf-8") as table:
+        items = Counter(row["item"] for row in csv.DictReader(table))
+    assert items == dict.fromkeys((f"item{i:03d}" for i in range(rows)), 1)
+    assert all(out["table_markdown"].count(f"| item{i:03d} |") == 1 for i in range(rows))
+    # The resumed run asked each unfinished batch once (the hedged one too) and no journaled one.
+    resumed = agents.asked - asked_before
+    finished_items = {f"item{int(b.rsplit('-', 1)[1]) - 1:03d}" for b in done_before}
+    assert resumed == dict.fromkeys({f"item{i:03d}" for i in range(rows)} - finished_items, 1)
+    assert all(resumed[item] == 1 for item in hedged)
+    # The journal counts each batch done once; usage and completeness count the hedged batch once.
+    saved = read_run_journal(run_dir)
+    assert saved is not None and saved.finished
+    done = Counter(e.batch_id for e in saved.entries if isinstance(e, BatchAttempt) and e.done)
+    assert done == dict.fromkeys((f"batch-{i:03d}" for i in range(1, rows + 1)), 1)
+    assert out["usage"]["requests"] == len(done_before) + sum(resumed.values()) == rows
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "complete" and record["completeness"]["rows"] == rows
+    assert record["usage"]["total"]["requests"] == rows
 
 
 def test_a_run_whose_process_lives_is_running_and_cannot_be_resumed(

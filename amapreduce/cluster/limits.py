@@ -161,10 +161,11 @@ class LimiterActor:
                               "of the cluster the same AMAPREDUCE_MODEL_RPM and AMAPREDUCE_MODEL_TPM.", key=key)
         return window
 
-    def acquire(self, key: str, policy: WindowPolicy, tokens: int) -> tuple[int, float]:
-        """Wait for a turn in `key`'s window; (ticket number, grant time on the actor's clock)."""
+    def acquire(self, key: str, policy: WindowPolicy, tokens: int, skip_deferral: bool = False) -> tuple[int, float]:
+        """Wait for a turn in `key`'s window; (ticket number, grant time on the actor's clock).
+        `skip_deferral` as in `WindowLimiter.acquire`."""
         window = self._window(key, policy)
-        ticket = window.acquire(tokens)
+        ticket = window.acquire(tokens, skip_deferral=skip_deferral)
         with self._lock:
             number, self._next_ticket = self._next_ticket, self._next_ticket + 1
             self._tickets[number] = ticket
@@ -317,8 +318,8 @@ class _RemoteWindow:
     def __init__(self, actor: Any, key: str, policy: WindowPolicy) -> None:
         self._actor, self._key, self.policy = actor, key, policy
 
-    def acquire(self, tokens: int = 0) -> list[float]:
-        number, granted = _ray().get(self._actor.acquire.remote(self._key, self.policy, max(0, tokens)))
+    def acquire(self, tokens: int = 0, *, skip_deferral: bool = False) -> list[float]:
+        number, granted = _ray().get(self._actor.acquire.remote(self._key, self.policy, max(0, tokens), skip_deferral))
         return [granted, float(max(0, tokens)), float(number)]
 
     def settle(self, ticket: list[float], tokens: int) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
@@ -250,6 +250,17 @@ class _Call:
     ticket: list[float] | None = None
     probe: bool = False
     """Whether the attempt in flight is its provider's half-open breaker probe."""
+    failed_at: float | None = None
+    """`time.monotonic()` when the last attempt failed transiently (its wait starts then)."""
+    waited_retry_after: bool = False
+    """Whether the retry about to be sent waited the `Retry-After` of its own 429 (the limiter
+    then holds it by its window only: `WindowGate.acquire(skip_deferral=True)`)."""
+    waits: list[dict[str, Any]] = field(default_factory=list)
+    """One per retry: why (`kind`), what the server asked (`retry_after_s`, None if nothing), the
+    retry loop's backoff (`delay_s`) and how long the call really waited before sending again
+    (`waited_s`: the backoff plus any wait for the breaker and the limiter, and the scheduler's
+    delay; None when the retry was never sent), for the `model_call` event's `retry_waits`: what
+    shows whether a retry waited longer than its `Retry-After` asked (`benchmarks/bench_oracle.py`)."""
 
 
 class ManagedModel(Model):
@@ -260,7 +271,7 @@ class ManagedModel(Model):
     provider's circuit breaker (it may wait while the breaker is open, or raise
     `ProviderUnavailable` without sending anything) and reports its outcome to it. Each HTTP attempt — the first and every retry — takes its own ticket from the provider's
     limiter, since each one is a request the provider counts. Each call writes one `model_call`
-    trace event (role, model id, tokens, latency, retries, error) and each retry one
+    trace event (role, model id, tokens, latency, retries and the waits before them, error) and each retry one
     `model_retry` event, tagged with the batch and attempt of the open `usage_scope`. A request
     the provider refuses for good (a wrong key, no such model: `llm.retry.rejected_status`) is not
     retried: the call raises `ProviderRejected`, which stops the run. The messages sent have every
@@ -404,7 +415,11 @@ class ManagedModel(Model):
             admit()
 
         def call() -> ChatMessage:
-            state.ticket = self.limiter.acquire(estimate) if self.limiter is not None else None
+            state.ticket = (self.limiter.acquire(estimate, skip_deferral=state.waited_retry_after)
+                            if self.limiter is not None else None)
+            if state.failed_at is not None:  # a retry is sent now: what the last failure really cost in waiting
+                state.waits[-1]["waited_s"] = round(time.monotonic() - state.failed_at, 6)
+                state.failed_at = None
             state.attempts += 1
             try:
                 reply = telemetry.traced_generate(  # the simulated models' calls are LLM spans too
@@ -434,6 +449,10 @@ class ManagedModel(Model):
             return reply
 
         def retried(attempt: int, transient: Transient, delay_s: float) -> None:
+            state.failed_at = time.monotonic()
+            state.waited_retry_after = transient.retry_after_s is not None
+            state.waits.append({"kind": transient.kind, "retry_after_s": transient.retry_after_s,
+                                "delay_s": round(delay_s, 6), "waited_s": None})
             event = ProviderRetry(
                 role=self.role, model_id=self.model_id or "unknown", retry=attempt, kind=transient.kind,
                 delay_s=round(delay_s, 3), error=self._describe(state.error),
@@ -455,7 +474,7 @@ class ManagedModel(Model):
         except (ModelCallError, ProviderUnavailable) as exc:
             self._write(
                 "model_call", latency_s=round(time.monotonic() - started, 6), retries=max(0, state.attempts - 1),
-                usage=None, error=self._describe(exc),
+                retry_waits=state.waits, usage=None, error=self._describe(exc),
             )
             raise
         used = reply.token_usage
@@ -473,7 +492,7 @@ class ManagedModel(Model):
         priced = self.meter.record(self.role, self.model_id or "unknown", usage)
         self._write(
             "model_call", latency_s=round(time.monotonic() - started, 6), retries=state.attempts - 1,
-            usage=priced.to_json(), error=None,
+            retry_waits=state.waits, usage=priced.to_json(), error=None,
         )
         return reply
 
