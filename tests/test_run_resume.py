@@ -234,10 +234,11 @@ def test_a_run_killed_with_a_hedged_call_in_flight_is_resumed_counting_each_batc
 
     Deterministic without a clock: the hedger trusts its lateness threshold after `min_samples`
     finished calls, so the server answers exactly that many asks and holds every later one. The
-    two held calls then turn late (any run time past the threshold) and are hedged; the same
-    request asked again is a hedge. Batches still wait for a slot, so no batch backup starts
+    two held calls then turn late (any run time past the threshold) and are hedged, and their
+    hedges, held too, are hedged once more (`HedgePolicy.max_hedges`); the same request asked
+    again is a hedge. Batches still wait for a slot, so no batch backup starts
     (`mapreduce.backup`: only when a slot is free and nothing waits); the trace shows none."""
-    answered = HedgePolicy().min_samples
+    answered, copies = HedgePolicy().min_samples, 1 + HedgePolicy().max_hedges
     rows, workers = answered + 4, 2  # two batches held in flight, two waiting for a slot
     agents = GatedSubAgents(answered)
     runs = tmp_path / "runs"
@@ -255,11 +256,11 @@ def test_a_run_killed_with_a_hedged_call_in_flight_is_resumed_counting_each_batc
             with killed_at_the_end(child):
                 run_dir = wait_for("the run directory",
                                    lambda: next((p for p in runs.glob("*") if (p / JOURNAL_NAME).is_file()), None))
-                # Both held calls hedged (a call gets one hedge, waiting batches get no slot): the
+                # Both held calls hedged as often as a call may be, waiting batches get no slot: the
                 # killed process can ask nothing more, so the server's counts are final at the kill.
-                hedged = wait_for("a hedge of each held call in flight",
+                hedged = wait_for("every hedge of each held call in flight",
                                   lambda: sorted(item for item, n in list(agents.asked.items()) if n > 1)
-                                  if sum(agents.asked.values()) == answered + 2 * workers else None)
+                                  if sum(agents.asked.values()) == answered + copies * workers else None)
                 wait_for("the answered batches journaled", lambda: len(done_batches(run_dir)) == answered)
             trace = [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines() if line]
             assert not [e for e in trace if e["event"] == "backup_start"]  # the second ask was the hedge
@@ -269,7 +270,7 @@ def test_a_run_killed_with_a_hedged_call_in_flight_is_resumed_counting_each_batc
             hedged_batches = {f"batch-{int(item[4:]) + 1:03d}" for item in hedged}
             assert len(hedged) == workers and not hedged_batches & done_before
             asked_before = Counter(agents.asked)
-            assert all(asked_before[item] == 2 for item in hedged)  # each call and its hedge, held when the process died
+            assert all(asked_before[item] == copies for item in hedged)  # each call and its hedges, held when it died
 
             agents.release.set()
             monkeypatch.setenv("OPENAI_API_KEY", SECRET)
