@@ -43,7 +43,7 @@ from amapreduce.settings import BackupMode, default_setting
 
 __all__ = ["TAIL_WAVES", "BackupGate", "BackupPolicy", "Stragglers"]
 
-TAIL_WAVES = 5
+TAIL_WAVES = 4
 """Waves of attempts at the end of a run whose late calls hedges keep budget for: a late call
 there (a tenfold straggler outlasts several attempts) delays the whole run, where an earlier one
 delays only its worker while the others take the batches that wait."""
