@@ -563,7 +563,9 @@ class ClusterLimiter:
         remote = ray.remote(num_cpus=0, max_concurrency=MAX_CONCURRENCY, max_restarts=0)(LimiterActor)
         actor = remote.options(name=limits.name, namespace=limits.namespace).remote(
             budget or Budget(), spent.cost_usd if spent else 0.0, spent.total_tokens if spent else 0)
-        ray.get(actor.spent.remote())  # started and reachable before any worker looks it up
+        # not waited for: a named actor's name is registered as it is created, so a worker's look-up
+        # finds it at once and its first call waits for the actor's start, which overlaps the
+        # chunks' own (their worker processes start and import meanwhile)
         return cls(_known(limits, actor), limits)
 
     def spent(self) -> tuple[float, int]:
