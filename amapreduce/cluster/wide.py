@@ -56,7 +56,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -353,7 +353,7 @@ class _Chunks:
         try:
             fill()
             while pending and self.stop is None:
-                self._take(ray, limiter, pending, submit, ray.wait(list(pending), num_returns=1)[0])
+                self._take(ray, limiter, pending, submit, ray.wait(list(pending), num_returns=1)[0], refill=fill)
                 fill()
             if pending:
                 limiter.halt(self._run_id, self.stop.reason or self.stop.label if self.stop is not None else "stopped")
@@ -380,7 +380,9 @@ class _Chunks:
             self._take(ray, limiter, pending, submit, ready)
 
     def _take(self, ray: Any, limiter: ClusterLimiter, pending: dict[Any, tuple[int, str]], submit: Any,
-              ready: list[Any]) -> None:
+              ready: list[Any], refill: Callable[[], None] | None = None) -> None:
+        """Take back the chunks of `ready`; `refill` sends the next ones as soon as a chunk that ran to
+        its end is in, before it is merged and journaled (its worker does not wait for that)."""
         for ref in ready:
             k, tag = pending.pop(ref)
             try:
@@ -388,10 +390,11 @@ class _Chunks:
             except ray.exceptions.RayError as exc:
                 self._failed(limiter, k, tag, exc, submit)
                 continue
-            if chunk is None:  # halted before it started
-                limiter.forget(tag)
-                continue
             limiter.forget(tag)
+            if chunk is None:  # halted before it started
+                continue
+            if refill is not None and not chunk.result.ending.status.ended_early:
+                refill()
             self._came_back(chunk)
 
     def _came_back(self, chunk: ChunkRun) -> None:
