@@ -10,7 +10,10 @@ chunk is one Ray task (`run_chunk`: one CPU, never retried by Ray itself, since 
 threaded engine on plain data: the settings, the sub-decision as JSON, its plan. A chunk holds
 `chunk_batches(settings)` batches: the batch cap when one is set (`--max-batches`; a plan over the
 cap, refused locally, is split instead), else `CHUNK_BATCHES_PER_WORKER` per sub-agent thread, so
-each task keeps its threads busy while the cluster shares out the chunks.
+each task keeps its threads busy while the cluster shares out the chunks. The driver keeps as
+many chunks in flight as the cluster has CPUs (`_slots`), and sends the next one as soon as one
+comes back, before merging it: a backlog of queued tasks would make Ray start worker processes
+beyond its CPUs, each importing amapreduce on the CPUs the running chunks need.
 
 The merge. The driver merges the chunks' rows into one table in matrix order (rows by their task,
 mapped back to the full matrix; `Table.merge_row`, the rule of a local run's reduce) and adds their
