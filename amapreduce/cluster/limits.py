@@ -9,8 +9,8 @@ and `breaker.CircuitBreaker` a local run uses, and the run's spend; every worker
 through it.
 
 How a worker finds it: by plain data. A job carries `ClusterLimits` (the actor's name and
-namespace); the worker enters `cluster_limits(limits)`, which looks the actor up and installs it
-as the process's `llm.models.ProviderGates`, so every model built inside takes its tickets from
+namespace, and the run's budget); the worker enters `cluster_limits(limits)`, which looks the
+actor up and installs it as the process's `llm.models.ProviderGates`, so every model built inside takes its tickets from
 the cluster's window and asks the cluster's breaker, and builds its meter with `cluster_meter`,
 which adds each call's spend to the cluster's sum and checks the budget against that sum. Nothing
 outside `run.ray_*` modules knows Ray.
@@ -49,6 +49,7 @@ actor's: grant times (`ClusterLimiter.grants`) are comparable across machines. I
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
@@ -86,6 +87,8 @@ class ClusterLimits:
 
     name: str
     namespace: str = NAMESPACE
+    budget: Budget = dataclasses.field(default_factory=Budget)
+    """The run's budget, as the actor holds it (a worker's meter needs no round trip to learn it)."""
 
 
 class DriverStopped(BudgetExceeded):
@@ -276,9 +279,7 @@ def cluster_meter(limits: ClusterLimits | None, settings: Settings, *,
     local = new_meter(settings, prices_by_prefix=prices_by_prefix)
     if limits is None:
         return local
-    actor = _actor(limits)
-    return ClusterMeter(actor, _ray().get(actor.budget.remote()), local_budget=local.budget, prices=local.prices,
-                        tag=tag)
+    return ClusterMeter(_actor(limits), limits.budget, local_budget=local.budget, prices=local.prices, tag=tag)
 
 
 class AttemptSink:
@@ -341,7 +342,7 @@ class ClusterLimiter:
         """Start a limiter actor for one run (Ray must be initialised), charged with `spent` (what the
         driver had already spent, e.g. before a resume) against `budget`."""
         ray = _ray()
-        limits = ClusterLimits(name=f"limits-{uuid.uuid4().hex}")
+        limits = ClusterLimits(name=f"limits-{uuid.uuid4().hex}", budget=budget or Budget())
         remote = ray.remote(num_cpus=0, max_concurrency=MAX_CONCURRENCY, max_restarts=0)(LimiterActor)
         actor = remote.options(name=limits.name, namespace=limits.namespace).remote(
             budget or Budget(), spent.cost_usd if spent else 0.0, spent.total_tokens if spent else 0)
