@@ -25,14 +25,19 @@ let its retry go on from the batches already settled. `halt` tells every worker 
 manager) go on: a queued attempt starts, sees it and gives back nothing; a running one stops before its
 next call, as a spent budget stops it (`DriverStopped`), and returns what it found.
 
-Round trips. Each model call asks the actor as it ends (`LimiterActor.end`, waited for): its spend
-and usage, and what its gates deferred to it (`Deferred`: the window ticket's tokens, a closed
-breaker's answer), so the ledger holds every finished call's usage
-before the call returns. It asks as it begins (`begin`: the run's spend for the budget check, the
-halt, which breakers are not closed) when the run has a budget, or the thread has no answer yet;
-otherwise it takes what the actor said at the end of the thread's previous call. So a run with no
-budget and no provider rate makes one round trip per call, and two with a budget (with RPM/TPM,
-one more for the window's turn). The price of the second case: with no budget, a halt or a
+Round trips. Each model call tells the actor as it ends (`LimiterActor.end`): its spend and
+usage, and what its gates deferred to it (`Deferred`: the window ticket's tokens, a closed
+breaker's answer). The end is handed to Ray before the call returns (a worker killed in the
+next instant may lose the ends still on their way out, its calls of that instant). It is waited for when the run has a budget (the next call, anywhere in the
+cluster, is checked against a sum that holds it) or the call settles a window ticket; otherwise it
+is not, and no round trip is waited for on the call's path: the thread's next call takes the
+end's reply (the run's spend, the halt, which breakers are not closed), there by then, and a
+chunk or trial that returns waits for the ends still unanswered (`ClusterMeter.flush`), so its
+ledger and the run's sum hold every call before the driver reads them. A call asks as it begins
+(`begin`: the run's spend for the budget check, the halt, which breakers are not closed) when the
+run has a budget, or the thread has no answer yet. So a run with no budget and no provider rate
+waits for no round trip per call (its first call per thread: one), and one with a budget waits for
+two (with RPM/TPM, one more for the window's turn). The price of the first case: a halt or a
 breaker opened elsewhere reaches a thread at the end of its call in flight, so it may send one
 more request before it stops. A request whose breaker was not closed at the call's start, a
 retry, an outage and a probe's outcome ask the actor at once, as before. Worker processes look the
@@ -73,6 +78,9 @@ __all__ = ["MAX_CONCURRENCY", "NAMESPACE", "AttemptLedger", "AttemptSink", "Call
            "ClusterLimits", "ClusterMeter", "Deferred", "DriverStopped", "LimiterActor", "cluster_limits", "cluster_meter",
            "halted"]
 
+UNWAITED_KEPT = 256
+"""Ends sent without waiting that a meter keeps to wait for at its `flush` (older ones are waited
+for, answered long since, as more are sent)."""
 NAMESPACE = "amapreduce"
 """The Ray namespace of the limiter actors (a named actor is found by name within one namespace)."""
 
@@ -202,7 +210,11 @@ class ClusterMeter(UsageMeter):
         self._limited = budget.max_cost_usd is not None or budget.max_tokens is not None
         """Whether the run has a budget: then each call asks the actor for the run's spend as it begins."""
         self._seen = threading.local()
-        """Per thread: the `CallState` the actor gave at the end of the thread's last call."""
+        """Per thread: the `CallState` the actor gave at the end of the thread's last call, or the
+        reply to that end, sent without waiting (`record`)."""
+        self._unwaited: list[Any] = []
+        """The ends sent without waiting and not yet waited for (`flush`)."""
+        self._unwaited_lock = threading.Lock()
 
     def check(self) -> None:
         """Before a model call: the run's halt and budget, as the actor says at this call's `begin`,
@@ -210,8 +222,10 @@ class ClusterMeter(UsageMeter):
         (no round trip: see the module doc)."""
         previous = _open(self._actor)  # a call that never ended (it failed): what it deferred goes now
         later = previous.later if previous is not None else Deferred()
-        state: CallState | None = getattr(self._seen, "state", None)
+        state: Any = getattr(self._seen, "state", None)
         self._seen.state = None  # used once
+        if state is not None and not isinstance(state, CallState):  # the previous end's reply, there by now
+            state = _ray().get(state)
         if state is None or self._limited:
             state = _ray().get(self._actor.begin.remote(self.tag, later))
             later = Deferred()
@@ -223,15 +237,35 @@ class ClusterMeter(UsageMeter):
         check_budget(self.local_budget, own.cost_usd, own.total_tokens)
 
     def record(self, role: str, model_id: str, usage: Usage) -> Usage:
-        """A call's spend and what its gates deferred, in one actor call (`LimiterActor.end`),
-        waited for: the ledger holds the call's usage before the call returns."""
+        """A call's spend and what its gates deferred, in one actor call (`LimiterActor.end`), sent
+        before the call returns. Waited for when the run has a budget (the next call anywhere in the
+        cluster is checked against a sum that holds it) or the call settles a window ticket (the
+        window counts its tokens exactly); otherwise not: the thread's next `check` takes the reply,
+        there by then, and `flush` waits for the rest (see the module doc)."""
         priced = super().record(role, model_id, usage)
         call = _open(self._actor)
         _thread.call = None
         later = call.later if call is not None else Deferred()
-        self._seen.state = _ray().get(self._actor.end.remote(priced.cost_usd, priced.total_tokens, self.tag, role,
-                                                             priced if self.tag is not None else None, later))
+        reply = self._actor.end.remote(priced.cost_usd, priced.total_tokens, self.tag, role,
+                                       priced if self.tag is not None else None, later)
+        if self._limited or later.settled:
+            self._seen.state = _ray().get(reply)
+            return priced
+        self._seen.state = reply
+        with self._unwaited_lock:
+            self._unwaited.append(reply)
+            done = self._unwaited[:-UNWAITED_KEPT] if len(self._unwaited) > 2 * UNWAITED_KEPT else []
+            del self._unwaited[:len(done)]
+        if done:  # answered long ago: let Ray forget them
+            _ray().get(done)
         return priced
+
+    def flush(self) -> None:
+        """Wait until the actor holds every call's end (a chunk or trial that returns its usage)."""
+        with self._unwaited_lock:
+            sent, self._unwaited = self._unwaited, []
+        if sent:
+            _ray().get(sent)
 
 
 _ACTORS: dict[ClusterLimits, Any] = {}
@@ -292,7 +326,7 @@ class AttemptSink:
     measured no faster: see docs/scaling.md.) Each entry carries its number, so the ledger keeps
     journal order. An entry still on its way when the worker is killed is lost with it, and its
     batch is asked again by the retry (the calls it made are in the ledger: each call's end is
-    waited for); `flush` waits for all of them (a chunk that comes back)."""
+    sent before the call returns); `flush` waits for all of them (a chunk that comes back)."""
 
     def __init__(self, limits: ClusterLimits, tag: str) -> None:
         self._actor, self._tag = _actor(limits), tag

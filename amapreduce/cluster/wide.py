@@ -205,6 +205,8 @@ def run_chunk(job: ChunkJob) -> ChunkRun | None:
             except RunCancelled as exc:
                 result = exc.partial
             web = parts.web_usage()
+        if isinstance(meter, ClusterMeter):
+            meter.flush()
         if isinstance(kept, AttemptSink):
             kept.flush()  # the ledger is complete before the driver forgets it
     return ChunkRun(index=job.index, result=result, usage=meter.by_role(), events=trace.events, web=web,
