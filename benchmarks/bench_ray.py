@@ -12,7 +12,8 @@ offline, local and `--executor ray` (each trial one Ray task, `cluster.trials`).
 
 Per configuration it prints the subprocess's wall time (Ray's start included), the run's own wall
 time where `result.json` has it, the overhead per batch (run wall / batches, with the simulated
-model answering instantly this is all framework), the driver's peak RSS (the subprocess; Ray's
+model answering instantly this is all framework; below the table, each Ray mode's against the
+local run's of the same invocation, `per-batch overhead ray/local`), the driver's peak RSS (the subprocess; Ray's
 worker processes are not its children and are not counted), and whether the table (or the
 scores) equal the local run's.
 
@@ -395,6 +396,11 @@ def main() -> None:
     print("|" + "---|" * len(columns))
     for row in rows:
         print("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
+    local = next((r for r in rows if r["what"].startswith("wide") and r["mode"] == "local"), None)
+    for row in rows:  # measured side by side, in this invocation
+        if local is not None and row["what"] == local["what"] and row["mode"] != "local":
+            print(f"\nper-batch overhead {row['mode']}/local: "
+                  f"{row['ms_per_batch'] / max(local['ms_per_batch'], 1e-9):.2f}")
     if any(r["mode"].startswith("ray-actors") for r in rows):
         print("\nray-actors (prototype): a pool of threaded Ray actors defined inside this benchmark, NOT the product "
               "path (`--executor ray` runs chunks as Ray tasks, the `ray` rows); it writes no run folder or journal.")

@@ -387,7 +387,7 @@ def test_with_a_budget_each_call_asks_the_cluster_as_it_begins_and_none_starts_o
 
 
 def test_a_dead_workers_calls_are_all_in_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No call's usage waits in a worker: each call's end is waited for, so a worker that dies
+    """No call's usage waits in a worker: each call's end is sent before the call returns, so a worker that dies
     after any call has left that call's usage in its attempt's ledger (and in the run's spend);
     read after each call, the ledger adds up to the worker's own count, role by role."""
     from amapreduce.cluster.limits import ClusterMeter
@@ -423,3 +423,42 @@ def test_a_retry_is_admitted_by_the_cluster_breaker_after_the_answers_before_it(
     assert handle.calls == ["begin", "deliver", "admit"]
     breaker.record(False, "ConnectionError: refused")  # an outage failure is told at once
     assert handle.calls[-1] == "record" and handle.actor._breakers["127.0.0.1:9"]._failures == 1
+
+
+def test_with_no_budget_a_call_sends_its_end_without_waiting_and_flush_waits_for_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No budget, no provider rate: a call's end (its spend, usage and answers) is sent before the
+    call returns but not waited for; the thread's next call takes its reply, and `flush` (a chunk or
+    trial returning) waits for every end still unanswered. With a budget each end is waited for."""
+    from amapreduce.cluster import limits as ray_limits
+    from amapreduce.cluster.limits import CallState, ClusterMeter
+    from amapreduce.llm.meter import Budget
+
+    handle = _in_process(monkeypatch)
+    waited: list[Any] = []
+
+    class Recording:
+        @staticmethod
+        def get(value: Any) -> Any:
+            waited.append(value)
+            return value
+
+    monkeypatch.setattr(ray_limits, "_ray", lambda: Recording)
+    meter = ClusterMeter(handle, handle.actor.budget(), tag="r4.0.0")
+    model = _model(handle, meter)
+    for _ in range(3):
+        model.generate([])
+    assert handle.calls == ["begin", "end", "end", "end"]
+    assert len(waited) == 1 and isinstance(waited[0], CallState)  # the first call's begin only
+    meter.flush()
+    assert len(waited) == 2 and len(waited[1]) == 3  # the three ends, waited for at once
+    assert handle.actor.left("r4.0.0").usage == meter.by_role()
+
+    waited.clear()
+    budgeted = ClusterMeter(handle, Budget(max_tokens=10_000), tag="r4.1.0")
+    charged = _model(handle, budgeted)
+    for _ in range(2):
+        charged.generate([])
+    assert len(waited) == 4  # each call's begin and end
+    budgeted.flush()
+    assert len(waited) == 4  # nothing left unanswered

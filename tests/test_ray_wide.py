@@ -306,6 +306,9 @@ class _FakeRay:
     def is_initialized(self) -> bool:
         return True
 
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 8.0}
+
     def remote(self, **_: Any) -> Any:
         def wrap(target: Any) -> Any:
             ray = self
@@ -460,6 +463,61 @@ def test_a_chunk_whose_worker_died_runs_again_from_its_ledger_until_its_retries_
     finished = [e.chunk for e in journal.entries if isinstance(e, ChunkFinished)]
     assert sorted(finished) == [0, 2]
     assert [e.execution for e in journal.entries if isinstance(e, ExecutionStarted)] == [2]
+
+
+class _OneCpu(_Steady):
+    """The fake Ray of a one-CPU cluster, recording how many chunks were in flight at each `wait`."""
+
+    def __init__(self, finish: Any) -> None:
+        super().__init__(finish)
+        self.in_flight: list[int] = []
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 1.0}
+
+    def wait(self, refs: list[_Ref], num_returns: int = 1,
+             timeout: float | None = None) -> tuple[list[_Ref], list[_Ref]]:
+        self.in_flight.append(len(refs))
+        return super().wait(refs, num_returns, timeout)
+
+
+def test_the_driver_keeps_as_many_chunks_in_flight_as_the_cluster_has_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No backlog of queued chunk tasks (Ray would start worker processes for it): on one CPU, each
+    chunk is sent once the one before came back, and every chunk's rows reach the table."""
+    from amapreduce.cluster.wide import ChunkRun, run_wide
+    from amapreduce.decision.model import Decision
+    from amapreduce.llm.meter import UsageMeter
+    from amapreduce.llm.usage import Usage
+    from amapreduce.mapreduce.batching import plan_batches
+    from amapreduce.mapreduce.result import MapReduceResult, RunEnding, RunStatus, RunSummary
+    from amapreduce.settings import load_settings
+    from amapreduce.table.table import Table
+    from amapreduce.trace import NullTrace
+
+    decision = Decision.parse({"task_matrix": [[f"item{i}"] for i in range(6)], "template": "code of __0__",
+                               "json_schema": ["item", "code"], "batch_strategy": {"type": "per_atom"}})
+
+    def finish(job: Any) -> ChunkRun:
+        sub = Decision.parse(job.decision)
+        table = Table(sub.columns, sub.resolved_key_columns)
+        for k, (item,) in enumerate(sub.task_matrix):
+            table.upsert({"item": item, "code": item.upper()}, task_index=k)
+        result = MapReduceResult(table=table, summary=RunSummary.of(table, sub, [], rounds=0, batches=2, timings={}),
+                                 plan=job.plan, attempts=(), ending=RunEnding(RunStatus.COMPLETE))
+        return ChunkRun(index=job.index, result=result, usage={"subagent": Usage(requests=2, input_tokens=10)},
+                        events=[], web={})
+
+    fake = _OneCpu(finish)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    settings = load_settings({}, max_batches=2, model="sim-model")
+    meter = UsageMeter()
+    wide = run_wide(decision, plan_batches(decision, max_batches=None), settings, meter=meter, trace=NullTrace(),
+                    role_models={"subagent": "sim-model"})
+    assert fake.in_flight == [1, 1, 1]  # three chunks, one at a time
+    assert [job.job.index for job in fake.submitted] == [0, 1, 2]
+    assert wide.chunks == 3 and wide.finished == 3 and wide.result.ending.status is RunStatus.COMPLETE
+    assert [r.task_index for r in wide.result.table.rows] == list(range(6))
+    assert meter.total().requests == 6
 
 
 class _Sink:

@@ -9,8 +9,8 @@ and `breaker.CircuitBreaker` a local run uses, and the run's spend; every worker
 through it.
 
 How a worker finds it: by plain data. A job carries `ClusterLimits` (the actor's name and
-namespace); the worker enters `cluster_limits(limits)`, which looks the actor up and installs it
-as the process's `llm.models.ProviderGates`, so every model built inside takes its tickets from
+namespace, and the run's budget); the worker enters `cluster_limits(limits)`, which looks the
+actor up and installs it as the process's `llm.models.ProviderGates`, so every model built inside takes its tickets from
 the cluster's window and asks the cluster's breaker, and builds its meter with `cluster_meter`,
 which adds each call's spend to the cluster's sum and checks the budget against that sum. Nothing
 outside `run.ray_*` modules knows Ray.
@@ -25,14 +25,19 @@ let its retry go on from the batches already settled. `halt` tells every worker 
 manager) go on: a queued attempt starts, sees it and gives back nothing; a running one stops before its
 next call, as a spent budget stops it (`DriverStopped`), and returns what it found.
 
-Round trips. Each model call asks the actor as it ends (`LimiterActor.end`, waited for): its spend
-and usage, and what its gates deferred to it (`Deferred`: the window ticket's tokens, a closed
-breaker's answer), so the ledger holds every finished call's usage
-before the call returns. It asks as it begins (`begin`: the run's spend for the budget check, the
-halt, which breakers are not closed) when the run has a budget, or the thread has no answer yet;
-otherwise it takes what the actor said at the end of the thread's previous call. So a run with no
-budget and no provider rate makes one round trip per call, and two with a budget (with RPM/TPM,
-one more for the window's turn). The price of the second case: with no budget, a halt or a
+Round trips. Each model call tells the actor as it ends (`LimiterActor.end`): its spend and
+usage, and what its gates deferred to it (`Deferred`: the window ticket's tokens, a closed
+breaker's answer). The end is handed to Ray before the call returns (a worker killed in the
+next instant may lose the ends still on their way out, its calls of that instant). It is waited for when the run has a budget (the next call, anywhere in the
+cluster, is checked against a sum that holds it) or the call settles a window ticket; otherwise it
+is not, and no round trip is waited for on the call's path: the thread's next call takes the
+end's reply (the run's spend, the halt, which breakers are not closed), there by then, and a
+chunk or trial that returns waits for the ends still unanswered (`ClusterMeter.flush`), so its
+ledger and the run's sum hold every call before the driver reads them. A call asks as it begins
+(`begin`: the run's spend for the budget check, the halt, which breakers are not closed) when the
+run has a budget, or the thread has no answer yet. So a run with no budget and no provider rate
+waits for no round trip per call (its first call per thread: one), and one with a budget waits for
+two (with RPM/TPM, one more for the window's turn). The price of the first case: a halt or a
 breaker opened elsewhere reaches a thread at the end of its call in flight, so it may send one
 more request before it stops. A request whose breaker was not closed at the call's start, a
 retry, an outage and a probe's outcome ask the actor at once, as before. Worker processes look the
@@ -42,7 +47,8 @@ The actor is threaded (`max_concurrency`): a caller waiting for its turn in the 
 the breaker's probe, holds one of the actor's threads, as a thread of a local run would wait in
 its process. An open breaker's error is built in the caller (`breaker.provider_unavailable`)
 from the outage the actor reports, so no exception crosses the process boundary. Its clock is the
-actor's: grant times (`ClusterLimiter.grants`) are comparable across machines.
+actor's: grant times (`ClusterLimiter.grants`) are comparable across machines. Its class lives in
+`cluster.actor`, which its process imports without the model layer this module needs.
 """
 
 from __future__ import annotations
@@ -55,25 +61,28 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from amapreduce.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Outage, provider_unavailable
+from amapreduce.breaker import BreakerPolicy, provider_unavailable
+from amapreduce.cluster.actor import MAX_CONCURRENCY, AttemptLedger, CallState, Deferred, LimiterActor
 from amapreduce.cluster.ray import require_ray
 from amapreduce.errors import BudgetExceeded, ConfigError
 from amapreduce.llm.meter import Budget, Price, UsageMeter, check_budget
 from amapreduce.llm.models import BreakerGate, use_provider_gates
 from amapreduce.llm.usage import Usage
-from amapreduce.ratelimit import WindowGate, WindowLimiter, WindowPolicy
+from amapreduce.ratelimit import WindowGate, WindowPolicy
 
 if TYPE_CHECKING:
     from amapreduce.journal import JournalEntry
     from amapreduce.settings import Settings
 
-__all__ = ["NAMESPACE", "AttemptLedger", "AttemptSink", "ClusterGates", "ClusterLimiter", "ClusterLimits", "ClusterMeter",
-           "DriverStopped", "cluster_limits", "cluster_meter", "halted"]
+__all__ = ["MAX_CONCURRENCY", "NAMESPACE", "AttemptLedger", "AttemptSink", "CallState", "ClusterGates", "ClusterLimiter",
+           "ClusterLimits", "ClusterMeter", "Deferred", "DriverStopped", "LimiterActor", "cluster_limits", "cluster_meter",
+           "halted"]
 
+UNWAITED_KEPT = 256
+"""Ends sent without waiting that a meter keeps to wait for at its `flush` (older ones are waited
+for, answered long since, as more are sent)."""
 NAMESPACE = "amapreduce"
 """The Ray namespace of the limiter actors (a named actor is found by name within one namespace)."""
-MAX_CONCURRENCY = 1000
-"""Callers the actor serves at once: every model call of the cluster in flight, waiting ones included."""
 
 
 def _ray() -> Any:
@@ -86,230 +95,13 @@ class ClusterLimits:
 
     name: str
     namespace: str = NAMESPACE
+    budget: Budget = dataclasses.field(default_factory=Budget)
+    """The run's budget, as the actor holds it (a worker's meter needs no round trip to learn it)."""
 
 
 class DriverStopped(BudgetExceeded):
     """The run's driver stopped the cluster (another chunk's stop, Ctrl-C): a worker's next call
     is refused as a spent budget's is, so its engine stops cleanly and returns its rows."""
-
-
-@dataclass(frozen=True)
-class AttemptLedger:
-    """What one attempt (`tag`) left in the actor: its calls' usage by role, the entries it settled."""
-
-    usage: dict[str, Usage]
-    entries: list[JournalEntry]
-
-
-@dataclass(frozen=True)
-class CallState:
-    """Where the run stands, as the actor answers a call's `begin` and `end`."""
-
-    cost_usd: float
-    tokens: int
-    halted: str | None
-    """Why the driver halted the caller's run (None: it goes on)."""
-    down: frozenset[str]
-    """The providers whose breaker is not closed (a caller must ask the actor to be admitted)."""
-
-
-@dataclass
-class Deferred:
-    """What a worker's gates left for the end of their model call, none of which a caller waits on:
-    a window ticket's tokens (`settle`), a request that was answered (a closed breaker's
-    `record(False, None)`)."""
-
-    settled: list[tuple[str, WindowPolicy, int, int]] = dataclasses.field(default_factory=list)
-    answered: list[tuple[str, BreakerPolicy]] = dataclasses.field(default_factory=list)
-
-
-class _Refused(Exception):
-    """Raised inside the actor by an open breaker; carries the outage back as plain data."""
-
-    def __init__(self, outage: Outage) -> None:
-        super().__init__(outage.key)
-        self.outage = outage
-
-
-def _refuse(outage: Outage) -> Exception:
-    return _Refused(outage)
-
-
-class LimiterActor:
-    """The actor's class (made remote by `ClusterLimiter.start`): per-provider windows and breakers
-    of this package, the run's spend, and the log of grants."""
-
-    def __init__(self, budget: Budget, spent_usd: float, spent_tokens: int) -> None:
-        self._budget = budget
-        self._lock = threading.Lock()
-        self._windows: dict[str, WindowLimiter] = {}
-        self._breakers: dict[str, CircuitBreaker] = {}
-        self._tickets: dict[int, list[float]] = {}
-        self._next_ticket = 0
-        self._grants: list[tuple[str, float]] = []
-        self._spent = [spent_usd, float(spent_tokens)]
-        self._usage: dict[str, dict[str, Usage]] = {}
-        self._entries: dict[str, list[tuple[int, JournalEntry]]] = {}
-        self._halted: dict[str, str] = {}
-        """Why each halted wide run (by the first part of its attempts' tags) stopped."""
-
-    def _window(self, key: str, policy: WindowPolicy) -> WindowLimiter:
-        with self._lock:
-            window = self._windows.setdefault(key, WindowLimiter(policy))
-        if window.policy != policy:
-            raise ConfigError(f"rate limit of {key!r} is already {window.policy}, got {policy}: give every worker "
-                              "of the cluster the same AMAPREDUCE_MODEL_RPM and AMAPREDUCE_MODEL_TPM.", key=key)
-        return window
-
-    def acquire(self, key: str, policy: WindowPolicy, tokens: int, skip_deferral: bool = False) -> tuple[int, float]:
-        """Wait for a turn in `key`'s window; (ticket number, grant time on the actor's clock).
-        `skip_deferral` as in `WindowLimiter.acquire`."""
-        window = self._window(key, policy)
-        ticket = window.acquire(tokens, skip_deferral=skip_deferral)
-        with self._lock:
-            number, self._next_ticket = self._next_ticket, self._next_ticket + 1
-            self._tickets[number] = ticket
-            self._grants.append((key, ticket[0]))
-            horizon = ticket[0] - policy.window_s
-            if len(self._tickets) > 4 * MAX_CONCURRENCY:  # failed calls never settle: forget the expired
-                self._tickets = {n: t for n, t in self._tickets.items() if t[0] > horizon}
-        return number, ticket[0]
-
-    def settle(self, key: str, policy: WindowPolicy, number: int, tokens: int) -> None:
-        """The call of ticket `number` used `tokens` tokens."""
-        self._settle(key, policy, number, tokens)
-
-    def _settle(self, key: str, policy: WindowPolicy, number: int, tokens: int) -> None:
-        with self._lock:
-            ticket = self._tickets.pop(number, None)
-        if ticket is not None:
-            self._window(key, policy).settle(ticket, tokens)
-
-    def defer(self, key: str, policy: WindowPolicy, seconds: float) -> None:
-        """The provider asked for `seconds` of quiet (`Retry-After`): every worker waits."""
-        self._window(key, policy).defer(seconds)
-
-    def _breaker(self, key: str, policy: BreakerPolicy) -> CircuitBreaker:
-        with self._lock:
-            breaker = self._breakers.setdefault(key, CircuitBreaker(key, policy, unavailable=_refuse))
-        if breaker.policy != policy:
-            raise ConfigError(f"circuit breaker of {key!r} is already {breaker.policy}, got {policy}: give every "
-                              "worker of the cluster the same AMAPREDUCE_BREAKER_* settings.", key=key)
-        return breaker
-
-    def admit(self, key: str, policy: BreakerPolicy) -> tuple[bool, Outage | None]:
-        """(probe, None) once a request may go out; (False, the outage) when the provider is down."""
-        try:
-            return self._breaker(key, policy).admit(), None
-        except _Refused as refused:
-            return False, refused.outage
-
-    def record(self, key: str, policy: BreakerPolicy, probe: bool, outage: str | None) -> None:
-        """A request's outcome (see `CircuitBreaker.record`)."""
-        self._breaker(key, policy).record(probe, outage)
-
-    def release(self, key: str, policy: BreakerPolicy, probe: bool) -> None:
-        """A request ended without an outcome (see `CircuitBreaker.release`)."""
-        self._breaker(key, policy).release(probe)
-
-    def begin(self, tag: str | None, later: Deferred) -> CallState:
-        """A model call starts: apply what the caller deferred (`Deferred`) and say where the run
-        stands (`CallState`): one round trip for the budget check, the halt and the breaker."""
-        self._apply(tag, later)
-        return self._state(tag)
-
-    def end(self, cost_usd: float, tokens: int, tag: str | None, role: str | None, usage: Usage | None,
-            later: Deferred) -> CallState:
-        """A model call ended: its spend (`spend`) and what its gates deferred, in one round trip;
-        the `CallState` after them."""
-        self._apply(tag, later)
-        self._spend(cost_usd, tokens, tag, role, usage)
-        return self._state(tag)
-
-    def deliver(self, tag: str | None, later: Deferred) -> None:
-        """What a caller deferred, ahead of its call's end (a retry's admission)."""
-        self._apply(tag, later)
-
-    def _apply(self, tag: str | None, later: Deferred) -> None:
-        for key, window, number, tokens in later.settled:
-            self._settle(key, window, number, tokens)
-        for key, policy in later.answered:
-            self._breaker(key, policy).record(False, None)
-
-    def _state(self, tag: str | None) -> CallState:
-        with self._lock:
-            breakers = list(self._breakers.items())
-            cost, tokens, why = self._spent[0], int(self._spent[1]), self._why(tag)
-        down = frozenset(key for key, breaker in breakers if breaker.state is not BreakerState.CLOSED)
-        return CallState(cost_usd=cost, tokens=tokens, halted=why, down=down)
-
-    def spend(self, cost_usd: float, tokens: int, tag: str | None = None, role: str | None = None,
-              usage: Usage | None = None) -> tuple[float, int]:
-        """Add one call's spend (and, with a `tag`, its usage to that attempt's ledger); return the
-        run's (dollars, tokens) so far."""
-        return self._spend(cost_usd, tokens, tag, role, usage)
-
-    def _spend(self, cost_usd: float, tokens: int, tag: str | None, role: str | None,
-               usage: Usage | None) -> tuple[float, int]:
-        with self._lock:
-            self._spent[0] += cost_usd
-            self._spent[1] += tokens
-            if tag is not None and role is not None and usage is not None:
-                mine = self._usage.setdefault(tag, {})
-                mine[role] = mine.get(role, Usage()) + usage
-            return self._spent[0], int(self._spent[1])
-
-    def spent(self) -> tuple[float, int]:
-        """The run's (dollars, tokens) so far, every worker's and what the driver had spent before."""
-        with self._lock:
-            return self._spent[0], int(self._spent[1])
-
-    def state(self, tag: str | None = None) -> tuple[float, int, str | None]:
-        """The run's (dollars, tokens) so far, and why the driver halted attempt `tag`'s run (None:
-        it goes on)."""
-        with self._lock:
-            return self._spent[0], int(self._spent[1]), self._why(tag)
-
-    def _why(self, tag: str | None) -> str | None:
-        return None if tag is None else self._halted.get(tag.split(".", 1)[0])
-
-    def keep(self, tag: str, number: int, entry: JournalEntry) -> None:
-        """Entry `number` (0, 1, ... in journal order) that attempt `tag`'s engine journaled (its
-        execution, a settled batch attempt); calls may arrive out of order."""
-        with self._lock:
-            self._entries.setdefault(tag, []).append((number, entry))
-
-    def left(self, tag: str) -> AttemptLedger:
-        """What attempt `tag` left: its calls' usage and its entries in journal order (forgotten
-        here once read)."""
-        with self._lock:
-            entries = [entry for _, entry in sorted(self._entries.pop(tag, []), key=lambda kept: kept[0])]
-            return AttemptLedger(usage=self._usage.pop(tag, {}), entries=entries)
-
-    def forget(self, tag: str) -> None:
-        """Attempt `tag` came back with its own record: drop the actor's copy."""
-        with self._lock:
-            self._usage.pop(tag, None)
-            self._entries.pop(tag, None)
-
-    def halt(self, run: str, reason: str) -> None:
-        """Wide run `run` stops: every later `state` of its attempts says why (see the module doc)."""
-        with self._lock:
-            self._halted.setdefault(run, reason)
-
-    def halted(self, tag: str) -> str | None:
-        """Why attempt `tag`'s run was halted (None: it goes on)."""
-        with self._lock:
-            return self._why(tag)
-
-    def budget(self) -> Budget:
-        """The run's budget."""
-        return self._budget
-
-    def grants(self) -> list[tuple[str, float]]:
-        """Every (provider, grant time) the windows gave, in grant order."""
-        with self._lock:
-            return list(self._grants)
 
 
 class _RemoteWindow:
@@ -418,7 +210,11 @@ class ClusterMeter(UsageMeter):
         self._limited = budget.max_cost_usd is not None or budget.max_tokens is not None
         """Whether the run has a budget: then each call asks the actor for the run's spend as it begins."""
         self._seen = threading.local()
-        """Per thread: the `CallState` the actor gave at the end of the thread's last call."""
+        """Per thread: the `CallState` the actor gave at the end of the thread's last call, or the
+        reply to that end, sent without waiting (`record`)."""
+        self._unwaited: list[Any] = []
+        """The ends sent without waiting and not yet waited for (`flush`)."""
+        self._unwaited_lock = threading.Lock()
 
     def check(self) -> None:
         """Before a model call: the run's halt and budget, as the actor says at this call's `begin`,
@@ -426,8 +222,10 @@ class ClusterMeter(UsageMeter):
         (no round trip: see the module doc)."""
         previous = _open(self._actor)  # a call that never ended (it failed): what it deferred goes now
         later = previous.later if previous is not None else Deferred()
-        state: CallState | None = getattr(self._seen, "state", None)
+        state: Any = getattr(self._seen, "state", None)
         self._seen.state = None  # used once
+        if state is not None and not isinstance(state, CallState):  # the previous end's reply, there by now
+            state = _ray().get(state)
         if state is None or self._limited:
             state = _ray().get(self._actor.begin.remote(self.tag, later))
             later = Deferred()
@@ -439,15 +237,35 @@ class ClusterMeter(UsageMeter):
         check_budget(self.local_budget, own.cost_usd, own.total_tokens)
 
     def record(self, role: str, model_id: str, usage: Usage) -> Usage:
-        """A call's spend and what its gates deferred, in one actor call (`LimiterActor.end`),
-        waited for: the ledger holds the call's usage before the call returns."""
+        """A call's spend and what its gates deferred, in one actor call (`LimiterActor.end`), sent
+        before the call returns. Waited for when the run has a budget (the next call anywhere in the
+        cluster is checked against a sum that holds it) or the call settles a window ticket (the
+        window counts its tokens exactly); otherwise not: the thread's next `check` takes the reply,
+        there by then, and `flush` waits for the rest (see the module doc)."""
         priced = super().record(role, model_id, usage)
         call = _open(self._actor)
         _thread.call = None
         later = call.later if call is not None else Deferred()
-        self._seen.state = _ray().get(self._actor.end.remote(priced.cost_usd, priced.total_tokens, self.tag, role,
-                                                             priced if self.tag is not None else None, later))
+        reply = self._actor.end.remote(priced.cost_usd, priced.total_tokens, self.tag, role,
+                                       priced if self.tag is not None else None, later)
+        if self._limited or later.settled:
+            self._seen.state = _ray().get(reply)
+            return priced
+        self._seen.state = reply
+        with self._unwaited_lock:
+            self._unwaited.append(reply)
+            done = self._unwaited[:-UNWAITED_KEPT] if len(self._unwaited) > 2 * UNWAITED_KEPT else []
+            del self._unwaited[:len(done)]
+        if done:  # answered long ago: let Ray forget them
+            _ray().get(done)
         return priced
+
+    def flush(self) -> None:
+        """Wait until the actor holds every call's end (a chunk or trial that returns its usage)."""
+        with self._unwaited_lock:
+            sent, self._unwaited = self._unwaited, []
+        if sent:
+            _ray().get(sent)
 
 
 _ACTORS: dict[ClusterLimits, Any] = {}
@@ -495,9 +313,7 @@ def cluster_meter(limits: ClusterLimits | None, settings: Settings, *,
     local = new_meter(settings, prices_by_prefix=prices_by_prefix)
     if limits is None:
         return local
-    actor = _actor(limits)
-    return ClusterMeter(actor, _ray().get(actor.budget.remote()), local_budget=local.budget, prices=local.prices,
-                        tag=tag)
+    return ClusterMeter(_actor(limits), limits.budget, local_budget=local.budget, prices=local.prices, tag=tag)
 
 
 class AttemptSink:
@@ -510,7 +326,7 @@ class AttemptSink:
     measured no faster: see docs/scaling.md.) Each entry carries its number, so the ledger keeps
     journal order. An entry still on its way when the worker is killed is lost with it, and its
     batch is asked again by the retry (the calls it made are in the ledger: each call's end is
-    waited for); `flush` waits for all of them (a chunk that comes back)."""
+    sent before the call returns); `flush` waits for all of them (a chunk that comes back)."""
 
     def __init__(self, limits: ClusterLimits, tag: str) -> None:
         self._actor, self._tag = _actor(limits), tag
@@ -560,11 +376,13 @@ class ClusterLimiter:
         """Start a limiter actor for one run (Ray must be initialised), charged with `spent` (what the
         driver had already spent, e.g. before a resume) against `budget`."""
         ray = _ray()
-        limits = ClusterLimits(name=f"limits-{uuid.uuid4().hex}")
+        limits = ClusterLimits(name=f"limits-{uuid.uuid4().hex}", budget=budget or Budget())
         remote = ray.remote(num_cpus=0, max_concurrency=MAX_CONCURRENCY, max_restarts=0)(LimiterActor)
         actor = remote.options(name=limits.name, namespace=limits.namespace).remote(
             budget or Budget(), spent.cost_usd if spent else 0.0, spent.total_tokens if spent else 0)
-        ray.get(actor.spent.remote())  # started and reachable before any worker looks it up
+        # not waited for: a named actor's name is registered as it is created, so a worker's look-up
+        # finds it at once and its first call waits for the actor's start, which overlaps the
+        # chunks' own (their worker processes start and import meanwhile)
         return cls(_known(limits, actor), limits)
 
     def spent(self) -> tuple[float, int]:

@@ -76,10 +76,13 @@ def _cluster(job: TrialJob, prices: Mapping[str, Price] | None) -> Iterator[Usag
     if job.limits is None:
         yield None
         return
-    from amapreduce.cluster.limits import cluster_limits, cluster_meter  # Ray's side: only where it runs
+    from amapreduce.cluster.limits import ClusterMeter, cluster_limits, cluster_meter  # only where it runs
 
     with cluster_limits(job.limits):
-        yield cluster_meter(job.limits, job.settings, prices_by_prefix=prices)
+        meter = cluster_meter(job.limits, job.settings, prices_by_prefix=prices)
+        yield meter
+        if isinstance(meter, ClusterMeter):
+            meter.flush()  # every call's spend is in the cluster's sum before the trial returns
 
 
 def _detached(job: TrialJob, image: bytes | None, simulated: SimulatedModels | None,

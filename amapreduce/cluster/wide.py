@@ -10,7 +10,10 @@ chunk is one Ray task (`run_chunk`: one CPU, never retried by Ray itself, since 
 threaded engine on plain data: the settings, the sub-decision as JSON, its plan. A chunk holds
 `chunk_batches(settings)` batches: the batch cap when one is set (`--max-batches`; a plan over the
 cap, refused locally, is split instead), else `CHUNK_BATCHES_PER_WORKER` per sub-agent thread, so
-each task keeps its threads busy while the cluster shares out the chunks.
+each task keeps its threads busy while the cluster shares out the chunks. The driver keeps as
+many chunks in flight as the cluster has CPUs (`_slots`), and sends the next one as soon as one
+comes back, before merging it: a backlog of queued tasks would make Ray start worker processes
+beyond its CPUs, each importing amapreduce on the CPUs the running chunks need.
 
 The merge. The driver merges the chunks' rows into one table in matrix order (rows by their task,
 mapped back to the full matrix; `Table.merge_row`, the rule of a local run's reduce) and adds their
@@ -56,7 +59,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -202,6 +205,8 @@ def run_chunk(job: ChunkJob) -> ChunkRun | None:
             except RunCancelled as exc:
                 result = exc.partial
             web = parts.web_usage()
+        if isinstance(meter, ClusterMeter):
+            meter.flush()
         if isinstance(kept, AttemptSink):
             kept.flush()  # the ledger is complete before the driver forgets it
     return ChunkRun(index=job.index, result=result, usage=meter.by_role(), events=trace.events, web=web,
@@ -285,6 +290,19 @@ def run_wide(
     return WideRun(result=result, web=web, chunks=len(jobs_data), finished=len(done))
 
 
+def _slots(ray: Any) -> int:
+    """How many chunks the driver keeps in flight: the cluster's CPUs, read again as each chunk
+    comes back (a node that joins gets work at once).
+
+    Why not all at once: a backlog of queued chunk tasks makes Ray start worker processes for it,
+    beyond its CPUs, and stop the idle ones again; each start imports Ray and amapreduce (about 1 s
+    of CPU) on the very CPUs the running chunks need, and a new worker builds its engine's parts
+    afresh. Measured with `benchmarks/bench_ray.py` (1,000 rows, 32 chunks, 2 CPUs): 5-6 worker
+    processes started per run, and the run took 15-30 % longer than with only the CPUs' worth in
+    flight (two workers, each running one chunk after another)."""
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
 class _Chunks:
     """The driver's side of one wide run: the chunks' jobs, attempts, retries and what came back."""
 
@@ -326,16 +344,22 @@ class _Chunks:
         end (see the module doc)."""
         task = ray.remote(num_cpus=1, max_retries=0)(run_chunk)
         pending: dict[Any, tuple[int, str]] = {}
+        queued = list(todo)
 
         def submit(k: int) -> None:
             job = self.job(k, limiter.limits)
             pending[task.remote(job)] = (k, job.tag or "")
 
+        def fill() -> None:  # as many chunks in flight as the cluster has CPUs now (see `_slots`)
+            slots = _slots(ray)
+            while queued and len(pending) < slots and self.stop is None:
+                submit(queued.pop(0))
+
         try:
-            for k in todo:
-                submit(k)
+            fill()
             while pending and self.stop is None:
-                self._take(ray, limiter, pending, submit, ray.wait(list(pending), num_returns=1)[0])
+                self._take(ray, limiter, pending, submit, ray.wait(list(pending), num_returns=1)[0], refill=fill)
+                fill()
             if pending:
                 limiter.halt(self._run_id, self.stop.reason or self.stop.label if self.stop is not None else "stopped")
                 self._drain(ray, limiter, pending, submit, STOP_GRACE_S)
@@ -361,7 +385,9 @@ class _Chunks:
             self._take(ray, limiter, pending, submit, ready)
 
     def _take(self, ray: Any, limiter: ClusterLimiter, pending: dict[Any, tuple[int, str]], submit: Any,
-              ready: list[Any]) -> None:
+              ready: list[Any], refill: Callable[[], None] | None = None) -> None:
+        """Take back the chunks of `ready`; `refill` sends the next ones as soon as a chunk that ran to
+        its end is in, before it is merged and journaled (its worker does not wait for that)."""
         for ref in ready:
             k, tag = pending.pop(ref)
             try:
@@ -369,10 +395,11 @@ class _Chunks:
             except ray.exceptions.RayError as exc:
                 self._failed(limiter, k, tag, exc, submit)
                 continue
-            if chunk is None:  # halted before it started
-                limiter.forget(tag)
-                continue
             limiter.forget(tag)
+            if chunk is None:  # halted before it started
+                continue
+            if refill is not None and not chunk.result.ending.status.ended_early:
+                refill()
             self._came_back(chunk)
 
     def _came_back(self, chunk: ChunkRun) -> None:
