@@ -290,6 +290,24 @@ class _Ref:
         self.value, self.job = value, job
 
 
+def _every_code_found(job: Any) -> Any:
+    """What a chunk's engine would return (a `ChunkRun`): every row's code found."""
+    from amapreduce.cluster.wide import ChunkRun
+    from amapreduce.decision.model import Decision
+    from amapreduce.llm.usage import Usage
+    from amapreduce.mapreduce.result import MapReduceResult, RunEnding, RunStatus, RunSummary
+    from amapreduce.table.table import Table
+
+    sub = Decision.parse(job.decision)
+    table = Table(sub.columns, sub.resolved_key_columns)
+    for k, (item,) in enumerate(sub.task_matrix):
+        table.upsert({"item": item, "code": item.upper()}, task_index=k)
+    result = MapReduceResult(table=table, summary=RunSummary.of(table, sub, [], rounds=0, batches=2, timings={}),
+                             plan=job.plan, attempts=(), ending=RunEnding(RunStatus.COMPLETE))
+    return ChunkRun(index=job.index, result=result, usage={"subagent": Usage(requests=2, input_tokens=10)},
+                    events=[], web={})
+
+
 class _FakeRay:
     """Just enough of `ray` for `run_wide`'s driver loop, with no process and no clock: the first
     `wait` gives chunk 0's result, the second is a Ctrl-C."""
@@ -356,30 +374,18 @@ class _FakeRay:
 
 def test_ctrl_c_cancels_the_chunks_not_finished_and_keeps_the_rows_of_those_that_were(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from amapreduce.cluster.wide import ChunkRun, run_wide
+    from amapreduce.cluster.wide import run_wide
     from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
-    from amapreduce.llm.usage import Usage
     from amapreduce.mapreduce.batching import plan_batches
-    from amapreduce.mapreduce.result import MapReduceResult, RunEnding, RunStatus, RunSummary
+    from amapreduce.mapreduce.result import RunStatus
     from amapreduce.settings import load_settings
-    from amapreduce.table.table import Table
     from amapreduce.trace import NullTrace
 
     decision = Decision.parse({"task_matrix": [[f"item{i}"] for i in range(6)], "template": "code of __0__",
                                "json_schema": ["item", "code"], "batch_strategy": {"type": "per_atom"}})
 
-    def finish(job: Any) -> ChunkRun:  # what a chunk's engine would return: every row's code found
-        sub = Decision.parse(job.decision)
-        table = Table(sub.columns, sub.resolved_key_columns)
-        for k, (item,) in enumerate(sub.task_matrix):
-            table.upsert({"item": item, "code": item.upper()}, task_index=k)
-        result = MapReduceResult(table=table, summary=RunSummary.of(table, sub, [], rounds=0, batches=2, timings={}),
-                                 plan=job.plan, attempts=(), ending=RunEnding(RunStatus.COMPLETE))
-        return ChunkRun(index=job.index, result=result, usage={"subagent": Usage(requests=2, input_tokens=10)},
-                        events=[], web={})
-
-    fake = _FakeRay(finish)
+    fake = _FakeRay(_every_code_found)
     monkeypatch.setitem(sys.modules, "ray", fake)
     settings = load_settings({}, max_batches=2, model="sim-model")
     meter = UsageMeter()
@@ -484,30 +490,18 @@ class _OneCpu(_Steady):
 def test_the_driver_keeps_as_many_chunks_in_flight_as_the_cluster_has_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """No backlog of queued chunk tasks (Ray would start worker processes for it): on one CPU, each
     chunk is sent once the one before came back, and every chunk's rows reach the table."""
-    from amapreduce.cluster.wide import ChunkRun, run_wide
+    from amapreduce.cluster.wide import run_wide
     from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
-    from amapreduce.llm.usage import Usage
     from amapreduce.mapreduce.batching import plan_batches
-    from amapreduce.mapreduce.result import MapReduceResult, RunEnding, RunStatus, RunSummary
+    from amapreduce.mapreduce.result import RunStatus
     from amapreduce.settings import load_settings
-    from amapreduce.table.table import Table
     from amapreduce.trace import NullTrace
 
     decision = Decision.parse({"task_matrix": [[f"item{i}"] for i in range(6)], "template": "code of __0__",
                                "json_schema": ["item", "code"], "batch_strategy": {"type": "per_atom"}})
 
-    def finish(job: Any) -> ChunkRun:
-        sub = Decision.parse(job.decision)
-        table = Table(sub.columns, sub.resolved_key_columns)
-        for k, (item,) in enumerate(sub.task_matrix):
-            table.upsert({"item": item, "code": item.upper()}, task_index=k)
-        result = MapReduceResult(table=table, summary=RunSummary.of(table, sub, [], rounds=0, batches=2, timings={}),
-                                 plan=job.plan, attempts=(), ending=RunEnding(RunStatus.COMPLETE))
-        return ChunkRun(index=job.index, result=result, usage={"subagent": Usage(requests=2, input_tokens=10)},
-                        events=[], web={})
-
-    fake = _OneCpu(finish)
+    fake = _OneCpu(_every_code_found)
     monkeypatch.setitem(sys.modules, "ray", fake)
     settings = load_settings({}, max_batches=2, model="sim-model")
     meter = UsageMeter()
