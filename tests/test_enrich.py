@@ -7,6 +7,7 @@ sandbox's simulated model through the real search and crawl tools over the sandb
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -189,6 +190,31 @@ def test_the_python_api_enriches_a_dataframe_and_reads_jsonl(tmp_path: Path, env
     assert from_file.attrs["status"] == "complete"
     with pytest.raises(UserError, match="duplicate key"):
         amapreduce.enrich(pd.concat([frame, frame]), columns=["Code"], key="Item", model="sim-model")
+
+
+def test_enrich_async_runs_in_a_running_event_loop(tmp_path: Path, env: Path) -> None:
+    frame = pd.DataFrame({"Item": [f"item{i:03d}" for i in (2, 7)]})
+
+    async def main_loop() -> pd.DataFrame:
+        ticks = 0
+
+        async def tick() -> None:  # the loop keeps running while the run works in its thread
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(tick())
+        try:
+            return await amapreduce.enrich_async(frame, columns=["Code"], model="sim-model", api_base=srv.base_url,
+                                                 runs_dir=tmp_path / "async-runs", memory=False)
+        finally:
+            ticker.cancel()
+            assert ticks > 1
+
+    with OpenAICompatibleServer(FunctionModel(ItemAgents(), model_id="sim-model")) as srv, allow_model_requests():
+        got = asyncio.run(main_loop())
+    assert got["Code"].tolist() == ["ITEM002", "ITEM007"] and got.attrs["status"] == "complete"
 
 
 def test_a_request_survives_its_run_directory_file() -> None:
