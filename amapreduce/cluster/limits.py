@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_CONCURRENCY", "NAMESPACE", "AttemptLedger", "AttemptSink", "CallState", "ClusterGates", "ClusterLimiter",
            "ClusterLimits", "ClusterMeter", "Deferred", "DriverStopped", "LimiterActor", "cluster_limits", "cluster_meter",
-           "halted"]
+           "cluster_worker", "halted"]
 
 UNWAITED_KEPT = 256
 """Ends sent without waiting that a meter keeps to wait for at its `flush` (older ones are waited
@@ -314,6 +314,19 @@ def cluster_meter(limits: ClusterLimits | None, settings: Settings, *,
     if limits is None:
         return local
     return ClusterMeter(_actor(limits), limits.budget, local_budget=local.budget, prices=local.prices, tag=tag)
+
+
+@contextlib.contextmanager
+def cluster_worker(limits: ClusterLimits | None, settings: Settings, *,
+                   prices_by_prefix: Mapping[str, Price] | None = None, tag: str | None = None) -> Iterator[UsageMeter]:
+    """Inside: `limits` in force (`cluster_limits`) and the worker's meter (`cluster_meter`); once the
+    work inside returns, every call's spend is in the cluster's sum (`ClusterMeter.flush`), so a
+    chunk or trial that comes back has reported all it spent."""
+    with cluster_limits(limits):
+        meter = cluster_meter(limits, settings, prices_by_prefix=prices_by_prefix, tag=tag)
+        yield meter
+        if isinstance(meter, ClusterMeter):
+            meter.flush()
 
 
 class AttemptSink:

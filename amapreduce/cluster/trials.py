@@ -76,13 +76,10 @@ def _cluster(job: TrialJob, prices: Mapping[str, Price] | None) -> Iterator[Usag
     if job.limits is None:
         yield None
         return
-    from amapreduce.cluster.limits import ClusterMeter, cluster_limits, cluster_meter  # only where it runs
+    from amapreduce.cluster.limits import cluster_worker  # only where it runs
 
-    with cluster_limits(job.limits):
-        meter = cluster_meter(job.limits, job.settings, prices_by_prefix=prices)
+    with cluster_worker(job.limits, job.settings, prices_by_prefix=prices) as meter:
         yield meter
-        if isinstance(meter, ClusterMeter):
-            meter.flush()  # every call's spend is in the cluster's sum before the trial returns
 
 
 def _detached(job: TrialJob, image: bytes | None, simulated: SimulatedModels | None,

@@ -69,7 +69,7 @@ from amapreduce.cluster.limits import (
     ClusterLimits,
     ClusterMeter,
     cluster_limits,
-    cluster_meter,
+    cluster_worker,
     halted,
 )
 from amapreduce.cluster.ray import check_cluster, ray_session, require_ray, worker_died
@@ -196,8 +196,7 @@ def run_chunk(job: ChunkJob) -> ChunkRun | None:
     trace = _Collected()
     kept: _Kept | AttemptSink = (AttemptSink(job.limits, job.tag) if job.limits is not None and job.tag is not None
                                  else _Kept())
-    with cluster_limits(job.limits):
-        meter = cluster_meter(job.limits, job.settings, tag=job.tag)
+    with cluster_worker(job.limits, job.settings, tag=job.tag) as meter:
         models = build_models(job.settings, ("subagent", "extraction"), meter=meter, trace=trace)
         with build_parts(job.settings, models=models, trace=trace, decisions_by="user") as parts:
             try:
@@ -205,8 +204,6 @@ def run_chunk(job: ChunkJob) -> ChunkRun | None:
             except RunCancelled as exc:
                 result = exc.partial
             web = parts.web_usage()
-        if isinstance(meter, ClusterMeter):
-            meter.flush()
         if isinstance(kept, AttemptSink):
             kept.flush()  # the ledger is complete before the driver forgets it
     return ChunkRun(index=job.index, result=result, usage=meter.by_role(), events=trace.events, web=web,

@@ -175,15 +175,20 @@ def available_backends() -> dict[str, BackendEntry]:
         if all(owner != seen for seen, _, _ in claims):
             claims.append((owner, version, point.value))
     entries: dict[str, BackendEntry] = {}
-    for name, value in BUILTIN_BACKENDS.items():
+    for name in BUILTIN_BACKENDS:
         ignored = tuple(sorted(owner for owner, _, _ in found.pop(name, [])))
-        entries[name] = BackendEntry(name=name, value=value, distribution=_OWN_DISTRIBUTION, version=__version__,
-                                     others=ignored)
+        entries[name] = _builtin(name, others=ignored)
     for name in sorted(found):
         (owner, version, value), *rest = sorted(found[name])  # by distribution: not by install order
         entries[name] = BackendEntry(name=name, value=value, distribution=owner, version=version,
                                      others=tuple(o for o, _, _ in rest))
     return entries
+
+
+def _builtin(name: str, *, others: tuple[str, ...] = ()) -> BackendEntry:
+    """The entry of built-in backend `name` (`others`: plug-ins of the same name it wins over)."""
+    return BackendEntry(name=name, value=BUILTIN_BACKENDS[name], distribution=_OWN_DISTRIBUTION, version=__version__,
+                        others=others)
 
 
 def backend_specs(entries: Mapping[str, BackendEntry] | None = None) -> str:
@@ -217,8 +222,7 @@ def make_backend(spec: str, settings: Settings) -> SearchBackend:
     name = name.lower()
     # a built-in wins over any plug-in of its name: no need to read every distribution's metadata
     # (tens of ms, paid by each Ray chunk and evaluation trial that builds its parts)
-    entry = (BackendEntry(name=name, value=BUILTIN_BACKENDS[name], distribution=_OWN_DISTRIBUTION, version=__version__)
-             if name in BUILTIN_BACKENDS else available_backends().get(name))
+    entry = _builtin(name) if name in BUILTIN_BACKENDS else available_backends().get(name)
     factory = entry.load() if entry is not None else None
     if entry is None or factory is None or not _fits(str(getattr(factory, "spec", name + "[:ARG]")), name, arg):
         raise ConfigError(f"unknown search backend {spec!r}. Use one of: {backend_specs()}.")
