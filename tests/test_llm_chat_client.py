@@ -139,3 +139,50 @@ def test_a_closed_port_is_a_connection_error_that_names_the_host() -> None:
     assert transient is not None and transient.kind == "connection"
     error = unreachable(caught.value, what="subagent model 'm'", provider=f"never-answered-{port}")
     assert error is not None and f"127.0.0.1:{port}" in str(error) and "refused" in str(error)
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["before-the-headers", "mid-body"])
+def test_a_failed_read_leaves_no_socket_open(half: bool) -> None:
+    """`http.client` makes a reply's reader from the connection's socket before the headers arrive,
+    and a read that fails leaves it open, holding the socket after the connection closed it. Kept
+    in a reference cycle with its exception (as a hedge's loser or a retry's last error is), the
+    socket is then finalised by the garbage collector, which CPython reports as an unclosed socket
+    in whatever test runs then. The lean path closes the reply when a read fails."""
+    import gc
+    import warnings
+
+    from amapreduce.llm.plain_http import PlainPoster
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            if half:  # a `Connection: close` reply (HTTP/1.0) whose body stops coming
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\n{")
+            done.wait(5)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    poster = PlainPoster(f"http://127.0.0.1:{listener.getsockname()[1]}/v1", connect_timeout_s=5, read_timeout_s=0.3)
+
+    def attempt(caught: list[BaseException]) -> None:
+        try:
+            poster.post("/v1/chat/completions", b"{}", {"Content-Type": "application/json"})
+        except Exception as exc:  # noqa: BLE001 - kept, as a hedge keeps its loser's error
+            caught.append(exc)  # exc -> traceback -> this frame -> caught -> exc: a cycle
+
+    caught: list[BaseException] = []
+    attempt(caught)
+    done.set()
+    server.join(5)
+    listener.close()
+    assert [type(e) for e in caught] == [TimeoutError]
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        del caught
+        gc.collect()
+        poster.close()
+    assert not [str(w.message) for w in warned if issubclass(w.category, ResourceWarning)]

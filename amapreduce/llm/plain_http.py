@@ -23,6 +23,7 @@ import http.client
 import socket
 import threading
 import urllib.request
+from typing import Any
 from urllib.parse import urlsplit
 
 from amapreduce.llm.hedge import CancelToken
@@ -44,6 +45,23 @@ def plain_http_usable(base_url: str) -> bool:
     return not proxy or bool(urllib.request.proxy_bypass(parts.hostname))
 
 
+class _Connection(http.client.HTTPConnection):
+    """An `http.client` connection that keeps the reply it last began to read.
+
+    Why: `getresponse` makes the reply's reader from the socket before the headers arrive, and a
+    read that fails (a timeout, a reset, a hedge cutting the request short) leaves that reader
+    open, holding the socket's file descriptor after the connection closed the socket. When the
+    exception is kept (a hedge's loser, a retry's last error), the two sit in a reference cycle
+    and the garbage collector finalises the socket first: CPython reports an unclosed socket, and
+    the descriptor stays open until then. `PlainPoster._drop` closes the reply too."""
+
+    reply: http.client.HTTPResponse | None = None
+
+    def response_class(self, sock: socket.socket, *args: Any, **kwargs: Any) -> http.client.HTTPResponse:  # type: ignore[override]
+        self.reply = http.client.HTTPResponse(sock, *args, **kwargs)
+        return self.reply
+
+
 class PlainPoster:
     """POSTs to one `http://host:port` on a keep-alive connection per thread.
 
@@ -61,13 +79,13 @@ class PlainPoster:
         self._read_timeout = read_timeout_s
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._open: set[http.client.HTTPConnection] = set()
+        self._open: set[_Connection] = set()
 
-    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+    def _connection(self) -> tuple[_Connection, bool]:
+        conn: _Connection | None = getattr(self._local, "conn", None)
         if conn is not None and conn.sock is not None:
             return conn, False
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self._connect_timeout)
+        conn = _Connection(self.host, self.port, timeout=self._connect_timeout)
         conn.connect()
         sock = conn.sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -77,8 +95,11 @@ class PlainPoster:
             self._open.add(conn)
         return conn, True
 
-    def _drop(self, conn: http.client.HTTPConnection) -> None:
+    def _drop(self, conn: _Connection) -> None:
         conn.close()
+        if conn.reply is not None:
+            conn.reply.close()  # see `_Connection`
+            conn.reply = None
         self._local.conn = None
         with self._lock:
             self._open.discard(conn)
