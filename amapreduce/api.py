@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.progress import ProgressSink
+    from amapreduce.session.estimate import Estimate
     from amapreduce.session.executor import Executor
 
 __all__ = [
@@ -207,6 +208,12 @@ class RunResult:
         return self.ending.status
 
     @property
+    def estimate(self) -> Estimate | None:
+        """What the manager's decision would cost (`ask(..., estimate=True)`; else None): calls,
+        tokens, dollars and wall time, each low to high (`Estimate.to_json()` is `--estimate --json`'s)."""
+        return self.outcome.estimate
+
+    @property
     def meter(self) -> UsageMeter:
         """The run's usage meter: usage by role (`by_role()`), cost."""
         return self.outcome.meter
@@ -311,6 +318,7 @@ def ask(
     runs_dir: str | os.PathLike[str] | None = None,
     show_progress: bool | None = False,
     on_progress: ProgressSink | None = None,
+    estimate: bool = False,
     **settings: Any,
 ) -> RunResult:
     """Answer a wide-search question with a table, as `amapreduce ask` does.
@@ -333,6 +341,10 @@ def ask(
             else lines on stderr); True: the live bar.
         on_progress: also called with each `ProgressEvent` of the run, from its threads: first
             `started` (`data["run"]`: the run folder's name), then the engine's phases and batches.
+        estimate: as `ask --estimate`: the manager scouts and writes its decision, and the run
+            stops where it would fan out (status `stopped: estimate only ...`), with what the fan-out
+            would cost in `RunResult.estimate` (None when the manager wrote no decision to run). No
+            sub-agent is called; the manager's own calls are spent, and counted in `usage`.
         **settings: any other field of `amapreduce.settings.Settings` by its name
             (`extraction_model='none'`, `max_batches=20`, `cache_dir=...`).
 
@@ -355,7 +367,7 @@ def ask(
     config = _settings(named, settings)
     store = memory_store_for(memory if isinstance(memory, bool | None) else Path(memory), config, named="memory=")
     session = Session(config, RunOptions(query=query, memory_store=store, show_progress=show_progress,
-                                         on_progress=on_progress, executor=_executor(config)))
+                                         on_progress=on_progress, executor=_executor(config), estimate_only=estimate))
     with session:
         outcome = session.ask()
     return _returned(RunResult(outcome))

@@ -160,7 +160,7 @@ class BatchActor:
     settings, under the cluster's limiter and meter, and runs single batches sent to it."""
 
     def __init__(self, settings: Any, limits: Any) -> None:
-        from amapreduce.cluster.limits import cluster_limits, cluster_meter
+        from amapreduce.cluster.limits import cluster_worker
         from amapreduce.session.parts import build_models, build_parts
         from amapreduce.trace import Trace
 
@@ -174,8 +174,8 @@ class BatchActor:
 
         self._events, self._lock = events, lock
         self._stack = contextlib.ExitStack()
-        self._stack.enter_context(cluster_limits(limits))
-        meter, kept = cluster_meter(limits, settings), Kept()
+        self._meter, kept = self._stack.enter_context(cluster_worker(limits, settings)), Kept()
+        meter = self._meter
         models = build_models(settings, ("subagent", "extraction"), meter=meter, trace=kept)
         self._parts = self._stack.enter_context(build_parts(settings, models=models, trace=kept, decisions_by="user"))
 
@@ -193,7 +193,7 @@ class BatchActor:
         return index, list(result.table.rows), result.ending.label, events
 
     def usage(self) -> dict[str, Any]:
-        return dict(self._parts.meter.by_role())
+        return dict(self._meter.by_role())
 
 
 def _actor_pool(*, cpus: int, decision: str, model: str, api_base: str, workers: int, out: str) -> None:

@@ -72,6 +72,23 @@ def test_ask_estimate_calls_no_sub_agent_and_counts_the_managers_calls(
     assert world.subagent_requests == 0
 
 
+def test_the_python_api_estimates_as_ask_estimate_does(runs: Path) -> None:
+    world = Items()
+    with serving(world) as server:
+        result = amapreduce.ask("What is the code of each item?", model="sim-model", api_base=server.base_url,
+                                memory=False, estimate=True)
+        second = Items()
+    assert world.subagent_requests == 0 and result.status == "stopped"
+    assert result.ending.label.startswith("stopped: estimate only") and result.table.rows == []
+    assert result.estimate is not None and result.estimate.batches == len(ITEMS)
+    assert result.estimate.calls == (9, 27) and result.estimate.model_id == "sim-model"
+    assert result.usage.requests == 2  # the manager's own calls, spent and counted
+    assert json.loads((result.run_dir / "result.json").read_text(encoding="utf-8"))["estimate"] == result.estimate.to_json()
+    with serving(second) as server:
+        ran = amapreduce.ask("What is the code of each item?", model="sim-model", api_base=server.base_url, memory=False)
+    assert ran.estimate is None and ran.status == "complete" and second.subagent_requests > 0
+
+
 def test_enrich_estimate_makes_no_model_call_and_no_run_folder(
     tmp_path: Path, runs: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
