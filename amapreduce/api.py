@@ -37,6 +37,7 @@ import ctypes
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -465,7 +466,7 @@ class _Interruptible:
         """Interrupt the call once (before it starts: it does not start)."""
         with self._lock:
             if not self._interrupted and self._thread is not None:
-                _async_exc(self._thread, KeyboardInterrupt)
+                _raise_in(self._thread, KeyboardInterrupt)
             self._interrupted = True
 
 
@@ -476,6 +477,35 @@ _INTERRUPTED = object()
 def _async_exc(thread: int, exc: type[BaseException] | None) -> None:
     """Raise `exc` in `thread` at its next Python step (None: clear one not raised yet)."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None if exc is None else ctypes.py_object(exc))
+
+
+def _raise_in(thread: int, exc: type[BaseException]) -> None:
+    """Raise `exc` in `thread`, at its next Python step, and in no other thread.
+
+    Why not just `_async_exc`: CPython 3.11 gives a new thread's state the id of the thread that
+    starts it until the new thread runs, and `PyThreadState_SetAsyncExc` sets the exception on the
+    newest state with the id. An interrupt that came while the run's thread was starting a thread
+    (a batch's worker, a hedge's watcher) went to the newborn, which died of it before it told
+    `Thread.start` it had started: the run waited in `Thread.start` forever (seen as a hung
+    cancelled `run_decision_async`; `tests/test_api.py` starts threads in a loop and interrupts it).
+    `Thread.start` lists the thread in `threading._limbo`, under `threading._active_limbo_lock`,
+    before it makes the new state, and the new thread takes itself off once its id is its own. So
+    the exception is set under that lock while the list is empty; while a thread is starting, a
+    moment later. The two names are CPython's private ones; where they are missing, as at once."""
+    lock, limbo = getattr(threading, "_active_limbo_lock", None), getattr(threading, "_limbo", None)
+    if lock is None or limbo is None:
+        _async_exc(thread, exc)
+        return
+    for _ in range(_RAISE_TRIES):
+        with lock:
+            if not limbo:
+                _async_exc(thread, exc)
+                return
+        time.sleep(0.001)
+    _async_exc(thread, exc)  # threads that never stop starting: at any step, as Ctrl-C would come
+
+
+_RAISE_TRIES = 2000
 
 
 def _in_a_thread(function: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:

@@ -9,6 +9,7 @@ import json
 import logging
 import pickle
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -283,6 +284,32 @@ def test_cancelling_run_decision_async_keeps_the_rows_found(world: Any, notebook
     assert record["status"] == "stopped: interrupted"
     assert record["completeness"]["rows"] == 3  # the matrix's entities are kept ...
     assert record["completeness"]["missing_cells"] >= 4  # ... and the batches after the first never started
+
+
+def test_an_interrupt_never_lands_in_a_thread_the_run_is_starting() -> None:
+    """CPython 3.11 gives a thread being started its parent's id until it runs, and an interrupt
+    sent by that id while the parent starts it went to the newborn: it died before `Thread.start`
+    heard from it, and the run's thread waited there forever (a cancelled `run_decision_async`
+    hung once in 25 minutes; this loop hung about one interrupt in three). Each interrupt must
+    reach the thread that runs the call, and that thread must come back."""
+    from amapreduce.api import _INTERRUPTED, _Interruptible
+
+    def start_threads_forever() -> None:  # as a run does: batch workers, hedge watchers
+        while True:
+            started = threading.Thread(target=lambda: None, daemon=True)
+            started.start()
+            started.join()
+
+    for _ in range(40):
+        call = _Interruptible(start_threads_forever)
+        got: list[Any] = []
+        runner = threading.Thread(target=lambda call=call, got=got: got.append(call()), daemon=True)
+        runner.start()
+        time.sleep(0.005)
+        call.interrupt()
+        runner.join(10)
+        assert not runner.is_alive(), "the interrupted call never came back (stuck in Thread.start)"
+        assert got == [_INTERRUPTED]
 
 
 def test_on_progress_gets_the_runs_events_first_its_start_naming_the_run(
