@@ -175,8 +175,7 @@ class BatchActor:
         self._events, self._lock = events, lock
         self._stack = contextlib.ExitStack()
         self._meter, kept = self._stack.enter_context(cluster_worker(limits, settings)), Kept()
-        meter = self._meter
-        models = build_models(settings, ("subagent", "extraction"), meter=meter, trace=kept)
+        models = build_models(settings, ("subagent", "extraction"), meter=self._meter, trace=kept)
         self._parts = self._stack.enter_context(build_parts(settings, models=models, trace=kept, decisions_by="user"))
 
     def run_batch(self, index: int, decision: dict[str, Any], plan: Any) -> tuple[int, list[Any], str, list[Any]]:
