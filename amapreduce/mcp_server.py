@@ -59,6 +59,8 @@ class ServerOptions:
     model: str | None = None
     api_base: str | None = None
     search: str | None = None
+    allow_web_crawl: bool | None = None
+    """With a corpus search backend, also crawl http(s) pages (`Settings.allow_web_crawl`)."""
     workers: int | None = None
     memory: Path | bool | None = None
     """An experiential-memory store; None: the default store when it holds one; False: none."""
@@ -70,14 +72,14 @@ class ServerOptions:
         """The keywords of an `amapreduce.ask` (or `enrich`) call, unset ones left out."""
         named = {"model": self.model, "api_base": self.api_base, "search": self.search, "workers": self.workers,
                  "memory": self.memory, "max_cost": self.max_cost, "max_tokens": self.max_tokens,
-                 "runs_dir": self.runs_dir}
+                 "runs_dir": self.runs_dir, "allow_web_crawl": self.allow_web_crawl}
         return {k: v for k, v in named.items() if v is not None}
 
     def settings(self) -> Settings:
         """The settings these options give (the runs folder, the plan's model and workers)."""
         return load_settings(model=self.model, api_base=self.api_base, search_backend=self.search,
                              workers=self.workers, max_cost_usd=self.max_cost, max_tokens=self.max_tokens,
-                             runs_dir=self.runs_dir)
+                             runs_dir=self.runs_dir, allow_web_crawl=self.allow_web_crawl)
 
 
 class _Progress:

@@ -184,6 +184,11 @@ class Settings(BaseModel):
     denied_domains: tuple[str, ...] = ()
     """Domains (and their subdomains) `crawl_page` never fetches; beats the allow list;
     comma-separated in `AMAPREDUCE_DENIED_DOMAINS`."""
+    allow_web_crawl: bool = False
+    """With a `corpus:INDEX` search backend, let `crawl_page` also fetch http(s) pages
+    (`AMAPREDUCE_ALLOW_WEB_CRAWL`, `--allow-web-crawl`). Off: private mode, nothing leaves the
+    machine through the tools: `crawl_page` reads only the corpus and refuses any other URL before
+    its host is looked up (`web.service`). Other backends search the web anyway and ignore it."""
     crawl_max_chars: int = Field(default=20_000, ge=100)
     """Character budget of one crawled page's text (`AMAPREDUCE_CRAWL_MAX_CHARS`)."""
     enrich_max_file_mb: float = Field(default=200.0, gt=0)
@@ -256,6 +261,31 @@ class Settings(BaseModel):
     merge calls get `budget_ratio` of it when a decision gives no `chunk_size`/`token_budget`.
     None: the model's own, from LiteLLM's model info when the `litellm` extra knows the model,
     else 128,000."""
+    model_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Seconds one model request may take (`AMAPREDUCE_MODEL_TIMEOUT_S`, `--model-timeout`). None:
+    300 s for an `api_base` on this machine or a private network (a CPU server queues requests
+    behind its slots and takes seconds per call), else 120 s."""
+    endpoint_probe: bool = True
+    """Ask an `api_base` endpoint once what it accepts before a run uses it (`AMAPREDUCE_ENDPOINT_PROBE`;
+    `llm.endpoint`: message content, tool choices, structured output, context window, slots),
+    kept in the cache folder per server. False: assume OpenAI's own dialect."""
+    message_content: Literal["detect", "list", "string"] = "detect"
+    """How message content is sent to an `api_base` endpoint (`AMAPREDUCE_MESSAGE_CONTENT`,
+    `--message-content`): as the probe found it (`detect`), as a list of parts, or as strings."""
+    tool_choice: Literal["detect", "required", "auto", "off"] = "detect"
+    """Which `tool_choice` the agents send (`AMAPREDUCE_TOOL_CHOICE`, `--tool-choice`): as the probe
+    found it works (`detect`), `required`, `auto`, or `off` (the endpoint has no usable tool calling:
+    sub-agents use the read solver and `ask`'s manager writes its decision in one structured call)."""
+    structured_output: Literal["detect", "json_schema", "json_object_schema", "json_object", "none"] = "detect"
+    """How a JSON schema for a reply is sent (`AMAPREDUCE_STRUCTURED_OUTPUT`, `--structured-output`): as
+    the probe found it (`detect`), OpenAI's `json_schema`, llama-cpp-python's `json_object_schema`
+    (`{"type": "json_object", "schema": ...}`), a bare `json_object`, or `none` (the schema is written
+    into the prompt and the reply read leniently)."""
+    solver: Literal["auto", "agent", "read"] = "auto"
+    """Who fills a batch (`AMAPREDUCE_SOLVER`, `--solver`): `agent`, a tool-calling search sub-agent
+    per attempt; `read`, code searches and reads and the model fills the rows in one structured call
+    (made for small models; fewer calls with any model); `auto`: `read` when the sub-agent endpoint
+    has no reliable tool calling (its probe, or `tool_choice=off`), else `agent`."""
     subagent_max_steps: int = Field(default=20, ge=1)
     """Agent steps per sub-agent attempt (`AMAPREDUCE_SUBAGENT_MAX_STEPS`)."""
     manager_max_steps: int = Field(default=30, ge=1)

@@ -302,3 +302,22 @@ def test_csv_copy_has_evidence_only_when_asked(tmp_path: Path) -> None:
     write_table_copies(table, "md", out=None, csv_out=tmp_path / "b.csv", evidence=True)
     assert "evidence" not in (tmp_path / "a.csv").read_text()
     assert "capital evidence" in (tmp_path / "b.csv").read_text()
+
+
+def test_a_quote_that_only_names_the_entity_verifies_no_other_column() -> None:
+    """SmolLM2-135M filled `capital` with the country's name and quoted it from the country's page:
+    a quote found on the page, which says nothing of the capital."""
+    from amapreduce.mapreduce.evidence import with_evidence
+    from amapreduce.mapreduce.replies import project_row
+    from amapreduce.table.evidence import Evidence, FetchedPages
+
+    pages = FetchedPages()
+    pages.add("corpus://atlas/ke.html", "Kenya is a country in Africa. Its capital is Nairobi.")
+    row = project_row({"capital": "Kenya", "country": "Kenya", "source": "corpus://atlas/ke.html",
+                       "quotes": {"capital": "Kenya", "country": "Kenya"}}, ["country", "capital"])
+    checked = with_evidence(row, pages, "record", {"Kenya": "country"})
+    assert checked.evidence == {"capital": Evidence.UNVERIFIED, "country": Evidence.VERIFIED}
+    right = project_row({"capital": "Nairobi", "source": "corpus://atlas/ke.html",
+                         "quotes": {"capital": "Its capital is Nairobi"}}, ["country", "capital"])
+    assert with_evidence(right, pages, "record", {"Kenya": "country"}).evidence == {"capital": Evidence.VERIFIED}
+    assert with_evidence(row, pages, "record").evidence["capital"] is Evidence.VERIFIED  # no entity known

@@ -118,7 +118,7 @@ def test_a_request_too_long_for_the_context_fails_only_its_call() -> None:
 
     with pytest.raises(ModelCallError) as caught:
         call_with_retries(call, what="x", policy=RetryPolicy(), sleep=lambda s: None)
-    assert not isinstance(caught.value, ProviderUnavailable) and caught.value.fields["kind"] == "permanent"
+    assert not isinstance(caught.value, ProviderUnavailable) and caught.value.fields["kind"] == "context_overflow"
 
 
 def test_a_refused_search_key_stops_the_run_instead_of_failing_each_search() -> None:

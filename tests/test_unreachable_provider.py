@@ -60,9 +60,33 @@ def run_record(tmp_path: Path) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("command", ["ask", "mapreduce"])
-def test_a_closed_port_fails_the_run_at_once_naming_the_host_and_refused(
+def test_a_closed_port_is_refused_in_pre_flight_naming_the_host_and_refused(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """An `--api-base` endpoint is asked what it accepts before the run (`llm.endpoint`): one that
+    cannot be reached is a setup failure, exit 2, and no run directory is made."""
+    port = closed_port()
+    api_base = f"http://127.0.0.1:{port}/v1"
+    head = (["ask", "What is the code of each item?", "--no-memory"] if command == "ask"
+            else ["mapreduce", "run", decision_file(tmp_path)])
+    started = time.monotonic()
+    code = main([*head, "--model", "sim-model", "--api-base", api_base, "--json"])
+    elapsed = time.monotonic() - started
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    error = captured.err.strip()
+    assert f"127.0.0.1:{port}" in error and "refused" in error and error.count("\n") == 0
+    assert "rate limits" not in error and "LiteLLM" not in captured.out
+    assert not (tmp_path / "runs").exists()
+    assert elapsed < BOUND_S, f"took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("command", ["ask", "mapreduce"])
+def test_a_closed_port_fails_the_run_at_once_naming_the_host_and_refused(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the probe (`AMAPREDUCE_ENDPOINT_PROBE=0`), the first model call finds it: exit 1 at once."""
+    monkeypatch.setenv("AMAPREDUCE_ENDPOINT_PROBE", "0")
     port = closed_port()
     api_base = f"http://127.0.0.1:{port}/v1"
     head = (["ask", "What is the code of each item?", "--no-memory"] if command == "ask"
@@ -80,13 +104,18 @@ def test_a_closed_port_fails_the_run_at_once_naming_the_host_and_refused(
     assert elapsed < BOUND_S, f"took {elapsed:.1f} s"
 
 
-def test_tls_to_a_plain_http_server_is_told_as_tls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("probe", ["1", "0"])
+def test_tls_to_a_plain_http_server_is_told_as_tls(probe: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMAPREDUCE_ENDPOINT_PROBE", probe)
     with OpenAICompatibleServer(FunctionModel(Items(), model_id="sim-model")) as server:
         api_base = server.base_url.replace("http://", "https://")
         code = main(["mapreduce", "run", decision_file(tmp_path), "--model", "sim-model", "--api-base", api_base,
                      "--json"])
-    error = json.loads(capsys.readouterr().out)["error"]
-    assert code == 1 and "(TLS: " in error and api_base.split("/")[2] in error and "https://" in error
+    captured = capsys.readouterr()
+    error = json.loads(captured.out)["error"] if probe == "0" else captured.err
+    assert code == (1 if probe == "0" else 2)
+    assert "(TLS: " in error and api_base.split("/")[2] in error and "https://" in error
 
 
 def litellm_shaped_dns_failure() -> openai.InternalServerError:

@@ -25,6 +25,12 @@ def ask(
     model: opt.ModelOpt = None,
     api_base: opt.ApiBaseOpt = None,
     search: opt.SearchOpt = None,
+    allow_web_crawl: opt.AllowWebCrawlOpt = False,
+    model_timeout: opt.ModelTimeoutOpt = None,
+    solver: opt.SolverOpt = None,
+    tool_choice: opt.ToolChoiceOpt = None,
+    structured_output: opt.StructuredOutputOpt = None,
+    message_content: opt.MessageContentOpt = None,
     workers: opt.WorkersOpt = None,
     memory: opt.MemoryOpt = None,
     no_memory: opt.NoMemoryOpt = False,
@@ -62,6 +68,9 @@ def ask(
     settings = load_settings(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_cost_usd=max_cost, max_tokens=max_tokens,
         otel=otel or None, mcp=mcp, mcp_manager=mcp_manager or None, verify=verify, executor=executor,
+        allow_web_crawl=allow_web_crawl or None,
+        **opt.endpoint_overrides(model_timeout=model_timeout, solver=solver, tool_choice=tool_choice,
+                                 structured_output=structured_output, message_content=message_content),
     )
     require_model(settings)
     store = memory_store_for(False if no_memory else memory, settings)

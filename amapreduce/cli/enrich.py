@@ -46,6 +46,12 @@ def enrich(
     model: opt.ModelOpt = None,
     api_base: opt.ApiBaseOpt = None,
     search: opt.SearchOpt = None,
+    allow_web_crawl: opt.AllowWebCrawlOpt = False,
+    model_timeout: opt.ModelTimeoutOpt = None,
+    solver: opt.SolverOpt = None,
+    tool_choice: opt.ToolChoiceOpt = None,
+    structured_output: opt.StructuredOutputOpt = None,
+    message_content: opt.MessageContentOpt = None,
     workers: opt.WorkersOpt = None,
     memory: opt.MemoryOpt = None,
     no_memory: opt.NoMemoryOpt = False,
@@ -80,6 +86,9 @@ def enrich(
     settings = load_settings(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_cost_usd=max_cost,
         max_tokens=max_tokens, otel=otel or None, verify=verify, enrich_max_file_mb=max_file_mb,
+        allow_web_crawl=allow_web_crawl or None,
+        **opt.endpoint_overrides(model_timeout=model_timeout, solver=solver, tool_choice=tool_choice,
+                                 structured_output=structured_output, message_content=message_content),
     )
     frame = read_list(input_file, max_mb=settings.enrich_max_file_mb)
     request = EnrichRequest.of(frame, parse_columns(columns), key_columns=key, instructions=instructions,

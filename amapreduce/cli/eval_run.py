@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from amapreduce.cli.exit_codes import EVAL_EXIT_CODES_HELP
-from amapreduce.cli.options import ExecutorOpt, OtelOpt, executor_for
+from amapreduce.cli.options import AllowWebCrawlOpt, ExecutorOpt, OtelOpt, executor_for
 from amapreduce.errors import UserError
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ def run(
     api_base: Annotated[str | None, typer.Option("--api-base", help="OpenAI-compatible endpoint.")] = None,
     search: Annotated[str | None, typer.Option(
         "--search", help="Search backend (sandbox default: its bundled corpus).")] = None,
+    allow_web_crawl: AllowWebCrawlOpt = False,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="Sub-agents at once, per trial.")] = None,
     tasks_parallel: Annotated[int, typer.Option(
         "--tasks-parallel", min=1, help="Instances at once (commits stay in task order).")] = 1,
@@ -124,7 +125,8 @@ def run(
         raise UserError("--out DIR is required (or `eval run --resume DIR` to continue an evaluation).")
     if resume_dir is not None and not resume:
         raise UserError(f"unexpected argument {str(resume_dir)!r}; to continue an evaluation use --resume.")
-    base = load_settings(model=model, api_base=api_base, workers=workers, otel=otel or None, executor=executor)
+    base = load_settings(model=model, api_base=api_base, workers=workers, otel=otel or None, executor=executor,
+                         allow_web_crawl=allow_web_crawl or None)
     cluster = executor_for(base, executor)  # Ray checked importable before anything is made
     if benchmark is None:
         if not resume:

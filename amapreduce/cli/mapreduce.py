@@ -101,6 +101,12 @@ def run(
     model: str | None = typer.Option(None, "--model", help="Sub-agent model: LiteLLM id or the server's model name."),
     api_base: opt.ApiBaseOpt = None,
     search: opt.SearchOpt = None,
+    allow_web_crawl: opt.AllowWebCrawlOpt = False,
+    model_timeout: opt.ModelTimeoutOpt = None,
+    solver: opt.SolverOpt = None,
+    tool_choice: opt.ToolChoiceOpt = None,
+    structured_output: opt.StructuredOutputOpt = None,
+    message_content: opt.MessageContentOpt = None,
     workers: opt.WorkersOpt = None,
     max_batches: int | None = typer.Option(None, "--max-batches", min=1, help=MAX_BATCHES_HELP),
     mcp: opt.McpOpt = None,
@@ -129,6 +135,9 @@ def run(
     settings = load_settings(
         model=model, api_base=api_base, search_backend=search, workers=workers, max_batches=max_batches,
         otel=otel or None, mcp=mcp, verify=verify, executor=executor, max_cost_usd=max_cost, max_tokens=max_tokens,
+        allow_web_crawl=allow_web_crawl or None,
+        **opt.endpoint_overrides(model_timeout=model_timeout, solver=solver, tool_choice=tool_choice,
+                                 structured_output=structured_output, message_content=message_content),
     )
     # The decision's caps are checked before the session's modules load: a refusal costs a second, not more.
     decision = load_decision(decision_file, max_bytes=settings.max_decision_bytes, max_rows=settings.max_decision_rows)

@@ -24,6 +24,7 @@ def serve(
     model: opt.ModelOpt = None,
     api_base: opt.ApiBaseOpt = None,
     search: opt.SearchOpt = None,
+    allow_web_crawl: opt.AllowWebCrawlOpt = False,
     workers: opt.WorkersOpt = None,
     memory: opt.MemoryOpt = None,
     no_memory: opt.NoMemoryOpt = False,
@@ -46,6 +47,6 @@ def serve(
         raise typer.BadParameter("give either --memory STORE or --no-memory, not both")
     options = ServerOptions(model=model, api_base=api_base, search=search, workers=workers,
                             memory=False if no_memory else memory, max_cost=max_cost, max_tokens=max_tokens,
-                            runs_dir=runs_dir)
+                            runs_dir=runs_dir, allow_web_crawl=allow_web_crawl or None)
     require_model(options.settings())  # no model: exit 2 now, not an error on every call
     run_server(options, http=http, port=port)

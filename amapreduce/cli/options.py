@@ -1,8 +1,8 @@
 """The flags the run commands (`ask`, `mapreduce run`, `runs resume`, `demo`, `eval run`) share, defined once.
 
-Why one module: `--otel`, `--verify`, `--evidence`, `--mcp`, `--search` and the table copies mean
-the same on every command that takes them; one `Annotated` definition each keeps their names,
-metavars and help from drifting apart. Only typer is imported here: every command module
+Why one module: `--otel`, `--verify`, `--evidence`, `--mcp`, `--search`, `--allow-web-crawl` and the
+table copies mean the same on every command that takes them; one `Annotated` definition each keeps
+their names, metavars and help from drifting apart. Only typer is imported here: every command module
 imports this one, and `amapreduce --help` must stay fast.
 """
 
@@ -18,19 +18,27 @@ if TYPE_CHECKING:
     from amapreduce.settings import Settings
 
 __all__ = [
+    "ALLOW_WEB_CRAWL_HELP",
+    "AllowWebCrawlOpt",
     "ApiBaseOpt",
     "CsvOpt",
     "EVIDENCE_HELP",
     "EvidenceOpt",
     "EXECUTOR_HELP",
     "ExecutorOpt",
+    "endpoint_overrides",
     "executor_for",
     "MaxCostOpt",
     "McpOpt",
+    "MessageContentOpt",
+    "ModelTimeoutOpt",
     "OTEL_HELP",
     "OtelOpt",
     "OutOpt",
     "SearchOpt",
+    "SolverOpt",
+    "StructuredOutputOpt",
+    "ToolChoiceOpt",
     "VERIFY_HELP",
     "VerifyOpt",
     "WorkersOpt",
@@ -53,8 +61,39 @@ McpOpt = Annotated[Path | None, typer.Option("--mcp", metavar="CONFIG", help=(
 SearchOpt = Annotated[str | None, typer.Option("--search", help=(
     "ddgs | searxng:URL | serper | tavily | corpus:INDEX, or an installed plug-in's NAME[:ARG] "
     "(`amapreduce search --list-backends`)."))]
+ALLOW_WEB_CRAWL_HELP = (
+    "With --search corpus:INDEX, let crawl_page also fetch http(s) pages. Off (default): private mode, crawl_page "
+    "reads only the corpus and refuses any other URL before any DNS lookup. Or AMAPREDUCE_ALLOW_WEB_CRAWL=1."
+)
+AllowWebCrawlOpt = Annotated[bool, typer.Option("--allow-web-crawl", help=ALLOW_WEB_CRAWL_HELP)]
 ApiBaseOpt = Annotated[str | None, typer.Option(
     "--api-base", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")]
+ModelTimeoutOpt = Annotated[float | None, typer.Option("--model-timeout", metavar="S", min=0.001, help=(
+    "Seconds one model request may take (default: 300 for an --api-base on this machine or a private "
+    "network, else 120; AMAPREDUCE_MODEL_TIMEOUT_S)."))]
+SolverOpt = Annotated[str | None, typer.Option("--solver", metavar="auto|agent|read", help=(
+    "Who fills a batch: agent (a tool-calling search sub-agent), read (code searches and reads, the model "
+    "fills the rows in one structured call: for small models), auto (default: read when the endpoint has no "
+    "reliable tool calling or the model is small). Or AMAPREDUCE_SOLVER."))]
+ToolChoiceOpt = Annotated[str | None, typer.Option("--tool-choice", metavar="detect|required|auto|off", help=(
+    "The tool_choice sent to an --api-base endpoint: as its probe found (detect, default), required, auto, or "
+    "off (no tool calling: the read solver, and ask's planner). Or AMAPREDUCE_TOOL_CHOICE."))]
+StructuredOutputOpt = Annotated[str | None, typer.Option(
+    "--structured-output", metavar="detect|json_schema|json_object_schema|json_object|none", help=(
+        "How a reply's JSON schema is sent to an --api-base endpoint: as its probe found (detect, default), "
+        "OpenAI's json_schema, llama-cpp-python's json_object_schema, a bare json_object, or none (the schema "
+        "goes into the prompt). Or AMAPREDUCE_STRUCTURED_OUTPUT."))]
+MessageContentOpt = Annotated[str | None, typer.Option("--message-content", metavar="detect|list|string", help=(
+    "How message content is sent to an --api-base endpoint: as its probe found (detect, default), a list of "
+    "parts, or strings. Or AMAPREDUCE_MESSAGE_CONTENT."))]
+
+
+def endpoint_overrides(*, model_timeout: float | None, solver: str | None, tool_choice: str | None,
+                       structured_output: str | None, message_content: str | None) -> dict[str, object]:
+    """The settings the endpoint flags give (`load_settings` keywords; None: not given, so the
+    environment or the default applies; a bad value is refused there, naming the setting)."""
+    return {"model_timeout_s": model_timeout, "solver": solver, "tool_choice": tool_choice,
+            "structured_output": structured_output, "message_content": message_content}
 WorkersOpt = Annotated[int | None, typer.Option("--workers", min=1, help="Sub-agents running at once.")]
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", help="LiteLLM id (openai/gpt-5-mini) or the server's model name.")]

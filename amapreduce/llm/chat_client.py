@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import http.client
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from amapreduce._version import __version__
+from amapreduce.llm.dialect import Adapter, adapt_reply, adapt_request
 from amapreduce.llm.hedge import CancelToken, Hedger, RequestCancelled
 from amapreduce.llm.plain_http import PlainPoster, plain_http_usable
 from amapreduce.llm.transport import cancellable, chat_http_client
@@ -207,7 +208,10 @@ class _Completions:
             ProviderConnectionError: the request could not be sent or the reply not read.
             ProviderTimeout: the connection or the reply timed out.
         """
-        return self._client.post("chat/completions", {k: v for k, v in request.items() if v is not None})
+        client = self._client
+        payload = adapt_request(client.adapters, {k: v for k, v in request.items() if v is not None})
+        reply = client.post("chat/completions", payload)
+        return Reply(adapt_reply(client.adapters, reply.model_dump())) if client.adapters else reply
 
 
 class _Chat:
@@ -224,10 +228,13 @@ class ChatCompletionsClient:
         timeout_s: seconds for a whole call (connecting: at most `CONNECT_TIMEOUT_S`); default 600.
         http_client: the httpx client to send with; default `chat_http_client()` (no delayed-ACK
             stall, the environment's proxies).
+        adapters: fit each request to the endpoint's dialect, and its reply back (`llm.dialect`,
+            chosen from the endpoint's probed capabilities by `llm.dialect.adapters_for`).
     """
 
     def __init__(self, *, base_url: str, api_key: str, timeout_s: float | None = None,
-                 http_client: httpx.Client | None = None) -> None:
+                 http_client: httpx.Client | None = None, adapters: Sequence[Adapter] = ()) -> None:
+        self.adapters = tuple(adapters)
         self.base_url = base_url.rstrip("/") + "/"
         total = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self._timeout = httpx.Timeout(total, connect=min(CONNECT_TIMEOUT_S, total))

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -258,6 +259,30 @@ class UsageMeter:
         self._unpriced_roles: set[str] = set()
         self.unpriced_models: set[str] = set()
         """Models used without a known price (their calls count as $0 towards the budget)."""
+        self._in_flight: dict[int, float] = {}
+        self._next_call = 0
+
+    def call_started(self, now: float | None = None) -> int:
+        """Note a model call sent now (`time.monotonic()`); return its token for `call_ended`."""
+        with self._lock:
+            self._next_call += 1
+            self._in_flight[self._next_call] = time.monotonic() if now is None else now
+            return self._next_call
+
+    def call_ended(self, token: int) -> None:
+        """The call of `token` has its reply or its error."""
+        with self._lock:
+            self._in_flight.pop(token, None)
+
+    def in_flight(self, now: float | None = None) -> tuple[int, float]:
+        """Model calls waiting for their reply, and how long the oldest has waited (seconds): what
+        progress shows while a slow endpoint computes ("waiting for the model: 1 call in flight for 40 s")."""
+        with self._lock:
+            if not self._in_flight:
+                return 0, 0.0
+            oldest = min(self._in_flight.values())
+            count = len(self._in_flight)
+        return count, max(0.0, (time.monotonic() if now is None else now) - oldest)
 
     def check(self) -> None:
         """Raise `BudgetExceeded` when the budget is already spent (called before each call)."""

@@ -36,6 +36,8 @@ from smolagents.models import ChatMessage, Model
 from amapreduce import telemetry
 from amapreduce.breaker import BreakerState, CircuitBreaker
 from amapreduce.errors import ConfigError, ProviderUnavailable
+from amapreduce.llm.dialect import Adapter, adapters_for
+from amapreduce.llm.endpoint import EndpointCapabilities
 from amapreduce.llm.breaker import BreakerPolicy, is_outage, record_answer, shared_breaker, unreachable
 from amapreduce.llm.hedge import HedgeOutcome, Hedger
 from amapreduce.llm.messages import estimate_tokens, message_text, without_secrets
@@ -48,7 +50,7 @@ from amapreduce.llm.retry import (
     Transient,
     call_with_retries,
 )
-from amapreduce.llm.scope import scope_cancelled, scope_extra_calls, scope_labels
+from amapreduce.llm.scope import scope_cancelled, scope_extra_calls, scope_labels, scope_reply_tokens
 from amapreduce.llm.usage import Usage
 from amapreduce.ratelimit import WindowGate, WindowLimiter, WindowPolicy, shared_limiter
 from amapreduce.trace import redact_secrets, register_secrets
@@ -97,8 +99,10 @@ class ModelSpec(BaseModel):
     """Requests per minute for this provider, shared by the whole process."""
     tpm: int | None = Field(default=None, ge=1)
     """Tokens per minute for this provider, shared by the whole process."""
-    flatten_messages: bool = False
-    """Send message content as plain strings (llama.cpp's server needs it)."""
+    capabilities: EndpointCapabilities | None = None
+    """What the `api_base` endpoint accepts (`llm.endpoint`, probed in pre-flight): the request
+    adapters of its dialect are chosen from it (`llm.dialect.adapters_for`); None: OpenAI's own
+    dialect, requests sent as smolagents builds them."""
 
 
 class BreakerGate(Protocol):
@@ -167,7 +171,15 @@ def _sampling(spec: ModelSpec) -> dict[str, Any]:
     return params
 
 
-def _inner_model(spec: ModelSpec) -> Model:
+def _adapters(spec: ModelSpec, role: str) -> tuple[Adapter, ...]:
+    """The request adapters of the endpoint's dialect for `role` (none for OpenAI's own dialect)."""
+    if spec.capabilities is None:
+        return ()
+    return adapters_for(spec.capabilities, role=role, max_tokens=spec.max_tokens,
+                        reasoning=is_reasoning_model(spec.model_id))
+
+
+def _inner_model(spec: ModelSpec, role: str = "subagent") -> Model:
     key = spec.api_key.get_secret_value() if spec.api_key else None
     if spec.api_base:
         from smolagents import OpenAIModel
@@ -177,8 +189,8 @@ def _inner_model(spec: ModelSpec) -> Model:
         return OpenAIModel(
             model_id=spec.model_id,
             # our lean client, not the openai SDK's: smolagents builds the request and reads the reply
-            client=ChatCompletionsClient(base_url=spec.api_base, api_key=key or NO_KEY, timeout_s=spec.timeout_s),
-            flatten_messages_as_text=spec.flatten_messages,
+            client=ChatCompletionsClient(base_url=spec.api_base, api_key=key or NO_KEY, timeout_s=spec.timeout_s,
+                                         adapters=_adapters(spec, role)),
             retry=False,  # smolagents' own retryer would sleep ~60 s on a 429 beneath our policy
             **_sampling(spec),
         )
@@ -289,6 +301,7 @@ class ManagedModel(Model):
         trace: where call and retry events go (None: not traced).
         on_retry: told of each retry as a `ProviderRetry` (e.g. to count retries in progress).
         provider: the provider's key in a `ProviderRejected` (`build_model`: `provider_of(spec)`).
+        capabilities: what the provider's endpoint accepts (`ModelSpec.capabilities`).
 
     The inner client's API key is registered for redaction by value (`trace.register_secrets`):
     an error that echoes it is masked in every message, trace event and prompt.
@@ -307,8 +320,12 @@ class ManagedModel(Model):
         trace: Trace | None = None,
         on_retry: ProviderRetryHandler | None = None,
         provider: str | None = None,
+        capabilities: EndpointCapabilities | None = None,
     ) -> None:
         super().__init__(model_id=inner.model_id)
+        self.capabilities = capabilities
+        """What the model's endpoint accepts (`llm.endpoint`); None: not an `api_base` endpoint, or
+        a client given by the caller (a simulated model)."""
         client_kwargs = getattr(inner, "client_kwargs", None)
         keys = (getattr(inner, "api_key", None), client_kwargs.get("api_key") if isinstance(client_kwargs, dict) else None)
         register_secrets(key for key in keys if key != NO_KEY)
@@ -397,6 +414,9 @@ class ManagedModel(Model):
         **kwargs: Any,
     ) -> ChatMessage:
         self.meter.check()
+        budget = scope_reply_tokens()
+        if budget is not None and "max_tokens" not in kwargs and self.capabilities is not None:
+            kwargs["max_tokens"] = budget  # a batch's calls are sized to its rows (`ReplyBudget` caps it to the window)
         messages = without_secrets(messages)  # no configured key is ever sent, whatever text a prompt quotes
         estimate = sum(estimate_tokens(message_text(m)) for m in messages)
         state = _Call()
@@ -466,6 +486,7 @@ class ManagedModel(Model):
                 self.on_retry(event)
 
         started = time.monotonic()
+        waiting = self.meter.call_started(started)
         try:
             admit()
             reply = call_with_retries(
@@ -477,6 +498,8 @@ class ManagedModel(Model):
                 retry_waits=state.waits, usage=None, error=self._describe(exc),
             )
             raise
+        finally:
+            self.meter.call_ended(waiting)
         used = reply.token_usage
         usage = Usage(
             requests=1,
@@ -516,7 +539,8 @@ def build_model(
     register_secrets([spec.api_key.get_secret_value() if spec.api_key else None])
     limiter = _limiter(provider_of(spec), WindowPolicy(rpm=spec.rpm, tpm=spec.tpm)) if (spec.rpm or spec.tpm) else None
     return ManagedModel(
-        inner or _inner_model(spec), role=role, meter=meter, limiter=limiter,
+        inner or _inner_model(spec, role), role=role, meter=meter, limiter=limiter,
         breaker=_breaker(provider_of(spec), breaker) if breaker is not None else None,
         retry=retry, trace=trace, on_retry=on_retry, provider=provider_of(spec),
+        capabilities=spec.capabilities if inner is None else None,
     )

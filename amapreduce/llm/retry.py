@@ -25,6 +25,7 @@ provider retries without pretending they are engine progress.
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,7 +44,9 @@ __all__ = [
     "Transient",
     "call_with_retries",
     "classify",
+    "context_overflow",
     "http_status",
+    "refused_as_invalid",
     "rejected_status",
     "rejection",
 ]
@@ -103,8 +106,28 @@ def _named(exc: BaseException, *names: str) -> bool:
     return any(cls.__name__ in names for cls in type(exc).__mro__)
 
 
+_VALIDATION = re.compile(
+    r"validation errors?\b|Input should be|Field required|'loc': \(|\"loc\": \[|AssertionError|is not supported|"
+    r"unsupported (?:value|parameter)|Unrecognized request argument",
+    re.IGNORECASE,
+)
+"""How a server that answers a request it cannot take with an HTTP 500 words it: llama-cpp-python's
+server returns pydantic's validation errors (`10 validation errors: {'type': 'string_type', 'loc':
+('body', 'messages', ...), 'msg': 'Input should be a valid string'`) and its failed assertions (a
+`tool_choice` its chat format refuses) as 500s. Read from the text because the status says
+nothing else; what it matches is the form of the request, which no retry changes."""
+
+
+def refused_as_invalid(exc: BaseException) -> bool:
+    """Whether `exc` is an HTTP 500 whose body says the request itself was invalid (`_VALIDATION`):
+    a refusal, not an outage, however the status reads."""
+    return http_status(exc) == 500 and bool(_VALIDATION.search(_provider_text(exc, limit=2000)))
+
+
 def classify(exc: BaseException) -> Transient | None:
     """Whether `exc` is worth retrying (and how long the server wants us to wait)."""
+    if refused_as_invalid(exc):
+        return None
     status = http_status(exc)
     if status == 429 or _named(exc, "RateLimitError"):
         return Transient(kind="rate_limit", retry_after_s=_retry_after(exc))
@@ -127,6 +150,10 @@ REJECTION_ADVICE: dict[int, str] = {
     403: "The key has no access to this model: check the account's permissions, or choose another --model.",
     404: "No such model or endpoint: check --model (and --api-base).",
     422: _INVALID,
+    500: "The server answered HTTP 500 with a validation error: it takes requests in another dialect than the one "
+    "sent (amapreduce asks an --api-base endpoint what it accepts before a run and keeps the answer in its cache "
+    "folder). Set what differs: --message-content string, --tool-choice auto (or off), --structured-output "
+    "json_object_schema (or none); see docs/guides/local-models.md.",
 }
 """The statuses that refuse a run for good, and what the user should check for each."""
 
@@ -155,10 +182,20 @@ def rejected_status(exc: BaseException) -> int | None:
     code = getattr(exc, "code", None)
     if _named(exc, *_THIS_REQUEST_ONLY) or (isinstance(code, str) and code in _THIS_REQUEST_CODES):
         return None
+    if refused_as_invalid(exc):
+        return 500
     status = http_status(exc)
     if status is not None:
-        return status if status in REJECTION_ADVICE else None
+        return status if status in REJECTION_ADVICE and status < 500 else None  # a 500 only as `refused_as_invalid`
     return next((named for name, named in _REJECTION_TYPES.items() if _named(exc, name)), None)
+
+
+def context_overflow(exc: BaseException) -> bool:
+    """Whether `exc` says the request's prompt and reply do not fit the model's context window
+    (OpenAI's and llama-cpp-python's `context_length_exceeded`, LiteLLM's `ContextWindowExceededError`):
+    the same request with a shorter prompt may pass (`ModelCallError.kind` `context_overflow`)."""
+    code = getattr(exc, "code", None)
+    return _named(exc, "ContextWindowExceededError") or code == "context_length_exceeded"
 
 
 def _provider_text(exc: BaseException, *, limit: int = 400) -> str:
@@ -213,7 +250,8 @@ def call_with_retries(
             refused = rejection(exc, what=what, provider=provider or what)
             if refused is not None:
                 return refused
-            return ModelCallError(f"{what} failed: {type(exc).__name__}: {redact_secrets(str(exc))}", kind="permanent")
+            return ModelCallError(f"{what} failed: {type(exc).__name__}: {redact_secrets(str(exc))}",
+                                  kind="context_overflow" if context_overflow(exc) else "permanent")
         return ModelCallError(
             f"{what} failed after {attempts} attempts ({transient.kind}): {type(exc).__name__}: {redact_secrets(str(exc))}. "
             "Check the provider's status and your rate limits, or lower --workers.",

@@ -22,15 +22,19 @@ from typing import Any
 from amapreduce.llm.hedge import ExtraCalls
 from amapreduce.llm.usage import Usage
 
-__all__ = ["UsageScope", "active_scopes", "scope_cancelled", "scope_extra_calls", "scope_labels", "usage_scope"]
+__all__ = ["UsageScope", "active_scopes", "scope_cancelled", "scope_extra_calls", "scope_labels", "scope_reply_tokens",
+           "usage_scope"]
 
 
 class UsageScope:
     """Usage by role of the model calls made inside one `usage_scope` block (thread-safe)."""
 
     def __init__(self, labels: dict[str, Any] | None = None, *, cancelled: Callable[[], bool] | None = None,
-                 extra_calls: ExtraCalls | None = None) -> None:
+                 extra_calls: ExtraCalls | None = None, reply_tokens: int | None = None) -> None:
         self.labels = dict(labels or {})
+        self.reply_tokens = reply_tokens
+        """The `max_tokens` a model call of this work is sent with when its caller names none (the
+        engine's: what the batch's rows need, `mapreduce.solver.reply_tokens`); None: the role's default."""
         self._cancelled = cancelled
         self.extra_calls = extra_calls
         """The run's budget of extra calls, when the work may hedge its late calls (`llm.hedge`)."""
@@ -89,6 +93,14 @@ def scope_extra_calls() -> ExtraCalls | None:
     for scope in reversed(_ACTIVE.get()):
         if scope.extra_calls is not None:
             return scope.extra_calls
+    return None
+
+
+def scope_reply_tokens() -> int | None:
+    """The reply budget of the innermost open scope that has one (`UsageScope.reply_tokens`)."""
+    for scope in reversed(_ACTIVE.get()):
+        if scope.reply_tokens is not None:
+            return scope.reply_tokens
     return None
 
 

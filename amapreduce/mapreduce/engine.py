@@ -52,7 +52,7 @@ from amapreduce.mapreduce.result import (
     stop_ending,
 )
 from amapreduce.mapreduce.run_state import POLL_S, BatchJob, BatchState, EngineRun
-from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply
+from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply, reply_tokens
 from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps
 from amapreduce.progress import ProgressEvent
 from amapreduce.prompts import render_prompt
@@ -431,7 +431,7 @@ class MapReduceEngine:
             job.request = request
             hedges = run.stragglers.extra if run.stragglers.enabled else None  # late calls may be hedged (`llm.hedge`)
             job.scope = UsageScope({"batch_id": request.batch_id, "attempt": request.attempt}, cancelled=request.expired,
-                                   extra_calls=hedges)
+                                   extra_calls=hedges, reply_tokens=reply_tokens(request))
             with run.gate:
                 job.started_at = now
                 run.running.add(job)
@@ -463,6 +463,9 @@ class MapReduceEngine:
             tasks=tuple(item.text for item in w.items),
             column_specs=w.column_specs,
             rationale=w.batch.rationale, shared_context=dict(w.batch.shared_context),
+            forced=tuple(dict(i.forced) for i in w.items),
+            expected_rows=sum(1 if i.single_row else (i.expected_rows or 0) for i in w.items)
+            if all(i.single_row or i.expected_rows for i in w.items) else 0,
         )
 
     def _settle(
@@ -492,7 +495,9 @@ class MapReduceEngine:
             problem = redact_secrets(f"{type(exc).__name__}: {exc}")  # quoted in the retry prompt and the journal
         elif reply is not None:
             parsed = parse_reply(reply.output)
-            projected = [with_evidence(project_row(obj, names), job.pages, self.config.verify) for obj in parsed.rows]
+            entities = {v: c for item in items for c, v in item.forced.items()}  # what the sub-questions are about
+            projected = [with_evidence(project_row(obj, names), job.pages, self.config.verify, entities)
+                         for obj in parsed.rows]
             if self.trace.enabled:
                 parsed_rows = [{**p.values, "task": p.task, "source": p.source} for p in projected]
             rows = len(projected)

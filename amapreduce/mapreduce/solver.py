@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from smolagents import Tool
     from smolagents.agents import PromptTemplates
 
-__all__ = ["SUBAGENT_NAME", "BatchRequest", "BatchSolver", "SmolagentsSolver", "SolverReply"]
+__all__ = ["SUBAGENT_NAME", "BatchRequest", "BatchSolver", "SmolagentsSolver", "SolverReply", "reply_tokens"]
 
 SUBAGENT_NAME = "amapreduce_subagent"
 """The sub-agents' name: what tracing tools show them as (`amapreduce_subagent.run`)."""
@@ -68,6 +68,14 @@ class BatchRequest:
     """The output columns the sub-agent fills (names, types, descriptions)."""
     rationale: str = ""
     shared_context: Mapping[str, Any] = field(default_factory=dict)
+    forced: tuple[Mapping[str, str], ...] = ()
+    """Each sub-question's cells the task matrix fixes (column → value: the entity it is about; a
+    patch's target row key), in the order of `tasks`; empty when not known. The engine keeps these
+    cells whatever a reply says, so a solver need not ask for them."""
+    expected_rows: int = 0
+    """Rows the batch's answer should hold, for bounding its reply (`reply_tokens`): one per
+    sub-question of a one-row decision, `rows_per_task` each where the decision names it; 0: unknown
+    (a sub-question may yield any number)."""
     deadline: float = float("inf")
     """`clock()` value after which the attempt should stop."""
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -78,6 +86,23 @@ class BatchRequest:
     def expired(self) -> bool:
         """True once the engine gave up on the attempt or its deadline has passed."""
         return self.cancel.is_set() or self.clock() > self.deadline
+
+
+REPLY_TOKENS_PER_CELL = 40
+"""A cell's value and its verbatim quote, in tokens (measured replies: 8-30 each)."""
+MAX_REPLY_TOKENS = 8192
+"""The most `reply_tokens` gives one call (an endpoint's context window may cap it lower: `llm.dialect`)."""
+UNKNOWN_ROWS_PER_TASK = 8
+"""Rows a sub-question is budgeted for when the decision does not say how many it yields."""
+
+
+def reply_tokens(request: BatchRequest) -> int:
+    """The `max_tokens` one model call of `request`'s attempt is given: enough for its JSON rows
+    (columns plus quotes, a task number and source per row) and some room, never the whole context
+    a weak model would otherwise generate into."""
+    rows = request.expected_rows or UNKNOWN_ROWS_PER_TASK * max(1, len(request.tasks))
+    per_row = REPLY_TOKENS_PER_CELL * (len(request.column_specs) + 1)
+    return min(MAX_REPLY_TOKENS, 256 + rows * per_row)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -64,7 +64,8 @@ RERUN_SETTINGS: tuple[str, ...] = (
     "workers", "max_attempts", "batch_timeout_s", "patch_rounds", "max_batches", "subagent_max_steps",
     "manager_max_steps", "max_tool_calls", "max_cost_usd", "max_tokens", "model_rpm", "model_tpm", "prices_file",
     "retry_max_retries", "retry_base_delay_s", "retry_max_delay_s", "allow_private_urls", "allowed_domains",
-    "denied_domains", "crawl_max_chars",
+    "denied_domains", "crawl_max_chars", "allow_web_crawl", "model_timeout_s", "endpoint_probe", "message_content",
+    "tool_choice", "structured_output", "solver", "context_window",
 )
 """The settings a run journals so that a resume runs as the run did. No secret is among them
 (API keys come from the environment again); values left at their defaults are not journaled, so

@@ -17,10 +17,10 @@ import functools
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from amapreduce.errors import ConfigError
-from amapreduce.llm.factory import build_role_model, model_for_role
+from amapreduce.llm.factory import build_role_model, endpoint_for, model_for_role
 from amapreduce.settings import DecisionAuthor, Settings
 
 if TYPE_CHECKING:
@@ -30,10 +30,12 @@ if TYPE_CHECKING:
     from smolagents import Model, Tool
 
     from amapreduce.agents.mcp import McpToolbox
+    from amapreduce.llm.endpoint import EndpointCapabilities
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.llm.models import ManagedModel
     from amapreduce.mapreduce.engine import MapReduceEngine
     from amapreduce.mapreduce.merge import Merger
+    from amapreduce.mapreduce.read_solver import Reader
     from amapreduce.mapreduce.solver import BatchSolver
     from amapreduce.progress import ProgressEvent
     from amapreduce.trace import Trace
@@ -111,11 +113,16 @@ def build_models(settings: Settings, roles: Sequence[str], *, meter: UsageMeter,
     """One managed model per role that has a model id (`llm.factory.build_role_model`), charged to
     `meter`; `inner` replaces the provider clients (simulated models in the demo and tests)."""
     models: dict[str, ManagedModel] = {}
+    endpoints: dict[str, EndpointCapabilities | None] = {}
+    """Each model id's endpoint asked once (`llm.factory.endpoint_for`), however many roles it serves."""
     for role in roles:
         model_id = model_for_role(settings, role)
         if model_id is not None:
-            models[role] = build_role_model(settings, role, model_id, meter=meter,
-                                            inner=inner(role) if inner is not None else None, trace=trace)
+            client = inner(role) if inner is not None else None
+            if client is None and model_id not in endpoints:
+                endpoints[model_id] = endpoint_for(settings, model_id)
+            models[role] = build_role_model(settings, role, model_id, meter=meter, inner=client, trace=trace,
+                                            capabilities=endpoints.get(model_id))
     return models
 
 
@@ -146,14 +153,17 @@ def build_parts(
             does not ask them again); None: not kept.
         solver: replaces the search sub-agents (a test's, or a user's own `BatchSolver`).
 
+    The solver, unless given, is the one `settings.solver` asks for (`_default_solver`), and a
+    `solver` line in the trace says which and why.
+
     Raises:
-        ConfigError: no sub-agent model, or an MCP config (`settings.mcp`) whose server did not start.
+        ConfigError: no sub-agent model, an MCP config (`settings.mcp`) whose server did not start,
+            or `solver` `read` with web tools that expose no web service to read with.
     """
     from amapreduce.agents.tool_calls import record_tool_calls
     from amapreduce.llm.reply_cache import ReplyCache
     from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
     from amapreduce.mapreduce.merge import ModelMerger
-    from amapreduce.mapreduce.solver import SmolagentsSolver
 
     if "subagent" not in models:
         raise ConfigError(NO_MODEL_HELP)
@@ -164,16 +174,17 @@ def build_parts(
 
         service = WebService.from_settings(settings, search=search)
         web_tools = build_web_tools(settings, service=service, model=models.get("extraction"))
+    reader = service if service is not None else _reader_of(web_tools)
     toolbox = _start_mcp(settings, reserved={t.name for t in web_tools}, trace=trace)
     try:
         mcp_tools: list[Tool] = list(toolbox.tools) if toolbox is not None else []
         # every call of every agent's tools is a `tool` line in the trace (and on its span)
         web_tools = [record_tool_calls(t) for t in web_tools]
         mcp_tools = [record_tool_calls(t) for t in mcp_tools]
-        if solver is None:
-            solver = SmolagentsSolver(
-                model=models["subagent"], tools=[*web_tools, *mcp_tools], max_steps=settings.subagent_max_steps
-            )
+        if solver is None:  # a caller's own solver is the caller's to record
+            solver, name, why = _default_solver(settings, models["subagent"], tools=[*web_tools, *mcp_tools],
+                                                reader=reader)
+            trace.write("solver", name=name, why=why)
         engine = MapReduceEngine(
             solver, config=EngineConfig.from_settings(settings, decisions_by=decisions_by), trace=trace,
             progress=progress, backup_gate=models["subagent"].has_room_for,
@@ -194,6 +205,53 @@ def build_parts(
         parts.closers.append(toolbox.close)
         weakref.finalize(parts, toolbox.close)  # parts dropped unclosed, or the process exiting
     return parts
+
+
+def _reader_of(tools: Sequence[Tool]) -> Reader | None:
+    """The web service behind a caller's web tools (`web.tools`' keep theirs as `.service`), or None."""
+    for tool in tools:
+        service = getattr(tool, "service", None)
+        if callable(getattr(service, "search", None)) and callable(getattr(service, "crawl", None)):
+            return cast("Reader", service)
+    return None
+
+
+def _default_solver(settings: Settings, model: ManagedModel, *, tools: Sequence[Tool],
+                    reader: Reader | None) -> tuple[BatchSolver, str, str]:
+    """The solver `settings.solver` asks for, its name and why it was chosen: `agent`, `read`, or for
+    `auto` the read solver when the model's endpoint has no reliable agent loop or its id names a
+    small model (the rule: `mapreduce.read_solver`'s module doc), else the agent. The read solver
+    needs a web service to read with: `auto` without one keeps the agent.
+
+    Raises:
+        ConfigError: `read` asked for, and the given web tools expose no web service.
+    """
+    from amapreduce.mapreduce.read_solver import ReadSolver, looks_small
+    from amapreduce.mapreduce.solver import SmolagentsSolver
+
+    capabilities = model.capabilities
+    if settings.solver != "auto":
+        read, why = settings.solver == "read", f"asked for (solver={settings.solver})"
+    elif capabilities is not None and not capabilities.tool_calling:
+        calling = ", ".join(capabilities.tool_choices) or "none"
+        read, why = True, f"the endpoint has no reliable tool calling (tool_choice values that call a tool: {calling})"
+    elif looks_small(model.model_id):
+        read, why = True, f"the model id {model.model_id!r} names a size under 3B parameters"
+    else:
+        read, why = False, "the endpoint calls tools" if capabilities is not None else "tool calling is assumed"
+    if read and reader is None:
+        if settings.solver == "read":
+            raise ConfigError(
+                "the read solver (--solver read) searches and reads with the run's web service, but the web tools "
+                f"given ({', '.join(str(t.name) for t in tools) or 'none'}) expose none. Leave the web tools to the "
+                "settings, give tools that keep their service as `.service` (web_search, crawl_page), or use "
+                "--solver agent."
+            )
+        read, why = False, f"{why}, but the web tools given expose no web service to read with"
+    if read and reader is not None:
+        return ReadSolver(model=model, reader=reader, crawl_max_chars=settings.crawl_max_chars,
+                          context_window=settings.context_window), "read", why
+    return SmolagentsSolver(model=model, tools=tools, max_steps=settings.subagent_max_steps), "agent", why
 
 
 def context_window_for(settings: Settings, model_id: str | None) -> int:

@@ -32,6 +32,8 @@ __all__ = ["LINE_INTERVAL_S", "ProgressMode", "RunProgress"]
 
 LINE_INTERVAL_S = 10.0
 """Seconds between two plain progress lines when the stage has not changed."""
+SLOW_CALL_S = 10.0
+"""A model call in flight this long is named in progress ("waiting for the model: ...")."""
 
 ProgressMode = Literal["live", "lines", "off"]
 """`live`: a rich bar (a terminal); `lines`: plain timestamped lines; `off`: nothing."""
@@ -132,6 +134,9 @@ class RunProgress:
             )
             self._progress.start()
             self._task = self._progress.add_task("run", total=None, stage=self.stage, facts=self._facts())
+            self._stop.clear()  # the bar's facts (a call waiting on a slow model) change between events too
+            self._heartbeat = threading.Thread(target=self._beat, name="amapreduce-progress", daemon=True)
+            self._heartbeat.start()
         elif self.mode == "lines":
             with self._lock:
                 self._active = True
@@ -185,7 +190,9 @@ class RunProgress:
     def tick(self) -> None:
         """Write a plain line when one is due (`interval_s` since the last); the heartbeat calls this."""
         with self._lock:
-            if self._active and self._due() <= 0:
+            if self._progress is not None:
+                self._refresh()
+            elif self._active and self._due() <= 0:
                 self._write_line()
 
     def _beat(self) -> None:
@@ -210,7 +217,19 @@ class RunProgress:
         provider = f" · provider retries {self._provider_retries}" if self._provider_retries else ""
         provider += f" · backups {self._backups}" if self._backups else ""
         cost = f" · {self.meter.cost_text()}" if total.requests else ""
-        return f"retries {self._retries}{provider} · {total.total_tokens} tokens{cost}"
+        return f"retries {self._retries}{provider} · {total.total_tokens} tokens{cost}{self._waiting()}"
+
+    def _waiting(self) -> str:
+        """" · waiting for the model: N calls in flight for S s" once the oldest call has waited
+        `SLOW_CALL_S`: a slow endpoint (a CPU server computing one request per slot) is shown as
+        such, not as a run that stalled."""
+        if self.meter is None:
+            return ""
+        count, age = self.meter.in_flight()
+        if count == 0 or age < SLOW_CALL_S:
+            return ""
+        calls = "1 call" if count == 1 else f"{count} calls"
+        return f" · waiting for the model: {calls} in flight for {int(age)} s"
 
     def _write_line(self) -> None:
         """One plain progress line (the lock held)."""

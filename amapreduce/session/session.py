@@ -172,6 +172,11 @@ class Session:
         for role in ("manager", "subagent"):
             if role in self.roles and model_for_role(settings, role) is None:
                 raise ConfigError(NO_MODEL_HELP)
+        self._search: SearchBackend | None = None
+        if options.web_tools is None:  # before the models: checking a backend spec asks no server
+            from amapreduce.web.backends import make_backend
+
+            self._search = make_backend(settings.search_backend, settings)
         self.models: dict[str, ManagedModel] = {}
         if options.executor is not None:
             options.executor.check()
@@ -189,11 +194,6 @@ class Session:
                              settings.max_cost_usd)
         self.estimate: Estimate | None = None
         """An `ask`'s estimate of its first fan-out (`RunOptions.estimate_only`)."""
-        self._search: SearchBackend | None = None
-        if options.web_tools is None:
-            from amapreduce.web.backends import make_backend
-
-            self._search = make_backend(settings.search_backend, settings)
         if settings.mcp is not None:  # read and checked here; its servers start with the run
             from amapreduce.agents.mcp_config import check_mcp_config
 
@@ -432,13 +432,22 @@ class Session:
     # -- the flows --------------------------------------------------------------------------------
 
     def ask(self) -> RunOutcome:
-        """Answer the session's question: the manager with the `mapreduce` tool, then `finish`."""
+        """Answer the session's question: the manager with the `mapreduce` tool, then `finish`.
+
+        A manager model that cannot call tools (its endpoint's probe found no `tool_choice` that
+        works, or `tool_choice=off`) would never get past its first step: the planner
+        (`agents.planner`) writes its decision in one structured call instead, and runs it through
+        the same `mapreduce` tool."""
         from smolagents.utils import AgentError
 
         from amapreduce.agents.manager import build_manager
         from amapreduce.agents.mapreduce_tool import MapReduceTool
+        from amapreduce.agents.planner import planner_reason
         from amapreduce.agents.tool_calls import record_tool_calls
 
+        why = planner_reason(self.models["manager"].capabilities, self.settings.tool_choice)
+        if why is not None:
+            return self._ask_planned(why)
         parts, answer = self.parts, None
         manager = build_manager(self.models["manager"],
                                 [*parts.manager_tools, record_tool_calls(MapReduceTool(self))],
@@ -453,6 +462,30 @@ class Session:
             self.finish(stopped=INTERRUPTED)
             raise
         return self.finish(answer=answer)
+
+    def _ask_planned(self, why: str) -> RunOutcome:
+        """`ask` through the planner (see `ask`): scouting in code, one structured call (a retry when
+        its reply is unusable), then the decision through the `mapreduce` tool. A model that could
+        not write a valid decision ends the run `failed` with `agents.planner.CANNOT_PLAN`; a stop
+        (budget, outage, cancel) or a model call that failed for good ends it as the manager's would."""
+        from amapreduce.agents.planner import Planner
+        from amapreduce.llm.retry import ModelCallError
+
+        self.trace.write("manager", mode="planner", why=why)
+        planner = Planner(self.models["manager"], web_tools=self.parts.web_tools, max_batches=self.settings.max_batches,
+                          trace=self.trace, crawl_chars=self.settings.crawl_max_chars)
+        stops: tuple[type[Exception], ...] = (RunCancelled, ModelCallError, *RUN_STOPPING_ERRORS)
+        self.progress.set_stage("manager")
+        try:
+            planned = planner.run(self.options.query, self)
+        except stops as exc:
+            return self.finish(stopped=_stop_ending(exc))
+        except KeyboardInterrupt:
+            self.finish(stopped=INTERRUPTED)
+            raise
+        if planned.failure is not None:
+            return self.finish(stopped=RunEnding(RunStatus.FAILED, planned.failure))
+        return self.finish(answer=planned.answer)
 
     def run(self, decision: Decision | None = None, plan: BatchPlan | None = None) -> RunOutcome:
         """Execute `decision` (default: `RunOptions.decision`, on the plan checked in pre-flight) and

@@ -25,6 +25,8 @@ from typing import Any
 
 from smolagents.models import ChatMessage, MessageRole, Model
 
+from amapreduce.llm.endpoint import SIMULATED_SERVER
+
 __all__ = ["OpenAICompatibleServer"]
 
 _ROLES = {
@@ -161,7 +163,8 @@ class OpenAICompatibleServer:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    self._send(200, {"object": "list", "data": [{"id": server.model.model_id, "object": "model"}]})
+                    self._send(200, {"object": "list", "data": [{"id": server.model.model_id, "object": "model",
+                                                                "owned_by": SIMULATED_SERVER}]})
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 

@@ -12,6 +12,13 @@ probe crawl goes out. A crawler-wide breaker would let a handful of dead links e
 whole run. An outage of the network itself is caught by the search backend's breaker
 (`web.backends.base`), which stops the run: every run searches before it crawls. The host
 breakers belong to the service (one run), never wait (`max_wait_s` 0) and never stop a run.
+
+Private mode (`local_only`): a user who points a local model at a local corpus expects nothing to
+leave the machine, yet a model may write any http(s) URL (`http://www.google.com/search?q=...`)
+and the URL policy alone would resolve its host through the system resolver. So with a corpus
+search backend, unless `Settings.allow_web_crawl` says otherwise, a URL that is not `corpus://`
+is refused first: before the policy, its DNS lookup, the cache and any fetch. Corpus documents
+keep no original URL, so nothing else can be served in its place.
 """
 
 from __future__ import annotations
@@ -127,6 +134,9 @@ class WebService:
             index is added automatically).
         crawl_breaker: the policy of each crawled host's circuit breaker (None: none;
             `from_settings` gives the `crawl_breaker_*` settings' one).
+        local_only: private mode: crawl only `corpus://` URLs and refuse any other before it is
+            checked, resolved, looked up in the cache or fetched (`from_settings`: a corpus
+            backend without `allow_web_crawl`).
         resolver, transport: injected by tests.
     """
 
@@ -139,10 +149,12 @@ class WebService:
         limits: FetchLimits | None = None,
         corpora: Mapping[str, CorpusIndex] | None = None,
         crawl_breaker: BreakerPolicy | None = None,
+        local_only: bool = False,
         resolver: Resolver | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.backend = backend
+        self.local_only = local_only
         self.cache = cache
         self.policy = policy or UrlPolicy()
         self.limits = limits or FetchLimits()
@@ -163,10 +175,12 @@ class WebService:
         cls, settings: Settings, *, backend: str | None = None, corpora: Mapping[str, Path] | None = None,
         search: SearchBackend | None = None,
     ) -> WebService:
-        """Build the service a run's settings describe (backend spec, cache, URL policy); `search`:
-        a backend already built (a run's pre-flight built it), else built from `backend` or the settings."""
+        """Build the service a run's settings describe (backend spec, cache, URL policy, private
+        mode); `search`: a backend already built (a run's pre-flight built it), else built from
+        `backend` or the settings. A corpus backend crawls only its corpus unless `allow_web_crawl`."""
+        built = search if search is not None else make_backend(backend or settings.search_backend, settings)
         return cls(
-            search if search is not None else make_backend(backend or settings.search_backend, settings),
+            built,
             cache=WebCache.in_dir(settings.cache_dir, settings.cache_ttl_s),
             policy=UrlPolicy(
                 allow_private_urls=settings.allow_private_urls,
@@ -175,6 +189,7 @@ class WebService:
             ),
             corpora={name: CorpusIndex.open(path) for name, path in (corpora or {}).items()},
             crawl_breaker=crawl_breaker_policy(settings),
+            local_only=built.name.startswith("corpus:") and not settings.allow_web_crawl,
         )
 
     def usage(self) -> WebUsage:
@@ -211,11 +226,13 @@ class WebService:
     def crawl(self, url: str, max_chars: int) -> Page:
         """The main text of `url`, truncated to `max_chars` characters.
 
-        `corpus://` URLs are read from the local indexes; http(s) URLs pass the URL policy (on
-        every redirect hop), then the cache, then a real fetch.
+        `corpus://` URLs are read from the local indexes; in private mode (`local_only`) any
+        other URL is refused there and then; else http(s) URLs pass the URL policy (on every
+        redirect hop), then the cache, then a real fetch.
 
         Raises:
-            UrlRefused: the policy refuses the URL or a redirect hop, or names an unknown corpus.
+            UrlRefused: private mode and not a `corpus://` URL, the policy refuses the URL or a
+                redirect hop, or the URL names an unknown corpus.
             FetchFailed: the page could not be fetched or is not text, the corpus has no such
                 page, or the host's circuit breaker is open (nothing was sent).
             RunError: the host does not resolve.
@@ -228,6 +245,8 @@ class WebService:
             self._crawls += 1
         if url.startswith(CORPUS_SCHEME):
             return self._crawl_corpus(url, max_chars)
+        if self.local_only:
+            raise self._private_refusal(url)
         breaker = self._host_breaker(url)
         if breaker is None:
             return self._crawl_web(url, max_chars)[0]
@@ -248,6 +267,17 @@ class WebService:
         else:
             breaker.release(probe)  # a cached page says nothing about the host now
         return page
+
+    def _private_refusal(self, url: str) -> UrlRefused:
+        """Why private mode refuses `url`, as the model reads it: which corpus to read instead."""
+        names = ", ".join(repr(name) for name in sorted(self.corpora)) or "(none loaded)"
+        which = "corpus" if len(self.corpora) == 1 else "corpora"
+        return UrlRefused(
+            f"refused URL {url!r}: this run reads only the local {which} {names}: use a corpus:// URL "
+            "returned by web_search. (Private mode: only the user can turn web crawling on, with "
+            "--allow-web-crawl.)",
+            url=url,
+        )
 
     def _host_breaker(self, url: str) -> CircuitBreaker | None:
         """The circuit breaker of `url`'s host (and port), created on its first crawl (None: no crawl breaker)."""
