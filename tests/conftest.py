@@ -68,6 +68,10 @@ def _no_user_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith(("AMAPREDUCE_", "OPENAI_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("AMAPREDUCE_ENV_FILE", os.devnull)  # nor a developer's `.env`
+    # No endpoint probe (`llm.endpoint`) unless a test asks for one: tests point `--api-base` at closed ports to
+    # see how a run fails once started, and at scripted servers whose every reply a test counts. The probe's
+    # own tests set it: tests/test_llm_endpoint.py, test_unreachable_provider.py, test_real_model.py.
+    monkeypatch.setenv("AMAPREDUCE_ENDPOINT_PROBE", "0")
 
 
 @pytest.fixture(autouse=True)

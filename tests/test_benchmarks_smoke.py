@@ -3,7 +3,7 @@ size, as a subprocess: a benchmark that no longer runs fails the suite (and CI).
 
 Figures are never asserted (speed is measured by the scripts, not by tests): a run passes when it
 exits 0 and prints its figures. A script that needs what a checkout may lack skips with the reason:
-Ray (the `ray` extra), the benchmark data (`AMAPREDUCE_DATA_DIR`). `bench_oracle.py` measures against
+Ray (the `ray` extra), the benchmark data (`AMAPREDUCE_DATA_DIR`), a real local model server (`bench_real_model.py`: `tests/real_model.py`). `bench_oracle.py` measures against
 the oracle server in `../shared/tools/oracle`, which tests must not depend on: `.ci/run` smoke-runs it
 after the tests.
 """
@@ -36,6 +36,13 @@ def _needs(script: str, tmp_path: Path) -> list[str]:
         return ["--data", str(BENCHMARK_DATA / "widesearch")]
     if script == "bench_evolution.py":
         return ["--out", str(tmp_path / "evolution")]
+    if script == "bench_real_model.py":
+        from real_model import find_llama
+
+        install, why = find_llama()
+        if install is None:
+            pytest.skip(f"bench_real_model.py needs a real local model server: {why}")
+        return ["--llama-python", install.python]
     return []
 
 

@@ -446,3 +446,15 @@ def test_a_callers_solver_is_kept_and_traced(tmp_path: Path, service: WebService
     own = ReadSolver(model=model, reader=service)
     with build_parts(settings, models={"subagent": model}, trace=NullTrace(), web_tools=[], solver=own) as parts:
         assert parts.engine.solver is own
+
+
+def test_a_batch_too_wide_for_a_small_window_is_asked_in_groups(service: WebService) -> None:
+    """Four sub-questions in a 2,048-token window would get a couple of hundred characters each: the
+    solver asks in groups that each get a readable excerpt, and numbers the rows as in the batch."""
+    model, server = managed(window=2048)
+    reply = ReadSolver(model=model, reader=service).solve(
+        request("Freedonia", "Sylvania", "Freedonia", "Sylvania"))
+    assert server.calls > 1 and reply.trace["groups"] == server.calls
+    rows = parse_reply(reply.output).rows
+    assert sorted(r["task"] for r in rows) == [1, 2, 3, 4]
+    assert {r["task"]: r["capital"] for r in rows}[3] == "Fredville"

@@ -61,10 +61,11 @@ def run_record(tmp_path: Path) -> dict[str, object]:
 
 @pytest.mark.parametrize("command", ["ask", "mapreduce"])
 def test_a_closed_port_is_refused_in_pre_flight_naming_the_host_and_refused(
-    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An `--api-base` endpoint is asked what it accepts before the run (`llm.endpoint`): one that
     cannot be reached is a setup failure, exit 2, and no run directory is made."""
+    monkeypatch.setenv("AMAPREDUCE_ENDPOINT_PROBE", "1")
     port = closed_port()
     api_base = f"http://127.0.0.1:{port}/v1"
     head = (["ask", "What is the code of each item?", "--no-memory"] if command == "ask"

@@ -183,15 +183,15 @@ class Session:
         self._attach = options.executor is not None and options.kind.is_ask
         """An `ask` joins its executor's cluster for the whole run (the manager's calls and every
         chunk's draw on one limiter), so its models are built once it is attached (`_open`)."""
-        if not self._attach:
-            self.models = self._build_models(self.meter)
         self._plan: BatchPlan | None = None
         self._wide = False
-        if options.decision is not None and resuming is None:
+        if options.decision is not None and resuming is None:  # checked before any server is asked (the models')
             self._plan, self._wide = _decision_plan(options.decision, settings, options.executor)
             if self._plan is not None and settings.max_cost_usd is not None:  # refused before anything is made
                 check_budget(estimate_for(settings, self._plan, options.decision.template, prices=self.meter.prices),
                              settings.max_cost_usd)
+        if not self._attach:  # an `--api-base` endpoint is asked what it accepts here (`llm.endpoint`)
+            self.models = self._build_models(self.meter)
         self.estimate: Estimate | None = None
         """An `ask`'s estimate of its first fan-out (`RunOptions.estimate_only`)."""
         if settings.mcp is not None:  # read and checked here; its servers start with the run
