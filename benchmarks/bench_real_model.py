@@ -217,6 +217,11 @@ def baseline_arm(base: str, index: Path, countries: list[str], gold: dict[str, d
     return arm
 
 
+def _ratio(ours: float, theirs: float) -> str:
+    """`ours / theirs`, or why there is none (the baseline got nothing, or failed before a call)."""
+    return f"{ours / theirs:.2f}" if theirs else f"{ours:g} vs 0 (no ratio)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--rows", type=int, default=12, help="countries of the task (spread over its list)")
@@ -274,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     base = next((a for a in results if a.name == "baseline"), None)
     for a in results:
         if base is not None and a is not base:
-            print(f"{a.name}/baseline: cells right {a.right}/{max(base.right, 1)} = {a.right / max(base.right, 1):.2f}, "
-                  f"calls {a.calls / max(base.calls, 1):.2f}, wall {a.wall_s / max(base.wall_s, 0.1):.2f}")
+            print(f"{a.name}/baseline: cells right {_ratio(a.right, base.right)}, calls {_ratio(a.calls, base.calls)}, "
+                  f"wall {_ratio(a.wall_s, base.wall_s)}")
     return 0
 
 

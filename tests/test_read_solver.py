@@ -8,7 +8,6 @@ than its context window the way llama-cpp-python's server does.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import re
 import threading

@@ -9,7 +9,7 @@ imports this one, and `amapreduce --help` must stay fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -89,7 +89,7 @@ MessageContentOpt = Annotated[str | None, typer.Option("--message-content", meta
 
 
 def endpoint_overrides(*, model_timeout: float | None, solver: str | None, tool_choice: str | None,
-                       structured_output: str | None, message_content: str | None) -> dict[str, object]:
+                       structured_output: str | None, message_content: str | None) -> dict[str, Any]:
     """The settings the endpoint flags give (`load_settings` keywords; None: not given, so the
     environment or the default applies; a bad value is refused there, naming the setting)."""
     return {"model_timeout_s": model_timeout, "solver": solver, "tool_choice": tool_choice,

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from amapreduce.llm.breaker import BreakerPolicy
-from amapreduce.llm.meter import Budget, Price, PriceTable, UsageMeter, load_price_overrides
 from amapreduce.llm.endpoint import OPENAI_DIALECT, EndpointCapabilities, endpoint_capabilities
+from amapreduce.llm.meter import Budget, Price, PriceTable, UsageMeter, load_price_overrides
 from amapreduce.llm.models import NO_KEY, ManagedModel, ModelSpec, build_model
 from amapreduce.llm.retry import ProviderRetryHandler
 from amapreduce.trace import register_secrets

@@ -36,9 +36,9 @@ from smolagents.models import ChatMessage, Model
 from amapreduce import telemetry
 from amapreduce.breaker import BreakerState, CircuitBreaker
 from amapreduce.errors import ConfigError, ProviderUnavailable
+from amapreduce.llm.breaker import BreakerPolicy, is_outage, record_answer, shared_breaker, unreachable
 from amapreduce.llm.dialect import Adapter, adapters_for
 from amapreduce.llm.endpoint import EndpointCapabilities
-from amapreduce.llm.breaker import BreakerPolicy, is_outage, record_answer, shared_breaker, unreachable
 from amapreduce.llm.hedge import HedgeOutcome, Hedger
 from amapreduce.llm.messages import estimate_tokens, message_text, without_secrets
 from amapreduce.llm.meter import UsageMeter, litellm_offline
