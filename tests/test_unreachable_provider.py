@@ -59,13 +59,15 @@ def run_record(tmp_path: Path) -> dict[str, object]:
     return record
 
 
+@pytest.mark.parametrize("probe", ["1", "0"])
 @pytest.mark.parametrize("command", ["ask", "mapreduce"])
-def test_a_closed_port_is_refused_in_pre_flight_naming_the_host_and_refused(
-    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+def test_a_closed_port_fails_at_once_naming_the_host_and_refused(
+    command: str, probe: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """An `--api-base` endpoint is asked what it accepts before the run (`llm.endpoint`): one that
-    cannot be reached is a setup failure, exit 2, and no run directory is made."""
-    monkeypatch.setenv("AMAPREDUCE_ENDPOINT_PROBE", "1")
+    """An `--api-base` endpoint is asked what it accepts before the run (`llm.endpoint`): one that cannot
+    be reached is a setup failure, exit 2, and no run directory is made. Without the probe
+    (`AMAPREDUCE_ENDPOINT_PROBE=0`) the run's first model call finds it: exit 1 at once, the run `failed`."""
+    monkeypatch.setenv("AMAPREDUCE_ENDPOINT_PROBE", probe)
     port = closed_port()
     api_base = f"http://127.0.0.1:{port}/v1"
     head = (["ask", "What is the code of each item?", "--no-memory"] if command == "ask"
@@ -74,34 +76,16 @@ def test_a_closed_port_is_refused_in_pre_flight_naming_the_host_and_refused(
     code = main([*head, "--model", "sim-model", "--api-base", api_base, "--json"])
     elapsed = time.monotonic() - started
     captured = capsys.readouterr()
-    assert code == 2 and captured.out == ""
-    error = captured.err.strip()
-    assert f"127.0.0.1:{port}" in error and "refused" in error and error.count("\n") == 0
-    assert "rate limits" not in error and "LiteLLM" not in captured.out
-    assert not (tmp_path / "runs").exists()
-    assert elapsed < BOUND_S, f"took {elapsed:.1f} s"
-
-
-@pytest.mark.parametrize("command", ["ask", "mapreduce"])
-def test_a_closed_port_fails_the_run_at_once_naming_the_host_and_refused(
-    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Without the probe (`AMAPREDUCE_ENDPOINT_PROBE=0`), the first model call finds it: exit 1 at once."""
-    monkeypatch.setenv("AMAPREDUCE_ENDPOINT_PROBE", "0")
-    port = closed_port()
-    api_base = f"http://127.0.0.1:{port}/v1"
-    head = (["ask", "What is the code of each item?", "--no-memory"] if command == "ask"
-            else ["mapreduce", "run", decision_file(tmp_path)])
-    started = time.monotonic()
-    code = main([*head, "--model", "sim-model", "--api-base", api_base, "--json"])
-    elapsed = time.monotonic() - started
-    captured = capsys.readouterr()
-    out = json.loads(captured.out)
-    assert code == 1 and out["status"] == "failed"
-    error = out["error"]
+    if probe == "1":
+        assert code == 2 and captured.out == "" and not (tmp_path / "runs").exists()
+        error = captured.err.strip()
+    else:
+        out = json.loads(captured.out)
+        assert code == 1 and out["status"] == "failed"
+        error = out["error"]
+        assert run_record(tmp_path)["error"] == error
     assert f"127.0.0.1:{port}" in error and "refused" in error and "\n" not in error
     assert "rate limits" not in error and "LiteLLM" not in captured.out
-    assert run_record(tmp_path)["error"] == error
     assert elapsed < BOUND_S, f"took {elapsed:.1f} s"
 
 
