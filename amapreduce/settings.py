@@ -285,7 +285,8 @@ class Settings(BaseModel):
     """Who fills a batch (`AMAPREDUCE_SOLVER`, `--solver`): `agent`, a tool-calling search sub-agent
     per attempt; `read`, code searches and reads and the model fills the rows in one structured call
     (made for small models; fewer calls with any model); `auto`: `read` when the sub-agent endpoint
-    has no reliable tool calling (its probe, or `tool_choice=off`), else `agent`."""
+    has no reliable tool calling (its probe, or `tool_choice=off`), a context window under 4,096 tokens,
+    or a model id that names a size under 3B parameters, else `agent`."""
     subagent_max_steps: int = Field(default=20, ge=1)
     """Agent steps per sub-agent attempt (`AMAPREDUCE_SUBAGENT_MAX_STEPS`)."""
     manager_max_steps: int = Field(default=30, ge=1)

@@ -179,9 +179,9 @@ def test_settings_override_each_finding(plain: DialectServer, tmp_path: Path) ->
 
 
 def test_a_validation_500_is_a_refusal_not_an_outage() -> None:
-    from amapreduce.llm.chat_client import http_error
-
     import httpx
+
+    from amapreduce.llm.chat_client import http_error
 
     request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
     body = {"error": {"message": "10 validation errors: {'type': 'string_type', 'loc': ('body', 'messages', 0), "

@@ -398,11 +398,12 @@ def test_agent_loop_needs_required_or_auto() -> None:
 
 
 def _parts_solver(tmp_path: Path, service: WebService, *, solver: str = "auto", model_id: str = "simulated/reader",
-                  tool_choices: tuple[str, ...] = (), tools: list[Any] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+                  tool_choices: tuple[str, ...] = (), tools: list[Any] | None = None,
+                  window: int = 32768) -> tuple[Any, list[dict[str, Any]]]:
     from amapreduce.session.parts import build_parts
 
     settings = load_settings({"AMAPREDUCE_MODEL": model_id, "AMAPREDUCE_SOLVER": solver})
-    model, _ = managed(model_id=model_id, tool_choices=tool_choices)
+    model, _ = managed(model_id=model_id, tool_choices=tool_choices, window=window)
     trace = TraceWriter(tmp_path / "trace.jsonl")
     web_tools = build_web_tools(settings, service=service) if tools is None else tools
     with build_parts(settings, models={"subagent": model}, trace=trace, web_tools=web_tools) as parts:
@@ -421,6 +422,12 @@ def test_auto_keeps_the_agent_for_a_big_tool_calling_model(tmp_path: Path, servi
     chosen, lines = _parts_solver(tmp_path, service, model_id="openai/gpt-5-mini",
                                   tool_choices=("required", "auto", "named"))
     assert isinstance(chosen, SmolagentsSolver) and lines[0]["name"] == "agent"
+
+
+def test_auto_picks_the_read_solver_for_a_small_window(tmp_path: Path, service: WebService) -> None:
+    chosen, lines = _parts_solver(tmp_path, service, model_id="openai/gpt-5-mini", tool_choices=("auto", "named"),
+                                  window=2048)
+    assert isinstance(chosen, ReadSolver) and "context window (2048 tokens)" in lines[0]["why"]
 
 
 def test_auto_picks_the_read_solver_for_a_small_model(tmp_path: Path, service: WebService) -> None:

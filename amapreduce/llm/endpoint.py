@@ -177,10 +177,18 @@ class _Prober:
         self.base = base_url.rstrip("/")
         self.model_id = model_id
         self.headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+        self._owned = http is None
         self.http = http or httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)), trust_env=False)
         self.notes: list[str] = []
         self.failure: httpx.HTTPError | None = None
         """The last request's transport error (None: it was answered)."""
+
+    def __enter__(self) -> _Prober:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._owned:  # a client the caller gave is the caller's to close
+            self.http.close()
 
     def get(self, url: str) -> ProbeReport:
         try:
@@ -303,7 +311,11 @@ def probe_endpoint(base_url: str, model_id: str, *, api_key: str = "not-needed",
         ConfigError: the endpoint cannot be reached, or refuses even the plainest chat request
             (its own message is in the error; no run can work against it as configured).
     """
-    prober = _Prober(base_url, model_id, api_key, timeout_s, http)
+    with _Prober(base_url, model_id, api_key, timeout_s, http) as prober:
+        return _probe(prober, base_url, model_id)
+
+
+def _probe(prober: _Prober, base_url: str, model_id: str) -> EndpointCapabilities:
     notes = prober.notes
     models = prober.get(f"{prober.base}/models")
     props = prober.get(f"{server_root(base_url)}/props")
@@ -385,11 +397,11 @@ def probe_endpoint(base_url: str, model_id: str, *, api_key: str = "not-needed",
 
 def _fingerprint(base_url: str, model_id: str, http: httpx.Client | None, api_key: str) -> str | None:
     """What identifies the server as it runs now (`/v1/models` and `/props`), None when it does not answer."""
-    prober = _Prober(base_url, model_id, api_key, 10.0, http)
-    models = prober.get(f"{prober.base}/models")
-    if models.status is None:
-        return None
-    props = prober.get(f"{server_root(base_url)}/props")
+    with _Prober(base_url, model_id, api_key, 10.0, http) as prober:
+        models = prober.get(f"{prober.base}/models")
+        if models.status is None:
+            return None
+        props = prober.get(f"{server_root(base_url)}/props")
     props_body = props.body if props.ok and isinstance(props.body, Mapping) else None
     if isinstance(props_body, Mapping):  # what changes per request (slots busy, ...) is not identity
         props_body = {k: props_body.get(k) for k in ("default_generation_settings", "total_slots", "chat_template",

@@ -235,6 +235,9 @@ def _default_solver(settings: Settings, model: ManagedModel, *, tools: Sequence[
     elif capabilities is not None and not capabilities.tool_calling:
         calling = ", ".join(capabilities.tool_choices) or "none"
         read, why = True, f"the endpoint has no reliable tool calling (tool_choice values that call a tool: {calling})"
+    elif capabilities is not None and capabilities.context_window and capabilities.context_window < AGENT_MIN_CONTEXT:
+        read, why = True, (f"the endpoint's context window ({capabilities.context_window} tokens) is below the "
+                           f"{AGENT_MIN_CONTEXT} an agent loop's prompts need")
     elif looks_small(model.model_id):
         read, why = True, f"the model id {model.model_id!r} names a size under 3B parameters"
     else:
@@ -252,6 +255,12 @@ def _default_solver(settings: Settings, model: ManagedModel, *, tools: Sequence[
         return ReadSolver(model=model, reader=reader, crawl_max_chars=settings.crawl_max_chars,
                           context_window=settings.context_window), "read", why
     return SmolagentsSolver(model=model, tools=tools, max_steps=settings.subagent_max_steps), "agent", why
+
+
+AGENT_MIN_CONTEXT = 4096
+"""Tokens of context below which `--solver auto` keeps the agent loop away: its system prompt and tool
+schemas, then each page it reads (measured: a sub-agent's prompts were 1,000-2,000 tokens before its first
+page, and every batch overflowed llama-cpp-python's default 2,048)."""
 
 
 def context_window_for(settings: Settings, model_id: str | None) -> int:
