@@ -55,7 +55,6 @@ __all__ = [
     "context_window_in",
     "endpoint_capabilities",
     "error_text",
-    "forget_endpoint",
     "probe_endpoint",
     "server_root",
 ]
@@ -437,18 +436,3 @@ def endpoint_capabilities(base_url: str, model_id: str, *, cache_dir: Path | Non
     if path is not None:
         write_json(path, {"probed_at": clock(), "capabilities": found.model_dump(mode="json")}, indent=2)
     return found
-
-
-def forget_endpoint(base_url: str, model_id: str, *, cache_dir: Path | None) -> None:
-    """Drop every cached probe of `base_url` and `model_id` (a request refused as the probe said it
-    would be accepted: the server changed), so the next run asks again."""
-    folder = cache_dir / "endpoints" if cache_dir is not None else None
-    if folder is None or not folder.is_dir():
-        return
-    for path in folder.glob("*.json"):
-        try:
-            caps = json.loads(path.read_text(encoding="utf-8")).get("capabilities", {})
-        except (OSError, ValueError, AttributeError):
-            continue
-        if caps.get("base_url") == base_url and caps.get("model_id") == model_id:
-            path.unlink(missing_ok=True)
