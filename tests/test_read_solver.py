@@ -215,7 +215,7 @@ def request(*entities: str, attempt: int = 1, prompt: str = "Each sub-question y
 
 def test_one_structured_call_reads_the_right_page_within_a_small_window(service: WebService) -> None:
     model, server = managed(window=2048)
-    solver = ReadSolver(model=model, reader=service)
+    solver = ReadSolver(model=model, reader=service, small=False)
     with recording(FetchedPages()) as pages:
         reply = solver.solve(request("Freedonia"))
     assert server.calls == 1 and reply.steps == 1
@@ -251,7 +251,7 @@ def test_one_structured_call_reads_the_right_page_within_a_small_window(service:
 
 def test_a_batch_of_sub_questions_is_still_one_call(service: WebService) -> None:
     model, server = managed(window=8192)
-    reply = ReadSolver(model=model, reader=service, pages_per_task=1).solve(request("Freedonia", "Sylvania"))
+    reply = ReadSolver(model=model, reader=service, pages_per_task=1, small=False).solve(request("Freedonia", "Sylvania"))
     assert server.calls == 1 and "Excerpts for sub-question 2:" in server.requests[0]["prompt"]
     assert server.requests[0]["max_tokens"] == reply_tokens(request("Freedonia", "Sylvania")) == 256 + 2 * (3 + 1) * 40
     rows = {r["task"]: r for r in parse_reply(reply.output).rows}
@@ -260,7 +260,7 @@ def test_a_batch_of_sub_questions_is_still_one_call(service: WebService) -> None
 
 def test_the_next_attempt_reads_the_next_hit(service: WebService) -> None:
     model, _ = managed(window=2048)
-    solver = ReadSolver(model=model, reader=service)
+    solver = ReadSolver(model=model, reader=service, small=False)
     ranked = [h.url for h in service.search(TEMPLATE.replace("__0__", "Sylvania"), 5)]
     first = solver.solve(request("Sylvania"))
     second = solver.solve(request("Sylvania", attempt=2))
@@ -272,7 +272,7 @@ def test_the_next_attempt_reads_the_next_hit(service: WebService) -> None:
 
 def test_a_patch_round_sub_question_goes_on_from_the_hits_already_read(service: WebService) -> None:
     model, _ = managed(window=2048)
-    solver = ReadSolver(model=model, reader=service)
+    solver = ReadSolver(model=model, reader=service, small=False)
     original = TEMPLATE.replace("__0__", "Sylvania")
     ranked = [h.url for h in service.search(original, 5)]
     solver.solve(request(tasks=[original]))
@@ -293,7 +293,7 @@ def test_a_page_that_cannot_be_read_is_skipped(service: WebService) -> None:
             return service.crawl(url, max_chars)
 
     model, _ = managed(window=2048)
-    reply = ReadSolver(model=model, reader=Flaky()).solve(request("Freedonia"))
+    reply = ReadSolver(model=model, reader=Flaky(), small=False).solve(request("Freedonia"))
     assert reply.trace["reads"] and "freedonia.md" not in reply.trace["reads"][0]
     assert "FetchFailed" in reply.trace["errors"][0]
 
@@ -313,16 +313,16 @@ def test_run_stopping_errors_propagate(service: WebService) -> None:
 
     model, server = managed()
     with pytest.raises(SearchUnavailable):
-        ReadSolver(model=model, reader=Down(SearchUnavailable("the backend is down"), "search")).solve(request("Freedonia"))
+        ReadSolver(model=model, reader=Down(SearchUnavailable("the backend is down"), "search"), small=False).solve(request("Freedonia"))
     with pytest.raises(BudgetExceeded):
-        ReadSolver(model=model, reader=Down(BudgetExceeded("spent"), "crawl")).solve(request("Freedonia"))
+        ReadSolver(model=model, reader=Down(BudgetExceeded("spent"), "crawl"), small=False).solve(request("Freedonia"))
     assert server.calls == 0
 
 
 def test_a_prompt_over_the_context_is_cut_in_half_and_asked_again(service: WebService) -> None:
     # the solver believes 8,192 tokens; the server holds 2,048: the first prompt overflows
     model, server = managed(window=8192, server_window=2048)
-    solver = ReadSolver(model=model, reader=service, pages_per_task=1)
+    solver = ReadSolver(model=model, reader=service, pages_per_task=1, small=False)
     reply = solver.solve(request("Freedonia"))
     assert reply.trace["calls"] == 2 and server.calls == 1  # the refused request never reached the model
     sizes = [len(r["prompt"]) for r in server.requests]
@@ -334,14 +334,14 @@ def test_a_prompt_over_the_context_is_cut_in_half_and_asked_again(service: WebSe
 def test_a_prompt_that_never_fits_fails_the_attempt(service: WebService) -> None:
     model, server = managed(window=8192, server_window=300)
     with pytest.raises(Exception, match="maximum context length"):
-        ReadSolver(model=model, reader=service, pages_per_task=1).solve(request("Freedonia"))
+        ReadSolver(model=model, reader=service, pages_per_task=1, small=False).solve(request("Freedonia"))
     assert len(server.requests) == 3  # the first ask and two halvings
 
 
 def test_a_reply_without_json_rows_is_a_solver_error(service: WebService) -> None:
     model, _ = managed(lambda messages, info: "I am sorry, I cannot help with that.")
     with pytest.raises(SolverError, match="no JSON rows"):
-        ReadSolver(model=model, reader=service).solve(request("Freedonia"))
+        ReadSolver(model=model, reader=service, small=False).solve(request("Freedonia"))
 
 
 def test_a_given_up_attempt_stops_before_reading(service: WebService) -> None:
@@ -349,7 +349,7 @@ def test_a_given_up_attempt_stops_before_reading(service: WebService) -> None:
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(BatchTimeout):
-        ReadSolver(model=model, reader=service).solve(request("Freedonia", cancel=cancel))
+        ReadSolver(model=model, reader=service, small=False).solve(request("Freedonia", cancel=cancel))
     assert server.calls == 0 and service.usage().searches == 0
 
 
@@ -365,7 +365,7 @@ def test_the_engine_fills_the_table_with_verified_quotes(service: WebService) ->
     model, server = managed(window=2048)
     decision = Decision.parse({"task_matrix": [["Freedonia"], ["Sylvania"]], "template": TEMPLATE,
                                "json_schema": ["country", "capital", "population"]})
-    result = MapReduceEngine(ReadSolver(model=model, reader=service), config=EngineConfig(workers=2)).run(decision)
+    result = MapReduceEngine(ReadSolver(model=model, reader=service, small=False), config=EngineConfig(workers=2)).run(decision)
     assert result.table.records() == [
         {"country": "Freedonia", "capital": "Fredville", "population": "1,234,567"},
         {"country": "Sylvania", "capital": "Sylvan City", "population": "2,000,000"},
@@ -449,7 +449,7 @@ def test_a_callers_solver_is_kept_and_traced(tmp_path: Path, service: WebService
 
     settings = load_settings({"AMAPREDUCE_MODEL": "simulated/reader"})
     model, _ = managed()
-    own = ReadSolver(model=model, reader=service)
+    own = ReadSolver(model=model, reader=service, small=False)
     with build_parts(settings, models={"subagent": model}, trace=NullTrace(), web_tools=[], solver=own) as parts:
         assert parts.engine.solver is own
 
@@ -458,7 +458,7 @@ def test_a_batch_too_wide_for_a_small_window_is_asked_in_groups(service: WebServ
     """Four sub-questions in a 2,048-token window would get a couple of hundred characters each: the
     solver asks in groups that each get a readable excerpt, and numbers the rows as in the batch."""
     model, server = managed(window=2048)
-    reply = ReadSolver(model=model, reader=service).solve(
+    reply = ReadSolver(model=model, reader=service, small=False).solve(
         request("Freedonia", "Sylvania", "Freedonia", "Sylvania"))
     assert server.calls > 1 and reply.trace["groups"] == server.calls
     rows = parse_reply(reply.output).rows

@@ -67,6 +67,7 @@ from amapreduce.llm.models import ManagedModel, is_reasoning_model
 from amapreduce.llm.retry import context_overflow
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.excerpts import excerpt, query_terms
+from amapreduce.mapreduce.read_small import GroundedPage, ground_row
 from amapreduce.mapreduce.replies import parse_reply
 from amapreduce.mapreduce.result import RUN_STOPPING_ERRORS
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply, reply_tokens
@@ -111,6 +112,11 @@ OVERFLOW_RETRIES = 2
 """How many times a prompt too long for the context is cut in half and asked again."""
 SMALL_MODEL_PARAMS = 3e9
 """Below this many parameters (read from the model id) `auto` picks the read solver."""
+SMALL_CONTEXT = 4096
+"""Under this many tokens of context the read solver takes the small-model way (`read_small`)."""
+SMALL_TASK_CHARS = 600
+"""The most excerpt a sub-question gets in the small-model way (measured with SmolLM2-135M: about
+500 characters of the column's lines beat 2,500 of the page)."""
 
 
 class SearchHit(Protocol):
@@ -252,6 +258,13 @@ def _split_patch(text: str) -> tuple[str, str]:
     return text.strip(), ""
 
 
+def _entity(request: BatchRequest, task: _Task) -> str:
+    """What a sub-question is about, as the small-model prompt names it: its matrix cells, else its text."""
+    forced = request.forced[task.number - 1] if len(request.forced) >= task.number else {}
+    named = ", ".join(v for v in forced.values() if v and v.strip())
+    return named or _split_patch(task.text)[0]
+
+
 def _is_context_overflow(exc: BaseException) -> bool:
     """Whether a failed call says its prompt exceeded the context window: OpenAI's code
     `context_length_exceeded` (llama-cpp-python sends it too), LiteLLM's
@@ -288,6 +301,8 @@ class ReadSolver:
         context_window: tokens of context, overriding the endpoint's (None: the endpoint's, else
             `DEFAULT_CONTEXT_WINDOW`).
         max_chars_per_task: the most excerpt characters a sub-question gets, however large the window.
+        small: the small-model way (`small_model_way`); None: when the window is under
+            `SMALL_CONTEXT` tokens or the model id names a size under 3B parameters.
     """
 
     def __init__(
@@ -300,6 +315,7 @@ class ReadSolver:
         pages_per_task: int | None = None,
         context_window: int | None = None,
         max_chars_per_task: int = 8000,
+        small: bool | None = None,
     ) -> None:
         if pages_per_task is not None and pages_per_task < 1:
             raise ValueError(f"`pages_per_task` must be >= 1, got {pages_per_task}")
@@ -315,6 +331,10 @@ class ReadSolver:
         self.context_window = context_window or (capabilities.context_window if capabilities else None) \
             or DEFAULT_CONTEXT_WINDOW
         self.structured = capabilities.structured if capabilities is not None else "json_schema"
+        self.small = small if small is not None else (self.context_window < SMALL_CONTEXT
+                                                      or looks_small(model.model_id))
+        if self.small:
+            self.max_chars_per_task = min(max_chars_per_task, SMALL_TASK_CHARS)
         self.system_prompt = render_prompt("read_solver", "system")
         """The system prompt, the same for every call (the start of every prompt: prefix-cached)."""
         self._lock = threading.Lock()
@@ -339,8 +359,9 @@ class ReadSolver:
         tasks = [self._task(k, text, columns, forced[k - 1]) for k, text in enumerate(request.tasks, 1)]
         note = self._rows_note(per_task)
         budget = self._excerpt_budget(request, tasks, note, schema, max_tokens)
-        if budget < MIN_TASK_CHARS and len(tasks) > 1:
-            return self._in_groups(request, budget)
+        grounded = self.small and per_task == 1
+        if (budget < MIN_TASK_CHARS or grounded) and len(tasks) > 1:
+            return self._in_groups(request, 0 if grounded else budget)
         pages = self.pages_per_task or max(1, min(3, budget // 3000))
         errors: list[str] = []
         for task in tasks:
@@ -359,6 +380,12 @@ class ReadSolver:
         text = message_text(reply)
         parsed = parse_reply(text)
         rows = [dict(row) for row in parsed.rows]
+        used = reply.token_usage
+        usage = Usage(requests=calls, input_tokens=used.input_tokens if used else 0,
+                      output_tokens=used.output_tokens if used else 0)
+        ways: dict[str, int] = {}
+        if grounded and tasks[0].pages:
+            rows, usage, ways = self._grounded(request, tasks[0], columns, forced[0], rows, usage, errors)
         for row in rows:  # what the schema left out, code knows
             if one_task:
                 row.setdefault("task", 1)
@@ -371,15 +398,23 @@ class ReadSolver:
                 f"rows ({parsed.error}): {redact_secrets(text[:200])!r}",
                 batch_id=request.batch_id, attempt=request.attempt,
             )
-        used = reply.token_usage
-        usage = Usage(requests=calls, input_tokens=used.input_tokens if used else 0,
-                      output_tokens=used.output_tokens if used else 0)
         trace = {
             "state": "success", "reads": [p.url for t in tasks for p in t.pages], "searches": [t.query for t in tasks],
-            "excerpt_chars_per_task": used_budget, "calls": calls, "truncated": parsed.truncated,
+            "excerpt_chars_per_task": used_budget, "calls": usage.requests, "truncated": parsed.truncated,
+            **({"grounding": ways} if ways else {}),
             **({"errors": errors} if errors else {}),
         }
         return SolverReply(output=json.dumps(rows, ensure_ascii=False), usage=usage, steps=1, trace=trace)
+
+    def _grounded(self, request: BatchRequest, task: _Task, columns: Sequence[ColumnSpec], forced: Mapping[str, str],
+                  rows: Sequence[Mapping[str, Any]], usage: Usage,
+                  errors: list[str]) -> tuple[list[dict[str, Any]], Usage, dict[str, int]]:
+        """The small-model way's one row, its values grounded by code (`read_small.ground_row`)."""
+        entity = [v for v in forced.values() if v and v.strip()]
+        pages = [GroundedPage(p.url, p.title, p.text) for p in task.pages]
+        row, more, ways = ground_row(self.model, rows[0] if rows else {}, columns, pages, entity,
+                                     check=lambda: self._check(request), errors=errors)
+        return [row], usage + more, ways
 
     def _in_groups(self, request: BatchRequest, budget: int) -> SolverReply:
         """`request` solved by groups of its sub-questions small enough that each gets
@@ -390,6 +425,7 @@ class ReadSolver:
         per_task = rows_per_task(request)
         output: list[dict[str, Any]] = []
         usage, steps, reads, searches = Usage(), 0, [], []
+        ways: dict[str, int] = {}
         for start in range(0, len(request.tasks), size):
             part = slice(start, start + size)
             tasks = request.tasks[part]
@@ -403,7 +439,10 @@ class ReadSolver:
             usage, steps = usage + reply.usage, steps + reply.steps
             reads += reply.trace.get("reads", [])
             searches += reply.trace.get("searches", [])
-        trace = {"state": "success", "reads": reads, "searches": searches, "groups": -(-len(request.tasks) // size)}
+            for how, count in reply.trace.get("grounding", {}).items():
+                ways[how] = ways.get(how, 0) + count
+        trace = {"state": "success", "reads": reads, "searches": searches, "groups": -(-len(request.tasks) // size),
+                 **({"grounding": ways} if ways else {})}
         return SolverReply(output=json.dumps(output, ensure_ascii=False), usage=usage, steps=steps, trace=trace)
 
     def _task(self, number: int, text: str, columns: Sequence[ColumnSpec], forced: Mapping[str, str]) -> _Task:
@@ -481,6 +520,10 @@ class ReadSolver:
 
     def _user_prompt(self, request: BatchRequest, tasks: Sequence[_Task], note: str,
                      groups: Sequence[Mapping[str, Any]]) -> str:
+        if self.small and len(tasks) == 1 and rows_per_task(request) == 1:
+            return render_prompt("read_solver", "request_small", columns=asked_columns(request),
+                                 shared_context=dict(request.shared_context), groups=groups,
+                                 entity=_entity(request, tasks[0]))
         return render_prompt(
             "read_solver", "request", columns=asked_columns(request), shared_context=dict(request.shared_context),
             rows_note=note, tasks=[t.text for t in tasks], groups=groups, grouped=len(tasks) > 1,
