@@ -92,6 +92,15 @@ def test_the_entitys_own_name_and_parts_of_names_are_not_values() -> None:
     assert ground("San Marino", san_marino, CAPITAL, entity=["San Marino"]).how == "stated"
 
 
+def test_a_part_of_a_slashed_name_is_no_value() -> None:
+    city = "# Belém\n\nBelém is a city in Brazil. It uses the America/Belem time zone.\n"
+    zone = ColumnSpec(name="Time zone")
+    found = ground("America", city, zone, entity=["Belém"])  # measured: SmolLM2 wrote it
+    assert (found.value, found.how) == ("America/Belem", "snapped")  # never "America", a part of the zone
+    assert ground("America/Belem", city, zone, entity=["Belém"]).how == "stated"
+    assert choices(column_lines(city, zone)[0], zone, ["Belém"]) == ["America/Belem"]
+
+
 def test_a_code_column_takes_the_code_of_its_cell() -> None:
     for said in ("Euro", "Euro (EUR)", "EUR", "Eurp"):
         found = ground(said, ATLAS, CURRENCY)

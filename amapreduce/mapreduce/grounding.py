@@ -225,7 +225,7 @@ def _code_of(value: str, column: ColumnSpec) -> str:
     return match.group("code").strip() if match and _asks_code(column) else value
 
 
-_PROSE_SPAN = re.compile(r"[A-Z][\w'’.-]*(?: (?:of|la|le|de|del|da|do|and|the|el|al) [A-Z][\w'’.-]*| [A-Z][\w'’.-]*)*"
+_PROSE_SPAN = re.compile(r"[A-Z][\w'’./-]*(?: (?:of|la|le|de|del|da|do|and|the|el|al) [A-Z][\w'’./-]*| [A-Z][\w'’./-]*)*"
                          r"|[+-]?\d[\d,.]*\d|\d")
 _CODE = re.compile(r"^[A-Z0-9]{2,8}$")
 
