@@ -36,6 +36,14 @@ class Usage:
             cost_usd=self.cost_usd + other.cost_usd,
         )
 
+    @classmethod
+    def of_reply(cls, reply: Any, requests: int = 1) -> Usage:
+        """The usage of `requests` calls that ended in `reply` (a smolagents `ChatMessage`, whose
+        `token_usage` may be None: no tokens counted)."""
+        used = getattr(reply, "token_usage", None)
+        return cls(requests=requests, input_tokens=used.input_tokens if used else 0,
+                   output_tokens=used.output_tokens if used else 0)
+
     @property
     def total_tokens(self) -> int:
         """Input plus output tokens."""

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from amapreduce.decision.columns import ColumnSpec
 
-__all__ = ["COLUMN_WEIGHT", "ENTITY_WEIGHT", "STOP_WORDS", "TABLE_SEPARATOR", "Unit", "excerpt", "page_units", "query_terms", "unit_scores"]
+__all__ = ["COLUMN_WEIGHT", "ENTITY_WEIGHT", "STOP_WORDS", "TABLE_SEPARATOR", "Unit", "excerpt", "page_units",
+           "query_terms", "unit_scores"]
 
 
 _WORD = re.compile(r"\w+")

@@ -23,7 +23,6 @@ So a cell is verified only when the page states its value on a line that names i
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
 from collections.abc import Sequence
@@ -89,7 +88,7 @@ def column_lines(text: str, column: ColumnSpec) -> list[ColumnLine]:
     below the header cell that names the column is where its value stands."""
     units = page_units(text, long_line=0)
     terms = query_terms("", [column])
-    named = query_terms("", [dataclasses.replace(column, description="")])
+    named = query_terms("", [replace(column, description="")])
     header_of: dict[int, list[str]] = {}
     for i, unit in enumerate(units):
         heads = [units[j].text for j in unit.context if units[j].text.lstrip().startswith("|")

@@ -25,13 +25,15 @@ value. The trace's `grounding` counts each way (`stated`, `snapped`, `chosen`, `
 
 from __future__ import annotations
 
-import json
+import functools
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from smolagents.models import ChatMessage, MessageRole, Model
 
+from amapreduce._modeljson import read_json
 from amapreduce.decision.columns import normalize_key_name
 from amapreduce.errors import AmapreduceError
 from amapreduce.llm.messages import message_text
@@ -55,7 +57,8 @@ CELL_REPLY_TOKENS = 64
 
 @dataclass(frozen=True)
 class GroundedPage:
-    """A page read for the sub-question: where it was read and its text."""
+    """One page read for a sub-question (or, when no page could be read, one search result): where
+    it was read, its title and its text."""
 
     url: str
     title: str
@@ -69,7 +72,7 @@ def _value(row: Mapping[str, Any], column: str) -> str:
 
 def ground_row(model: Model, row: Mapping[str, Any], columns: Sequence[ColumnSpec], pages: Sequence[GroundedPage],
                entity: Sequence[str], *, check: Callable[[], None], errors: list[str]) -> tuple[dict[str, Any],
-                                                                                              Usage, dict[str, int]]:
+                                                                                              Usage, Counter[str]]:
     """The sub-question's one row with each column's value grounded in `pages` (see the module
     doc), the usage of the cell calls it made, and how many cells went each way. `check` raises
     once the attempt is given up; a cell call that fails is noted in `errors` and leaves its cell
@@ -77,15 +80,16 @@ def ground_row(model: Model, row: Mapping[str, Any], columns: Sequence[ColumnSpe
     out: dict[str, Any] = {"task": 1}
     quotes: dict[str, dict[str, str]] = {}
     usage = Usage()
-    ways: dict[str, int] = {}
+    ways: Counter[str] = Counter()
     for column in columns:
-        found, url = _grounded(_value(row, column.name), column, pages, entity)
+        lines = [_lines(page, column, entity) for page in pages]
+        found, url = _grounded(_value(row, column.name), column, pages, lines, entity)
         how = found.how
         if how in ("ungrounded", "empty"):
             check()
-            found, url, how, used = _choose(model, column, pages, entity, errors)
+            found, url, how, used = _choose(model, column, pages, lines, entity, errors)
             usage = usage + used
-        ways[how] = ways.get(how, 0) + 1
+        ways[how] += 1
         out[column.name] = found.value if found.quote else ""
         if found.quote:
             quotes[column.name] = {"quote": found.quote, "url": url}
@@ -107,60 +111,52 @@ def _lines(page: GroundedPage, column: ColumnSpec, entity: Sequence[str]) -> lis
     return [line for line in lines if any(n in normalize_quote(line.text) for n in names)]
 
 
-def _grounded(value: str, column: ColumnSpec, pages: Sequence[GroundedPage],
+def _grounded(value: str, column: ColumnSpec, pages: Sequence[GroundedPage], lines: Sequence[Sequence[ColumnLine]],
               entity: Sequence[str]) -> tuple[Grounded, str]:
-    """`value` grounded in the first page with a column line that states it (or is near it)."""
-    last = Grounded(value, "", "empty" if not value.strip() else "ungrounded")
-    for page in pages:
-        found = ground(value, page.text, column, entity=entity, lines=_lines(page, column, entity))
+    """`value` grounded in the first page with a column line that states it (or is near it);
+    `lines`: each page's column lines (`_lines`)."""
+    for page, own in zip(pages, lines, strict=True):
+        found = ground(value, page.text, column, entity=entity, lines=own)
         if found.quote:
             return found, page.url
-    return last, ""
+    return Grounded(value, "", "empty" if not value.strip() else "ungrounded"), ""
 
 
-def _choose(model: Model, column: ColumnSpec, pages: Sequence[GroundedPage], entity: Sequence[str],
-            errors: list[str]) -> tuple[Grounded, str, str, Usage]:
+def _choose(model: Model, column: ColumnSpec, pages: Sequence[GroundedPage], lines: Sequence[Sequence[ColumnLine]],
+            entity: Sequence[str], errors: list[str]) -> tuple[Grounded, str, str, Usage]:
     """The cell chosen by the model among the spans of the column's best line on the first page
     that has one: (grounded value, its page's URL, how, the call's usage)."""
-    for page in pages:
-        lines = _lines(page, column, entity)
-        options = choices(lines[0], column, entity) if lines else []
+    for page, own in zip(pages, lines, strict=True):
+        options = choices(own[0], column, entity) if own else []
         if not options:
             continue
         if len(options) == 1:
-            return ground(options[0], page.text, column, entity=entity, lines=lines[:1]), page.url, "single", Usage()
-        prompt = render_prompt("read_solver", "cell", title=page.title, line=lines[0].text, column=column,
+            return ground(options[0], page.text, column, entity=entity, lines=own[:1]), page.url, "single", Usage()
+        prompt = render_prompt("read_solver", "cell", title=page.title, line=own[0].text, column=column,
                                entity=", ".join(entity))
         schema = {"type": "object", "properties": {column.name: {"enum": options}}, "required": [column.name],
                   "additionalProperties": False}
         extra: dict[str, Any] = {} if is_reasoning_model(model.model_id or "") else {"max_tokens": CELL_REPLY_TOKENS}
+        messages = [ChatMessage(role=MessageRole.SYSTEM, content=[{"type": "text", "text": _system_prompt()}]),
+                    ChatMessage(role=MessageRole.USER, content=[{"type": "text", "text": prompt}])]
+        response_format = {"type": "json_schema", "json_schema": {"name": "cell", "schema": schema, "strict": True}}
         try:
-            reply = model.generate(
-                [ChatMessage(role=MessageRole.SYSTEM, content=[{"type": "text", "text": render_prompt("read_solver",
-                                                                                                      "system")}]),
-                 ChatMessage(role=MessageRole.USER, content=[{"type": "text", "text": prompt}])],
-                response_format={"type": "json_schema", "json_schema": {"name": "cell", "schema": schema,
-                                                                        "strict": True}}, **extra)
+            reply = model.generate(messages, response_format=response_format, **extra)
         except RUN_STOPPING_ERRORS:
             raise
         except AmapreduceError as exc:  # this cell stays empty; the patch round asks again
             errors.append(f"cell {column.name!r}: {type(exc).__name__}: {redact_secrets(str(exc))}")
             return Grounded("", "", "empty"), "", "empty", Usage(requests=1)
-        used = reply.token_usage
-        usage = Usage(requests=1, input_tokens=used.input_tokens if used else 0,
-                      output_tokens=used.output_tokens if used else 0)
-        value = _value(_first_object(message_text(reply)), column.name)
-        found = ground(value, page.text, column, entity=entity, lines=lines[:1]) if value in options else \
+        # a server without a grammar may write more around the object: the engine's lenient reader
+        answer = read_json(message_text(reply), accept=lambda v: isinstance(v, dict))
+        value = _value(answer, column.name) if isinstance(answer, dict) else ""
+        found = ground(value, page.text, column, entity=entity, lines=own[:1]) if value in options else \
             Grounded("", "", "empty")
-        return found, page.url if found.quote else "", "chosen" if found.quote else "empty", usage
+        return found, page.url if found.quote else "", "chosen" if found.quote else "empty", Usage.of_reply(reply)
     return Grounded("", "", "empty"), "", "empty", Usage()
 
 
-def _first_object(text: str) -> Mapping[str, Any]:
-    """The first JSON object of `text` (a server without a grammar may write more after it), or {}."""
-    start = text.find("{")
-    try:
-        found, _ = json.JSONDecoder().raw_decode(text[start:]) if start >= 0 else ({}, 0)
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
+@functools.cache
+def _system_prompt() -> str:
+    """The read solver's system prompt (`prompts/read_solver.yaml` `system`), shared with its row calls."""
+    return render_prompt("read_solver", "system")

@@ -54,6 +54,7 @@ import functools
 import json
 import re
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -219,15 +220,6 @@ def rows_per_task(request: BatchRequest) -> int | None:
 # -- the solver ------------------------------------------------------------------------------------
 
 @dataclass
-class _Source:
-    """One page (or, when no page could be read, one search result) shown to the model."""
-
-    url: str
-    title: str
-    text: str
-
-
-@dataclass
 class _Task:
     """One sub-question of the attempt: what is searched, what locates its passages, what was read."""
 
@@ -237,7 +229,7 @@ class _Task:
     key: str
     terms: dict[str, float]
     hits: list[SearchHit] = field(default_factory=list)
-    pages: list[_Source] = field(default_factory=list)
+    pages: list[GroundedPage] = field(default_factory=list)
 
 
 @functools.cache
@@ -258,11 +250,15 @@ def _split_patch(text: str) -> tuple[str, str]:
     return text.strip(), ""
 
 
+def _entity_names(forced: Mapping[str, str]) -> list[str]:
+    """The names a sub-question is about: the cells the task matrix fixes for it."""
+    return [v for v in forced.values() if v and v.strip()]
+
+
 def _entity(request: BatchRequest, task: _Task) -> str:
     """What a sub-question is about, as the small-model prompt names it: its matrix cells, else its text."""
     forced = request.forced[task.number - 1] if len(request.forced) >= task.number else {}
-    named = ", ".join(v for v in forced.values() if v and v.strip())
-    return named or _split_patch(task.text)[0]
+    return ", ".join(_entity_names(forced)) or _split_patch(task.text)[0]
 
 
 def _is_context_overflow(exc: BaseException) -> bool:
@@ -301,7 +297,7 @@ class ReadSolver:
         context_window: tokens of context, overriding the endpoint's (None: the endpoint's, else
             `DEFAULT_CONTEXT_WINDOW`).
         max_chars_per_task: the most excerpt characters a sub-question gets, however large the window.
-        small: the small-model way (`small_model_way`); None: when the window is under
+        small: the small-model way (`mapreduce.read_small`); None: when the window is under
             `SMALL_CONTEXT` tokens or the model id names a size under 3B parameters.
     """
 
@@ -380,12 +376,13 @@ class ReadSolver:
         text = message_text(reply)
         parsed = parse_reply(text)
         rows = [dict(row) for row in parsed.rows]
-        used = reply.token_usage
-        usage = Usage(requests=calls, input_tokens=used.input_tokens if used else 0,
-                      output_tokens=used.output_tokens if used else 0)
-        ways: dict[str, int] = {}
+        usage = Usage.of_reply(reply, calls)
+        ways: Counter[str] = Counter()
         if grounded and tasks[0].pages:
-            rows, usage, ways = self._grounded(request, tasks[0], columns, forced[0], rows, usage, errors)
+            row, more, ways = ground_row(self.model, rows[0] if rows else {}, columns,
+                                         tasks[0].pages,
+                                         _entity_names(forced[0]), check=lambda: self._check(request), errors=errors)
+            rows, usage = [row], usage + more
         for row in rows:  # what the schema left out, code knows
             if one_task:
                 row.setdefault("task", 1)
@@ -401,20 +398,10 @@ class ReadSolver:
         trace = {
             "state": "success", "reads": [p.url for t in tasks for p in t.pages], "searches": [t.query for t in tasks],
             "excerpt_chars_per_task": used_budget, "calls": usage.requests, "truncated": parsed.truncated,
-            **({"grounding": ways} if ways else {}),
+            **({"grounding": dict(ways)} if ways else {}),
             **({"errors": errors} if errors else {}),
         }
         return SolverReply(output=json.dumps(rows, ensure_ascii=False), usage=usage, steps=1, trace=trace)
-
-    def _grounded(self, request: BatchRequest, task: _Task, columns: Sequence[ColumnSpec], forced: Mapping[str, str],
-                  rows: Sequence[Mapping[str, Any]], usage: Usage,
-                  errors: list[str]) -> tuple[list[dict[str, Any]], Usage, dict[str, int]]:
-        """The small-model way's one row, its values grounded by code (`read_small.ground_row`)."""
-        entity = [v for v in forced.values() if v and v.strip()]
-        pages = [GroundedPage(p.url, p.title, p.text) for p in task.pages]
-        row, more, ways = ground_row(self.model, rows[0] if rows else {}, columns, pages, entity,
-                                     check=lambda: self._check(request), errors=errors)
-        return [row], usage + more, ways
 
     def _in_groups(self, request: BatchRequest, budget: int) -> SolverReply:
         """`request` solved by groups of its sub-questions small enough that each gets
@@ -425,7 +412,7 @@ class ReadSolver:
         per_task = rows_per_task(request)
         output: list[dict[str, Any]] = []
         usage, steps, reads, searches = Usage(), 0, [], []
-        ways: dict[str, int] = {}
+        ways: Counter[str] = Counter()
         for start in range(0, len(request.tasks), size):
             part = slice(start, start + size)
             tasks = request.tasks[part]
@@ -439,10 +426,9 @@ class ReadSolver:
             usage, steps = usage + reply.usage, steps + reply.steps
             reads += reply.trace.get("reads", [])
             searches += reply.trace.get("searches", [])
-            for how, count in reply.trace.get("grounding", {}).items():
-                ways[how] = ways.get(how, 0) + count
+            ways.update(reply.trace.get("grounding", {}))
         trace = {"state": "success", "reads": reads, "searches": searches, "groups": -(-len(request.tasks) // size),
-                 **({"grounding": ways} if ways else {})}
+                 **({"grounding": dict(ways)} if ways else {})}
         return SolverReply(output=json.dumps(output, ensure_ascii=False), usage=usage, steps=steps, trace=trace)
 
     def _task(self, number: int, text: str, columns: Sequence[ColumnSpec], forced: Mapping[str, str]) -> _Task:
@@ -506,7 +492,7 @@ class ReadSolver:
             return
         title = page.title or ""
         record_fetched(f"{title}\n{page.text}", hit.url, page.final_url)
-        task.pages.append(_Source(url=page.final_url or hit.url, title=title, text=page.text))
+        task.pages.append(GroundedPage(url=page.final_url or hit.url, title=title, text=page.text))
 
     # -- the prompt ----------------------------------------------------------------------------
 
@@ -550,7 +536,7 @@ class ReadSolver:
         groups: list[dict[str, Any]] = []
         number = 0
         for task in tasks:
-            sources = task.pages or [_Source(url=h.url, title=h.title, text=h.snippet or "") for h in task.hits[:3]]
+            sources = task.pages or [GroundedPage(url=h.url, title=h.title, text=h.snippet or "") for h in task.hits[:3]]
             left = budget
             excerpts: list[dict[str, Any]] = []
             for k, source in enumerate(sources):
