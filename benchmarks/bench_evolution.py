@@ -3,6 +3,7 @@
     python benchmarks/bench_evolution.py [--trials 2] [--limit N] [--arms off,full] [--out DIR] [--encoder hashing]
     python benchmarks/bench_evolution.py --json     # exactly one JSON object on stdout (progress on stderr)
     python benchmarks/bench_evolution.py --smoke    # the smallest run, which CI runs
+    python benchmarks/bench_evolution.py --scenario misleading   # every memory arm starts from harmful imported hints
 
 1. Runs `amapreduce eval run --benchmark sandbox` (the library call behind it: `run_benchmark`) once per
    arm in this process, on the same tasks, in the same order (`amapreduce.sandbox.benchmark_order`:
@@ -10,7 +11,8 @@
    model's sample k-1), each arm with a fresh memory store:
    `off` (no memory), `full` (the sandbox defaults), `random_retrieval` (random neighbours and
    hints), `no_credit` (g(u) = 0), `no_distillation` (the hint pool is never distilled),
-   `credit_all` (every hint of the prior is credited, the paper's rule) and `prose_only` (no
+   `credit_all` (every hint of the prior is credited, the paper's rule), `paper_credit` (the paper's
+   g(u): +2 / −1 from the label alone, no relative credit, no refutation) and `prose_only` (no
    computed or typed advice: the prior is prose only). Per arm it prints the means per task over
    the **second half** of the task order: sub-agents, model calls, prompt tokens, Item F1, utility
    u, the largest regret over the families, and the final hint pool (w, support = provenance size,
@@ -21,6 +23,14 @@
    its batching (`ForcedModel`) before the real `mapreduce` tool runs it. The best fixed choice of a
    family is the one with the highest mean utility; an arm's regret in a family is the utility its
    decisions lose against it, in % (negative: it beat every fixed choice of the grid).
+
+`--scenario misleading` starts every memory arm from the same store holding `MISLEADING` hints,
+imported the way a user imports an export (`memory import`, `amapreduce.memory.io.import_file`;
+the file is kept as `OUT/misleading_hints.jsonl`): a plausible batching rule, typed like the memory's
+own, with a score w it earned elsewhere and question-level provenance naming the tasks (so retrieval
+offers it at once), that is wrong for this model: it puts more rows in a batch than its sub-agents
+can answer. The simulated manager follows it as it follows any typed advice; only credit and pruning
+can take it back soon. The table then adds `full`/`no_credit` and how many misleading payloads are left.
 
 What this measures: the learning machinery (records → FINCH clusters → distillation → retrieval →
 prior → advice → decision) end to end over the real pipeline, with the SIMULATED model
@@ -38,9 +48,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from amapreduce._atomic import write_json, write_json_lines
 from amapreduce.bench.evaluate import run_benchmark
 from amapreduce.bench.journal import EvalConfig, benchmark_defaults
 from amapreduce.cli.eval_options import options_for
@@ -50,6 +62,7 @@ from amapreduce.demo.plan import Batching, default_batching, plan_cap, with_batc
 from amapreduce.demo.run import demo_settings, score_answer
 from amapreduce.evaluation.loaders import load_tasks
 from amapreduce.llm.factory import new_meter
+from amapreduce.memory.advice import AppliesWhen, HintAdvice
 from amapreduce.memory.labels import UtilityWeights, utility
 from amapreduce.sandbox import benchmark_order, sandbox_families, sandbox_world
 from amapreduce.session import RunOptions, Session
@@ -63,12 +76,46 @@ ARMS: dict[str, dict[str, Any] | None] = {
     "no_credit": {"reward_pass": 0, "reward_fail": 0},
     "no_distillation": {"distill_start": 10**9},
     "credit_all": {"credit_rule": "all"},
+    "paper_credit": {"relative_credit": False, "refute_after": 0},
     "prose_only": {"advice": False},
 }
 """Each arm's `MemoryConfig` fields over the sandbox defaults (None: no memory)."""
 FIELDS = ("subagents", "model_calls", "prompt_tokens", "item_f1", "utility")
 """Per-task figures of an arm, as (JSON key); read from `results.json` (`f1_by_item` is the Item F1)."""
 _SOURCE = {"item_f1": "f1_by_item"}
+SCENARIOS = ("default", "misleading")
+
+@dataclass(frozen=True)
+class Misleading:
+    """One hint of the misleading scenario: its text, typed advice, and the families whose task
+    questions are its provenance."""
+
+    text: str
+    advice: HintAdvice
+    families: tuple[str, ...]
+
+
+ONE_COLUMN = ("domains", "codes", "euro", "profile", "dossier", "sizes")
+TWO_COLUMN = ("cities", "ranked", "zones", "leaders", "podium")
+"""The sandbox's question families by task-matrix columns (entities; entities within groups)."""
+MISLEADING = (
+    Misleading("When the rows ask for 3 to 6 attributes, put 8 rows in each sub-agent batch (per_atom, batch_size 8), "
+               "for entities and for entities within groups alike: eight short rows fit one answer, and fewer "
+               "sub-agents finish sooner.",
+               HintAdvice(strategy="per_atom", batch_size=8, applies_when=AppliesWhen(cols=(4, 7), matrix_cols=(1, 2))),
+               ONE_COLUMN + TWO_COLUMN),
+)
+"""The misleading scenario's imported hint: plausible, typed like the memory's own, and wrong for this
+model on every shape it covers: its sub-agents answer 24 cells (`BENCHMARK_CAPACITY_CELLS`), and 8
+rows of 4 to 7 cells are 32 to 56, so such a batch loses rows, is retried and still ends short (the
+sandbox's trials have no patch round): a failed run that cost sub-agents too. It covers a range of
+shapes, as a hand-written or imported rule often does, and its provenance names the tasks of every
+family (the exporter saw those questions), so retrieval offers it from the first task on. The
+simulated memory model rewrites rules about one row shape only, so a refinement leaves it alone, and
+while its imported score outranks the memory's own hints a merge keeps it and drops theirs (a merge
+batch keeps a third of its hints): credit and pruning take it back (docs/guides/benchmarks.md)."""
+MISLEADING_SCORE = 20
+"""Their imported score w, as a store that credited them for ten good runs elsewhere would export them."""
 PER_ATOM = (1, 2, 3, 4, 5, 6, 8, 12)
 BY_ATTR: tuple[int | None, ...] = (None, 2, 3, 4)
 """Group sizes of by_attr in the grid (None: whole groups), tried on two-column matrices only."""
@@ -134,16 +181,37 @@ def _hint_pool(store: Path) -> list[dict[str, Any]]:
     finally:
         memory.close()
     hints.sort(key=lambda h: (-int(h["w"]), h["seq"]))
-    return [{"w": int(h["w"]), "support": int(h["support"]), "advice": h.get("advice"), "text": h["text"]}
+    return [{"id": h["id"], "w": int(h["w"]), "support": int(h["support"]), "advice": h.get("advice"), "text": h["text"]}
             for h in hints]
+
+
+def misleading_lines(queries_by_family: Mapping[str, list[str]]) -> list[dict[str, Any]]:
+    """The misleading scenario's import file, as JSONL objects (`amapreduce.memory.io` format): a
+    header, then each `MISLEADING` hint with its score, typed advice and, as provenance, the
+    questions of its families' tasks."""
+    lines: list[dict[str, Any]] = [{"type": "header", "format": "amapreduce-memory", "version": 1}]
+    for n, hint in enumerate(MISLEADING, 1):
+        lines.append({"type": "hint", "id": f"h-imported-{n}", "text": hint.text, "score": MISLEADING_SCORE,
+                      "advice": hint.advice.to_json(),
+                      "provenance_questions": [q for f in hint.families for q in queries_by_family.get(f, [])]})
+    return lines
+
+
+def seed_store(store: Path, source: Path, encoder: str) -> dict[str, int]:
+    """Create the store `store` and import `source` into it, as `amapreduce memory import` does."""
+    from amapreduce.memory.io import import_file
+    from amapreduce.memory.store import MemoryStore
+
+    with MemoryStore(store, encoder=encoder, create=True) as memory:
+        return import_file(memory, source)
 
 
 class Bench:
     """One benchmark run's shared inputs: the world, the tasks in benchmark order, the settings."""
 
-    def __init__(self, out: Path, limit: int | None, trials: int, encoder: str) -> None:
+    def __init__(self, out: Path, limit: int | None, trials: int, encoder: str, scenario: str = "default") -> None:
         base = load_settings(cache_dir=out / "cache")
-        self.out, self.trials, self.encoder = out, trials, encoder
+        self.out, self.trials, self.encoder, self.scenario = out, trials, encoder, scenario
         self.world = sandbox_world(base.cache_dir)
         self.tasks = load_tasks(self.world.tasks_file, "widesearch")
         self.families = sandbox_families(self.world)
@@ -154,11 +222,20 @@ class Bench:
         trial_settings = base.model_copy(update={"runs_dir": out / "runs", **self.defaults.settings})
         self.settings = demo_settings(trial_settings, self.world.index_dir)
         self.weights = UtilityWeights(cost=self.defaults.cost_weight, delay=self.defaults.delay_weight)
+        self.seed: Path | None = None
+        if scenario == "misleading":
+            queries: dict[str, list[str]] = {}
+            for iid, family in self.families.items():
+                queries.setdefault(family, []).append(self.tasks[iid].query)
+            self.seed = out / "misleading_hints.jsonl"
+            out.mkdir(parents=True, exist_ok=True)
+            write_json_lines(self.seed, misleading_lines(queries))
 
     def arm(self, name: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
         """Run one arm; its second-half means per task, per-family utilities and final hint pool."""
         memory = overrides is not None
         store = self.out / name / "memory"
+        seeded = seed_store(store, self.seed, self.encoder) if memory and self.seed is not None else None
         options = options_for("widesearch", None, "identity", None, settings=self.settings,
                               meter=new_meter(self.settings))
         config = EvalConfig(benchmark="sandbox", tasks_file=str(self.world.tasks_file),
@@ -188,6 +265,10 @@ class Bench:
         figures["failed_trials"] = sum(1 for rows in per_task.values() for r in rows if float(r.get("score", 1.0)) < 1.0)
         figures.update(_commits(self.out / name / "memory_log.jsonl"))
         figures["hints"] = _hint_pool(store) if memory else []
+        if seeded is not None:  # `left`: hints whose payload is still a misleading one (a merge re-ids a hint)
+            payloads = [json.loads(json.dumps(m.advice.to_json())) for m in MISLEADING]
+            figures["imported_hints"] = {"imported": seeded["hints"],
+                                         "left": sum(1 for h in figures["hints"] if h["advice"] in payloads)}
         figures["wall_s"] = round(time.monotonic() - started, 1)
         return figures
 
@@ -253,6 +334,15 @@ def _table(arms: dict[str, dict[str, Any]], echo: Callable[[str], None]) -> None
                 a = arms[name]
                 echo(f"{name} vs full: sub-agents {100 * (a['subagents'] / full['subagents'] - 1):+.1f} %, "
                      f"utility {100 * (a['utility'] / full['utility'] - 1):+.1f} %, Item F1 {a['item_f1'] - full['item_f1']:+.3f}")
+    if "full" in arms and "no_credit" in arms and "imported_hints" in arms["full"]:
+        full, still = arms["full"], arms["no_credit"]
+        echo(f"full/no_credit sub-agents: {full['subagents'] / still['subagents']:.2f} (target <= 0.8), Item F1 "
+             f"{full['item_f1']:.3f} vs no_credit {still['item_f1']:.3f} (target: equal or better); full debited "
+             f"{full['hints_debited']} and pruned {full['hints_pruned']} hints (target: >= 1 each)")
+    for name in names:
+        if "imported_hints" in arms[name]:
+            seeded = arms[name]["imported_hints"]
+            echo(f"{name}: {seeded['left']} of the {seeded['imported']} misleading payloads left in the final pool")
     for name in names:
         pool = arms[name].get("hints") or []
         if pool:
@@ -265,6 +355,8 @@ def _table(arms: dict[str, dict[str, Any]], echo: Callable[[str], None]) -> None
 def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--scenario", choices=SCENARIOS, default="default",
+                        help="misleading: every memory arm starts from imported harmful hints (see the docstring)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks of the benchmark order")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default: all of {', '.join(ARMS)})")
     parser.add_argument("--out", type=Path, default=None, help="keep the evaluation folders here")
@@ -285,14 +377,14 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
         echo = _stderr  # the table goes to stderr, stdout holds the one JSON object
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-evolution-"))
     started = time.monotonic()
-    bench = Bench(out, args.limit, args.trials, args.encoder)
+    bench = Bench(out, args.limit, args.trials, args.encoder, args.scenario)
     arms = {name: bench.arm(name, ARMS[name]) for name in chosen}
     grid, oracle = ({}, {}) if args.no_grid else bench.grid(args.smoke)
     for figures in arms.values():
         figures["regret"] = regrets(grid, figures["family_utility"])
         figures["regret_max"] = max(figures["regret"].values(), default=None)  # None: no grid
-    echo("Sandbox benchmark, simulated model (deterministic code, not an LLM), in process (no HTTP): "
-         f"{len(bench.ids)} tasks in benchmark order, {args.trials} trials, second half = {len(bench.second)} tasks.")
+    echo(f"Sandbox benchmark, {args.scenario} scenario, simulated model (deterministic code, not an LLM), in process "
+         f"(no HTTP): {len(bench.ids)} tasks in benchmark order, {args.trials} trials, second half = {len(bench.second)} tasks.")
     _table(arms, echo)
     if grid:
         echo(f"{'family':<10}{'best fixed':>14}{'u best':>9}" + "".join(f"{n[:12]:>13}" for n in arms))
@@ -306,9 +398,9 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
         off = f" = {fewest / arms['off']['subagents']:.2f} x off" if "off" in arms else ""
         echo(f"the best fixed choice of every family (the grid's oracle): {fewest:.3f} sub-agents per task{off}")
     wall = round(time.monotonic() - started, 1)
-    document = {"arms": arms, "grid": grid, "oracle_subagents": oracle, "tasks": len(bench.ids), "second_half": bench.second,
+    document = {"scenario": args.scenario, "arms": arms, "grid": grid, "oracle_subagents": oracle, "tasks": len(bench.ids), "second_half": bench.second,
                 "trials": args.trials, "wall_s": wall, "out": str(out)}
-    (out / "bench_evolution.json").write_text(json.dumps(document, indent=2, default=float))
+    write_json(out / "bench_evolution.json", document, indent=2)
     echo(f"{wall:.0f} s; evaluation folders and bench_evolution.json in {out}")
     if args.json:  # the one object checks read; the grid and the rest are in bench_evolution.json
         print(json.dumps({"arms": arms}, default=float))

@@ -245,13 +245,18 @@ def test_learning_makes_later_tasks_cheaper_at_equal_quality(tmp_path: Path,
     the simulated memory model's distillation and retrieval) makes the second half use fewer sub-agents."""
     halves: dict[str, tuple[float, float]] = {}
     for name, extra in (("on", ["--encoder", "hashing"]), ("off", ["--no-memory"])):
-        code, _ = _run(["--benchmark", "sandbox", "--ids", LEARNING_IDS, "--trials", "2", "--out",
-                        str(tmp_path / name), *extra], capsys)
+        code, printed = _run(["--benchmark", "sandbox", "--ids", LEARNING_IDS, "--trials", "2", "--out",
+                              str(tmp_path / name), *extra], capsys)
         assert code == 0
         results = json.loads((tmp_path / name / "results.json").read_text())
         second = results["task_order"][4:]
         rows = [r for iid in second for r in results["per_task"][iid]]
         halves[name] = (sum(r["subagents"] for r in rows) / len(rows), sum(r["f1_by_item"] for r in rows) / len(rows))
+        # The learning figure `eval run` prints: the same halves of the task order, per task.
+        learning = printed["learning"]
+        assert learning == results["learning"] and learning["second_half"]["tasks"] == 4
+        assert learning["second_half"]["subagents_per_task"] == pytest.approx(halves[name][0], abs=1e-3)
+        assert learning["second_half"]["item_f1"] == pytest.approx(halves[name][1], abs=1e-3)
     (sub_on, f1_on), (sub_off, f1_off) = halves["on"], halves["off"]
     assert sub_on <= 0.6 * sub_off and f1_on >= f1_off
     log = [json.loads(line) for line in (tmp_path / "on" / "memory_log.jsonl").read_text().splitlines()]
@@ -264,3 +269,18 @@ def test_learning_makes_later_tasks_cheaper_at_equal_quality(tmp_path: Path,
         decision = json.loads((run / "result.json").read_text())["decisions"][0]
         rationale = decision["batch_strategy"]["rationale"]  # the typed advice: a proposal Θ′ or a hint's payload
         assert rationale == "applied the memory's advice" or rationale.startswith("following the typed advice")
+
+
+def test_the_sandbox_runs_in_the_benchmarks_family_order_and_a_task_file_in_its_own() -> None:
+    """Without --ids, `eval run --benchmark sandbox` takes its tasks round-robin across the question
+    families, as `benchmarks/bench_evolution.py` does (so --limit 8 reaches the second generation),
+    and any other task file in file order."""
+    from amapreduce.cli.eval_run import _task_order
+    from amapreduce.settings import load_settings
+
+    settings = load_settings()
+    file_order = [f"sbx_en_{n:03d}" for n in range(1, 63)]
+    order = _task_order("sandbox", None, file_order, settings)
+    assert sorted(order) == file_order and order[:8] == [*file_order[:7], "sbx_en_043"]
+    assert _task_order("widesearch", None, file_order, settings) == file_order
+    assert _task_order("sandbox", Path("tasks.jsonl"), file_order, settings) == file_order

@@ -340,7 +340,7 @@ def test_cli_learns_once_and_prints_the_credit(run_dir: Path, store: Path, cli_e
     data = json.loads(first.stdout)
     assert data["record_id"] == run_record_id(run_dir) and data["label"] is True
     assert data["already_committed"] is False
-    assert data["credited"] == [{"id": HINT, "w_before": 3, "w_after": 5}]
+    assert data["credited"] == [{"id": HINT, "w_before": 3, "w_after": 5, "refuted": False}]
     before = _state(store)
     again = runner.invoke(memory_cli.app, args)
     assert again.exit_code == 0, again.output

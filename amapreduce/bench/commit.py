@@ -45,16 +45,18 @@ def pool_counts(memory: ExperientialMemory) -> dict[str, Any]:
 
 
 def hint_credits(result: UpdateResult, hint_ids: Iterable[str], config: MemoryConfig) -> list[dict[str, Any]]:
-    """Each hint of the prior with its w before and after the update (None: it no longer exists).
+    """Each hint of the prior with its w before and after the update (None: it no longer exists, or
+    the update did not credit it), and `refuted` when the update refuted it (then it was pruned).
 
-    Derived from the update itself (`UpdateResult.credited` is w after; the reward is the
-    config's), so no read before the commit is needed.
+    Derived from the update itself (`UpdateResult.before` and `.credited`), so no read before the
+    commit is needed; a commit logged before `before` was recorded falls back to the label's reward.
     """
     reward = config.reward_pass if result.label else config.reward_fail
     out = []
     for h in dict.fromkeys(hint_ids):
         after = result.credited.get(h)
-        out.append({"id": h, "w_before": None if after is None else after - reward, "w_after": after})
+        before = result.before.get(h, None if after is None else after - reward)
+        out.append({"id": h, "w_before": before, "w_after": after, **({"refuted": True} if h in result.refuted else {})})
     return out
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "progress_event",
+    "learning_halves",
     "BENCHMARKS",
     "ENTRIES",
     "JOURNAL",
@@ -241,9 +242,34 @@ def results_document(config: EvalConfig, out: Path, tasks: Mapping[str, TaskSpec
         "task_order": ids,
         "per_task": per_task,
         "summary": summary,
+        "learning": learning_halves(per_task, ids),
         "memory": memory,
         "utility": UtilityWeights(cost=config.cost_weight, delay=config.delay_weight).to_json(),
     }
+
+
+def _half(per_task: Mapping[str, list[dict[str, Any]]], part: list[str]) -> dict[str, Any]:
+    """Sub-agents and Item F1 per task (the mean over its trials) over the tasks `part`."""
+    rows = [r for r in ([t for t in per_task.get(i, []) if "subagents" in t] for i in part) if r]
+
+    def mean(key: str) -> float | None:
+        if not rows:
+            return None
+        return round(sum(sum(float(t.get(key) or 0.0) for t in r) / len(r) for r in rows) / len(rows), 3)
+
+    return {"tasks": len(part), "subagents_per_task": mean("subagents"), "item_f1": mean("f1_by_item")}
+
+
+def learning_halves(per_task: Mapping[str, list[dict[str, Any]]], ids: list[str]) -> dict[str, Any] | None:
+    """The learning figure: sub-agents and Item F1 per task over the first and the second half of the
+    task order `ids`, and the second half's sub-agents as a share of the first's (`bench_evolution.py`
+    reports the same halves); None with fewer than two tasks."""
+    if len(ids) < 2:
+        return None
+    first, second = _half(per_task, ids[: len(ids) // 2]), _half(per_task, ids[len(ids) // 2:])
+    low, high = first["subagents_per_task"], second["subagents_per_task"]
+    return {"first_half": first, "second_half": second,
+            "second_vs_first_subagents": round(high / low, 3) if low and high is not None else None}
 
 
 def progress_event(config: EvalConfig, trials: list[TrialDone], committed: int, running: int) -> ProgressEvent:

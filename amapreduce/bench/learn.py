@@ -3,8 +3,9 @@
 `ask` only reads the memory (its plan stage gets the prior Δ_q); learning needs a verdict on the
 answer, which `ask` does not have. This module takes that verdict afterwards and applies the same
 update an evaluation applies (paper Eq. 13/22): write the record ε = (q, Θ, τ, u), credit the
-hints of the prior the run was shown (+2 when it passed, −1 when it failed), prune hints at
-w ≤ 0, and run the distillation when the schedule makes one due.
+hints of the prior the run was shown (+2 when it passed, −1 when it failed or, for a hint it
+followed, did worse than the family's records; a hint refuted by the runs that followed it falls to
+w = 0: `memory.update`), prune hints at w ≤ 0, and run the distillation when the schedule makes one due.
 
 The verdict is either
 
@@ -68,10 +69,12 @@ class HintCredit:
     w_before: int
     w_after: int
     """w after the credit; a hint at w ≤ 0 is then pruned (`LearnOutcome.pruned`)."""
+    refuted: bool = False
+    """The update refuted the hint (`MemoryConfig.refute_after`): w fell to the prune threshold."""
 
     def to_json(self) -> dict[str, Any]:
-        """`{"id", "w_before", "w_after"}`."""
-        return {"id": self.id, "w_before": self.w_before, "w_after": self.w_after}
+        """`{"id", "w_before", "w_after", "refuted"}`."""
+        return {"id": self.id, "w_before": self.w_before, "w_after": self.w_after, "refuted": self.refuted}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -399,7 +402,8 @@ def learn_from_run(
                 return _already(run, record_id, record, config, utility is not None)
         if result.skipped or result.label is None:
             raise RunError(f"the memory did not record the run: {result.skipped}.")
-        credited = tuple(HintCredit(id=c["id"], w_before=c["w_before"], w_after=c["w_after"])
+        credited = tuple(HintCredit(id=c["id"], w_before=c["w_before"], w_after=c["w_after"],
+                                    refuted=bool(c.get("refuted")))
                          for c in hint_credits(result, hint_ids, config) if c["w_after"] is not None)
         distillation = (complete_distillation(memory, result.record_id, result.distill, enabled=distill)
                         if result.distill and result.record_id else None)

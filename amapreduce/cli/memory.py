@@ -380,7 +380,8 @@ def _learn_text(outcome: Any, run: str) -> str:
     lines += [f"warning: {w}" for w in outcome.warnings]
     if outcome.credited:
         lines.append("hints credited (w before -> after):")
-        lines += [f"  {c.id}  {c.w_before} -> {c.w_after}" for c in outcome.credited]
+        lines += [f"  {c.id}  {c.w_before} -> {c.w_after}" + ("  (refuted: it did worse in most runs that followed it)"
+                                                           if c.refuted else "") for c in outcome.credited]
     else:
         lines.append("hints credited: none (the run's prior held no hint)")
     if outcome.missing_hints:

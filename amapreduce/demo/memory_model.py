@@ -6,7 +6,8 @@ provider. `SimulatedMemoryModel` is a `FunctionModel` that answers the prompts o
 `prompts/memory.yaml` as a real memory model would, reading **only what the prompt shows**:
 
 * **projection** (`project_*`): the listed hints whose typed payload (` ADVICE: {...}`, or for a hint
-  of its own without one, its own sentence) applies to the row shape of the draft decision shown,
+  of its own without one, its own sentence) applies to the row shape of the draft decision shown (a
+  payload about a range of shapes, as an imported rule may be, by its `applies_when` ranges),
   as a numbered list of at most `max_bullets` items each citing its hint's number (`[2]`), as the
   prompt asks; or one line saying that no stored hint applies to rows of that many attributes.
 * **refinement** (`compare_*`, `success_*`): it reads the decision patterns shown (the records'
@@ -30,13 +31,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pydantic_core import from_json
 from smolagents.models import ChatMessage, MessageRole
 
 from amapreduce.demo.hints import BatchingHint, RowShape, hint_applies, read_hint, write_hint
 from amapreduce.llm.messages import message_text
-from amapreduce.memory.advice import split_advice
+from amapreduce.memory.advice import Shape, split_advice
 from amapreduce.testing.scripted import FunctionModel, ModelInfo, Reply
 
 __all__ = ["MEMORY_MODEL_ID", "CaseEvidence", "SimulatedMemoryModel", "read_patterns"]
@@ -192,6 +194,25 @@ def _merge(hints: list[str], limit: int) -> list[str]:
     return merged[:limit]
 
 
+_MORE_ROWS = re.compile(r"^\.\.\. \((?P<n>\d+) more rows\)$")
+
+
+def _projects(line: str, decision: dict[str, Any], shape: RowShape) -> bool:
+    """Whether the listed hint `line` applies to the draft `decision` (its row shape `shape`): a hint
+    about one row shape by that shape (`read_hint`), any other typed payload by its `applies_when`
+    ranges (rows counted from the matrix shown, cut to a few rows and `... (N more rows)`)."""
+    hint = read_hint(line)
+    if hint is not None:
+        return hint_applies(hint, shape)
+    advice = split_advice(line)[1]
+    if advice is None:
+        return False
+    matrix = decision["task_matrix"]
+    rows = sum(1 for row in matrix if isinstance(row, list))
+    rows += sum(int(m.group("n")) for row in matrix if isinstance(row, str) and (m := _MORE_ROWS.match(row)))
+    return advice.applies_when.matches(Shape(rows=rows, matrix_cols=shape.matrix_columns, cols=shape.cells))
+
+
 class SimulatedMemoryModel(FunctionModel):
     """Deterministic code playing the experiential memory's model (see the module docstring)."""
 
@@ -228,7 +249,7 @@ class SimulatedMemoryModel(FunctionModel):
         if not isinstance(decision, dict) or not decision.get("task_matrix"):
             return "1. No stored hint can be matched: the draft decision is not shown."
         shape = RowShape.of(decision)
-        chosen = [(n, t) for n, t in enumerate(hints, 1) if (h := read_hint(t)) is not None and hint_applies(h, shape)]
+        chosen = [(n, t) for n, t in enumerate(hints, 1) if _projects(t, decision, shape)]
         if not chosen:
             noun = "attribute" if shape.attributes == 1 else "attributes"
             return f"1. No stored hint applies to rows of {shape.attributes} {noun}."

@@ -19,7 +19,9 @@ typed advice, which needs no reading between the lines:
 
 `credit_rule: used` (`MemoryConfig`) credits a hint only when the executed decision followed its
 payload (`HintAdvice.verdict` is "followed"), or, for a hint without one, when the projection
-cited it for this draft.
+cited it for this draft. With `relative_credit` a run that followed a hint is also judged against
+the similar records its prior measured (`worse_than_records`, `RELATIVE_RULE`): a run that passed
+but cost more per row than a reliable choice of those records did worse, and its hints are debited.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROPOSAL_RULE",
+    "RELATIVE_RULE",
     "Advice",
     "AppliesWhen",
     "Choice",
@@ -54,6 +57,7 @@ __all__ = [
     "compute_advice",
     "render_hint",
     "split_advice",
+    "worse_than_records",
 ]
 
 Strategy = Literal["per_atom", "by_attr", "open"]
@@ -65,6 +69,12 @@ PROPOSAL_RULE = (
     "it and all of them passed. The reliable choice with the fewest tokens per row (then sub-agents per row) is "
     "proposed when the draft's choice differs from it and was unseen, failed at least once, or costs over "
     "{margin:.0%} more per row."
+)
+
+RELATIVE_RULE = (
+    "A run that followed a hint did worse than the family's records when it failed, or when the similar records its "
+    "prior measured hold a reliable choice other than the run's (at least {min_records} records, all passed) and the "
+    "run cost over {margin:.0%} more per row (tokens, else sub-agents) than the cheapest such choice."
 )
 
 _MARKER = re.compile(r"\s*\bADVICE\s*:\s*(?=\{)", re.IGNORECASE)
@@ -389,3 +399,30 @@ def apply_choice(decision: Decision, strategy: str, batch_size: int | None) -> D
         data["batch_strategy"] = {"type": "per_atom", "rationale": rationale}
         data["batch_size"] = batch_size or 1
     return Decision.parse(data)
+
+
+def worse_than_records(decision: DecisionSummary, trace: TraceSummary, advice: Mapping[str, Any] | None,
+                       config: MemoryConfig) -> str | None:
+    """Why a run that passed did worse than the family's records (`RELATIVE_RULE`), or None: not
+    worse, or nothing to compare with. `advice` is the typed advice of the run's prior
+    (`Advice.to_json()`): its `choices` are the similar records as the run's plan stage measured them."""
+    if not advice or not decision.rows or advice.get("shape") != Shape.of(decision).to_json():
+        return None
+    try:
+        choices = [ChoiceStats.model_validate(c) for c in advice.get("choices") or []]
+    except ValidationError:
+        return None  # a hand-edited prior: no comparison rather than a wrong one
+    mine = Choice.of(decision)
+    reliable = [s for s in choices if s.choice != mine and s.n >= config.min_advice_records and s.successes == s.n]
+    by_tokens = trace.tokens is not None and bool(reliable) and all(s.tokens_per_row is not None for s in reliable)
+    spent = trace.tokens if by_tokens else trace.batches
+    if not reliable or spent is None:
+        return None
+    best = min(reliable, key=lambda s: _cost(s, by_tokens))
+    theirs = _cost(best, by_tokens)[0 if by_tokens else 1]
+    ours = spent / decision.rows
+    if ours <= theirs * (1 + config.advice_margin):
+        return None
+    unit = "tokens" if by_tokens else "sub-agents"
+    return (f"{ours:.3g} {unit} per row against {theirs:.3g} for {_label(best.choice)} in {best.n} similar records "
+            "that all passed")

@@ -32,6 +32,12 @@ class MemoryConfig(BaseModel):
     """k_H: hints kept after ranking by s(h) = w_h + v(h; q) (Eq. 10)."""
     min_similarity: float | None = Field(default=None, ge=-1.0, le=1.0)
     """Optional cosine floor for I⁺/I⁻; None (the paper) keeps the top-k whatever their similarity."""
+    negative_floor: Literal["none", "positives"] = "positives"
+    """`positives`: a negative record joins I⁻ only when it is at least as similar to q as the least
+    similar record of a full I⁺ (k⁺ positives retrieved). A store with few failures otherwise puts
+    them in every query's neighbourhood, and the hints they support gain a vote for every question
+    (the misleading scenario of `bench_evolution.py`). `none`: the paper's top-k⁻, whatever their
+    similarity."""
     project: bool = True
     """Run the projection Φ with the memory model; off (or no model) falls back to the raw hints."""
     max_bullets: int = Field(default=3, ge=1, le=10)
@@ -50,6 +56,17 @@ class MemoryConfig(BaseModel):
     """g(u) when ℓ(u) = 0 (Eq. 22)."""
     prune_threshold: int = 0
     """Hints with w_h <= this are pruned after every update."""
+    relative_credit: bool = True
+    """Judge a run that followed a hint's typed advice against the family's records as well as by its
+    label (`memory.advice.RELATIVE_RULE`): a run that passed but cost more per row than a reliable
+    choice of the similar records its prior measured did worse, and gets `reward_fail`. Off: the
+    paper's g(u), from the label alone."""
+    refute_after: int = Field(default=2, ge=0, le=100)
+    """A hint whose typed advice runs followed and that did worse at least this many times, and in at
+    least half of the runs that followed it, is refuted: its w drops to `prune_threshold` and it is
+    pruned, whatever score it had (an imported score is a claim; these runs are evidence). 0: never
+    (the paper: −1 per failure, so a hint imported at w = 20 survives 19 failures). Needs debits
+    (`reward_fail` < 0)."""
     distill_start: int = Field(default=40, ge=1)
     """First distillation once the store holds this many records."""
     distill_every: int = Field(default=20, ge=1)

@@ -127,6 +127,9 @@ class TraceSummary(BaseModel):
     "batch_size"}` (None: none was applied)."""
     followed_hints: tuple[str, ...] = ()
     """Hints of the run's prior whose typed advice the executed decision followed (set at commit)."""
+    worse: str | None = None
+    """Why the run, though it passed, did worse than the family's records its prior measured
+    (`memory.advice.worse_than_records`, set at commit); None: it did not, or nothing to compare."""
 
     @classmethod
     def of(cls, completeness: Mapping[str, Any], *, cost_usd: float | None, delay_s: float | None,

@@ -1,7 +1,9 @@
 """Retrieval for a query q (paper Eq. 7–10, 17–19): neighbours, hint ranking and the prior text.
 
 I⁺ / I⁻ are the exact top-k⁺ / top-k⁻ records by cosine among positive / negative records (no
-similarity floor unless configured; records of the same task excluded). Candidate hints are those
+similarity floor unless configured; records of the same task excluded). With `negative_floor:
+positives` (the default) a negative joins I⁻ only when it is at least as similar as the least
+similar positive of a full I⁺, so a few failures are not in every query's neighbourhood. Candidate hints are those
 whose provenance meets N(q) = I⁺ ∪ I⁻; each gets v(h; q) = |S(h) ∩ N(q)| and
 s(h) = w_h + v(h; q); the top k_H by s are kept (ties: higher v, then older hint). The exemplars
 ε_pos / ε_neg are the most similar record of each set.
@@ -186,6 +188,8 @@ def retrieve(store: MemoryStore, index: VectorIndex, vector: Any, query: str, co
                                 min_similarity=config.min_similarity, rng=rng)
         negatives = _neighbours(store, index, vector, positive=False, k=config.k_neg, exclude=exclude,
                                 min_similarity=config.min_similarity, rng=rng)
+        if config.negative_floor == "positives" and rng is None and config.k_pos and len(positives) == config.k_pos:
+            negatives = tuple(n for n in negatives if n.similarity >= min(p.similarity for p in positives))
         ids = [n.id for n in positives + negatives]
         votes: dict[str, int] = {}
         if ids:

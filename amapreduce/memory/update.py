@@ -6,6 +6,15 @@ rule picks (`credited_hints`: under `credit_rule: used`, the hints the run used)
 with w_h <= threshold, and claim a distillation slot when the schedule says one is due. Runs whose
 metrics say the infrastructure failed are not written at all.
 
+Two changes to the paper's g(u) let the memory unlearn a bad hint (both in `MemoryConfig`; off,
+the rule is the paper's). **Relative credit**: for a hint whose typed advice the run followed, g
+is `reward_fail` when the run failed *or* did worse than the family's records
+(`memory.advice.worse_than_records`): a hint that makes runs pass expensively is debited, where
+the paper credits +2 every time. **Refutation**: a followed hint that did worse at least
+`refute_after` times, and in at least half of the runs of its provenance that followed its advice
+(`track_record`), drops to the prune threshold and is pruned: with −1 per failure a hint imported
+at w = 20 would mislead twenty runs first (`bench_evolution.py --scenario misleading`).
+
 A commit is one unit of work, resumable at any instant. The same transaction logs what it did (a
 `record_committed` event: label, credits, pruned hints, the distillation it made due), so a
 process killed after it and committing the same record id again gets that very result back
@@ -23,6 +32,7 @@ from typing import Any
 
 from amapreduce.decision.model import Decision
 from amapreduce.mapreduce.prior import Prior
+from amapreduce.memory.advice import HintAdvice, worse_than_records
 from amapreduce.memory.config import MemoryConfig
 from amapreduce.memory.labels import infrastructure_failure_reason, label
 from amapreduce.memory.records import DecisionSummary, Record, TraceSummary, new_id
@@ -40,7 +50,7 @@ from amapreduce.memory.store import (
 )
 
 __all__ = ["UpdateResult", "credited_hints", "distillation_done", "due_distillation", "finish_distillation",
-           "record_outcome"]
+           "record_outcome", "track_record"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +65,10 @@ class UpdateResult:
     """Hint id → w_h after the update."""
     missing_hints: tuple[str, ...] = ()
     """Hints of the prior that no longer exist (pruned or merged since)."""
+    before: dict[str, int] = field(default_factory=dict)
+    """Hint id → w_h before the update (of the hints in `credited`)."""
+    refuted: tuple[str, ...] = ()
+    """Hints refuted by this update (`MemoryConfig.refute_after`), so pruned."""
     pruned: tuple[str, ...] = ()
     distill: str | None = None
     """`refine`, `refine+merge` or None: the distillation claimed by this update."""
@@ -91,6 +105,53 @@ def credited_hints(conn: Any, prior: Prior | None, decision: DecisionSummary, co
         if config.credit_rule == "all" or verdict == "followed" or (advice is None and hint_id in kept):
             credited.append(hint_id)
     return credited, followed, missing
+
+
+def track_record(conn: Any, hint_id: str, *, relative: bool = True) -> tuple[int, int]:
+    """(worse, better): how the runs of S(h) (`hint_id`'s provenance) whose decision followed its
+    typed advice did: worse when the record failed or did worse than its family's records
+    (`TraceSummary.worse`; with `relative` False, failed only). Provenance survives a merge and the
+    payload is the rule, so a merged or edited hint keeps the evidence about the choice it advises;
+    (0, 0) for a hint without a payload."""
+    hint = get_hint(conn, hint_id)
+    if hint is None or not hint["advice"]:
+        return 0, 0
+    advice = HintAdvice.model_validate(hint["advice"])
+    worse = better = 0
+    for label_, decision, trace in conn.execute(
+            "SELECT r.label, r.decision, r.trace FROM provenance p JOIN records r ON r.id = p.record_id "
+            "WHERE p.hint_id = ?", (hint_id,)):
+        if advice.verdict(DecisionSummary.model_validate_json(decision)) != "followed":
+            continue
+        if not label_ or (relative and TraceSummary.model_validate_json(trace).worse is not None):
+            worse += 1
+        else:
+            better += 1
+    return worse, better
+
+
+def _credit(conn: Any, hint_id: str, *, followed: bool, passed: bool, worse: str | None, record_id: str,
+            config: MemoryConfig) -> tuple[int, int, bool]:
+    """Credit one hint for the run (Eq. 13 with the relative g and refutation of the module
+    docstring); returns (w before, w after, refuted)."""
+    relative = followed and config.relative_credit
+    did_worse = not passed or (relative and worse is not None)
+    reward = config.reward_fail if did_worse else config.reward_pass
+    detail: dict[str, Any] = {"record_id": record_id, "label": passed, "rule": config.credit_rule, "followed": followed,
+                              "verdict": "worse" if did_worse else "better"}
+    if relative and passed and worse is not None:
+        detail["why"] = worse
+    hint = update_hint(conn, hint_id, kind="credited", delta=reward, **detail)
+    add_provenance(conn, hint_id, [record_id])
+    before = int(hint["w"]) - reward
+    refuted = False
+    if followed and did_worse and config.refute_after and config.reward_fail < 0 and int(hint["w"]) > config.prune_threshold:
+        bad, good = track_record(conn, hint_id, relative=config.relative_credit)
+        if bad >= config.refute_after and bad >= good:
+            hint = update_hint(conn, hint_id, kind="refuted", score=config.prune_threshold, record_id=record_id,
+                               worse=bad, better=good, refute_after=config.refute_after)
+            refuted = True
+    return before, int(hint["w"]), refuted
 
 
 def due_distillation(conn: Any, total: int, config: MemoryConfig) -> str | None:
@@ -143,8 +204,9 @@ def record_outcome(
     summary = DecisionSummary.of(decision, batches=trace_summary.batches)
     passed = label(metrics, config.label_rule, utility_threshold=config.utility_threshold)
     vector = store.embed([query])[0]
-    reward = config.reward_pass if passed else config.reward_fail
     credited: dict[str, int] = {}
+    before: dict[str, int] = {}
+    refuted: list[str] = []
     with store.write() as conn:
         if record_id is not None and conn.execute("SELECT 1 FROM records WHERE id = ?", (record_id,)).fetchone():
             # Idempotent per record id: an evaluation resumed after it crashed between its commit
@@ -156,24 +218,28 @@ def record_outcome(
             log_event(conn, "record_skipped", reason="already committed", task_id=task_id, record_id=record_id)
             return UpdateResult(record_id=record_id, skipped="already committed")
         chosen, followed, missing = credited_hints(conn, prior, summary, config)
+        worse = (worse_than_records(summary, trace_summary, prior.advice if prior is not None else None, config)
+                 if passed else None)
         record = Record(id=record_id or new_id("r"), query=query, label=passed, decision=summary,
-                        trace=trace_summary.model_copy(update={"followed_hints": tuple(followed)}),
+                        trace=trace_summary.model_copy(update={"followed_hints": tuple(followed), "worse": worse}),
                         metrics=dict(metrics), task_id=task_id)
         insert_record(conn, record, vector)
         for hint_id in chosen:
-            hint = update_hint(conn, hint_id, kind="credited", delta=reward, record_id=record.id, label=passed,
-                               rule=config.credit_rule)
-            add_provenance(conn, hint_id, [record.id])
-            credited[hint_id] = int(hint["w"])
+            before[hint_id], credited[hint_id], was_refuted = _credit(
+                conn, hint_id, followed=hint_id in followed, passed=passed, worse=worse, record_id=record.id,
+                config=config)
+            if was_refuted:
+                refuted.append(hint_id)
         pruned = prune_hints(conn, config.prune_threshold)
         total = record_count(conn)
         distill = due_distillation(conn, total, config)
         if distill:
             log_event(conn, "distill_due", record_id=record.id, records=total, what=distill)
-        result = UpdateResult(record_id=record.id, label=passed, credited=credited, missing_hints=tuple(missing),
+        result = UpdateResult(record_id=record.id, label=passed, credited=credited, before=before,
+                              refuted=tuple(refuted), missing_hints=tuple(missing),
                               pruned=tuple(h["id"] for h in pruned), distill=distill)
-        log_event(conn, "record_committed", record_id=record.id, label=passed, credited=credited,
-                  missing_hints=missing, pruned=list(result.pruned), distill=distill)
+        log_event(conn, "record_committed", record_id=record.id, label=passed, credited=credited, before=before,
+                  refuted=refuted, missing_hints=missing, pruned=list(result.pruned), distill=distill)
     return result
 
 
@@ -186,6 +252,7 @@ def _committed(conn: Any, record_id: str) -> UpdateResult | None:
         return None
     done = json.loads(row[0])
     return UpdateResult(record_id=record_id, label=bool(done["label"]), credited=dict(done["credited"]),
+                        before=dict(done.get("before") or {}), refuted=tuple(done.get("refuted") or ()),
                         missing_hints=tuple(done["missing_hints"]), pruned=tuple(done["pruned"]),
                         distill=done["distill"], replayed=True)
 
