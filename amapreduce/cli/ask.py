@@ -200,15 +200,21 @@ def runs_list(
 def runs_show(
     run: str = typer.Argument(..., help="Run folder name (from `runs list`) or path."),
     runs_dir: Path | None = typer.Option(None, "--runs-dir", help="Folder of run directories (default: runs/)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the run's result.json."),
+    as_json: bool = typer.Option(False, "--json", help=(
+        "Print the run's record (result.json, docs/reference/result.schema.json); a run not finished: its "
+        "journal's state and progress.")),
 ) -> None:
     """Show one run: status, completeness, usage and the table."""
-    from amapreduce.session.rundir import load_run
+    from amapreduce.session.record import RunRecord
+    from amapreduce.session.rundir import load_run, run_path
     from amapreduce.settings import load_settings
 
-    data = load_run(runs_dir or load_settings().runs_dir, run)
+    folder = runs_dir or load_settings().runs_dir
+    data = load_run(folder, run)
     if as_json:
-        typer.echo(json.dumps(data, ensure_ascii=False))
+        path = run_path(folder, run)
+        finished = (path / "result.json").is_file()
+        typer.echo(json.dumps(RunRecord.read(path).to_json() if finished else data, ensure_ascii=False))
         return
     folder = Path(data["run_dir"])
     typer.echo(f"{data.get('kind')}: {data.get('query')}\nstatus: {data.get('status')}")

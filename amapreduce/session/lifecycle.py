@@ -40,6 +40,7 @@ from amapreduce.session.journal import (
     RunStarted,
     open_run_journal,
 )
+from amapreduce.session.record import RunRecord
 from amapreduce.session.rundir import RunDir
 from amapreduce.table.render import to_csv, to_markdown
 from amapreduce.trace import redact_secrets
@@ -105,7 +106,7 @@ class ActiveRun:
         """
         markdown = to_markdown(table)
         self.run_dir.write_table(markdown, to_csv(table))
-        record = {
+        record = RunRecord.of({
             "kind": self.kind,
             "query": self.query,
             "status": ending.label,
@@ -115,7 +116,7 @@ class ActiveRun:
             "usage": self.meter.to_json(),
             **(extra or {}),
             "timings": run_timings(self.started, executions),
-        }
+        }).to_json()
         self.run_dir.write_result(record)
         self.journal.append(RunEnded.of(ending))
         self.finished = True
@@ -136,18 +137,16 @@ class ActiveRun:
         ending = RunEnding(RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED, error)
         status = ending.label
         try:
-            self.run_dir.write_result(
-                {
-                    "kind": self.kind,
-                    "query": self.query,
-                    "status": status,
-                    "error": error,
-                    "error_type": type(exc).__name__,
-                    "completeness": completeness_record(Completeness.nothing(), ()),
-                    "usage": self.meter.to_json(),
-                    "timings": run_timings(self.started),
-                }
-            )
+            self.run_dir.write_result(RunRecord.of({
+                "kind": self.kind,
+                "query": self.query,
+                "status": status,
+                "error": error,
+                "error_type": type(exc).__name__,
+                "completeness": completeness_record(Completeness.nothing(), ()),
+                "usage": self.meter.to_json(),
+                "timings": run_timings(self.started),
+            }).to_json())
             self.journal.append(RunEnded.of(ending))
             self.finished = True
             self.run_dir.trace.write("run_finished", status=status, error=error, usage=self.meter.to_json())

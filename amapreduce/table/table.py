@@ -330,6 +330,32 @@ class Table:
             ],
         }
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Table:
+        """The table `to_json` wrote (a run's `result.json` `table`), cells as they were recorded:
+        values, statuses, sources, quotes, evidence, conflicts and agreements; rows in their order.
+
+        Raises:
+            ValueError: not a table object (a key column outside the columns, a row without cells,
+                an unknown status or evidence).
+        """
+        table = cls(list(data["columns"]), list(data["key_columns"]))
+        for raw in data["rows"]:
+            cells = {c: Cell() for c in table.columns}
+            for column, cell in dict(raw["cells"]).items():
+                if column not in cells:
+                    raise ValueError(f"a row has a cell of column {column!r}, which the table does not have")
+                cells[column] = Cell(value=str(cell.get("value") or ""), status=CellStatus(cell.get("status", "missing")),
+                                     source=cell.get("source"), alternatives=list(cell.get("alternatives") or []),
+                                     quote=cell.get("quote"), evidence=Evidence(cell.get("evidence", "no_evidence")),
+                                     agreements=int(cell.get("agreements") or 0))
+            row = Row(cells=cells, task_index=int(raw["task_index"]), origin=raw.get("origin"))
+            table.rows.append(row)
+            key = table.key_of(row.values())
+            if key is not None:
+                table._by_key.setdefault(key, row)
+        return table
+
     def evidence_counts(self) -> dict[str, int]:
         """How many cells answered by sub-agents (a value, not from the task matrix) are
         `verified`, `unverified` and `no_evidence`."""
