@@ -2,9 +2,10 @@
 
 `amapreduce.ask(question, model=...)` answers a question with a table (`RunResult.to_pandas()`),
 `amapreduce.run_decision(decision, ...)` runs a decision you wrote, `amapreduce.enrich(df, columns=[...])`
-adds columns to a list you have (`amapreduce.api`, `amapreduce.enrich_api`); each is one
-`Session` (`RunOptions` in, one `RunOutcome` out), which is exported for plugging in your own parts, and
-so are the engine's own parts, for building on them. The public API is listed in `__all__` and tested. Heavy names are imported lazily on first
+adds columns to a list you have (`amapreduce.api`, `amapreduce.enrich_api`); a finished run's folder reads
+back as one `RunRecord`. `__all__` is that user API and nothing else; each call is one
+`amapreduce.session.Session` (`RunOptions` in, one `RunOutcome` out), which, like the engine's own parts,
+is importable from its module for plugging in your own parts. Heavy names are imported lazily on first
 access so that `import amapreduce` (and `amapreduce --help`) stays fast.
 """
 
@@ -35,73 +36,38 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY: dict[str, str] = {
-    "BatchPlan": "amapreduce.mapreduce.batching",
-    "BatchRequest": "amapreduce.mapreduce.solver",
-    "BatchSolver": "amapreduce.mapreduce.solver",
     "Decision": "amapreduce.decision.model",
-    "EngineConfig": "amapreduce.mapreduce.engine",
-    "MapReduceEngine": "amapreduce.mapreduce.engine",
-    "MapReduceResult": "amapreduce.mapreduce.result",
-    "MapReduceTool": "amapreduce.agents.mapreduce_tool",
-    "NoPrior": "amapreduce.mapreduce.prior",
-    "Prior": "amapreduce.mapreduce.prior",
-    "PriorProvider": "amapreduce.mapreduce.prior",
-    "PriorRequest": "amapreduce.mapreduce.prior",
+    "RunRecord": "amapreduce.session.record",
     "RunResult": "amapreduce.api",
-    "RunKind": "amapreduce.session.journal",
-    "RunOptions": "amapreduce.session.session",
-    "RunOutcome": "amapreduce.session.outcome",
     "RunStatus": "amapreduce.mapreduce.result",
     "RunUsage": "amapreduce.api",
-    "Session": "amapreduce.session.session",
-    "SmolagentsSolver": "amapreduce.mapreduce.solver",
-    "SolverReply": "amapreduce.mapreduce.solver",
     "Table": "amapreduce.table.table",
-    "Usage": "amapreduce.llm.usage",
     "ask": "amapreduce.api",
     "ask_async": "amapreduce.api",
     "enrich": "amapreduce.enrich_api",
     "enrich_async": "amapreduce.enrich_api",
     "load_decision": "amapreduce.decision.model",
-    "plan_batches": "amapreduce.mapreduce.batching",
     "run_decision": "amapreduce.api",
     "run_decision_async": "amapreduce.api",
 }
 
 __all__ = [
     "AmapreduceError",
-    "BatchPlan",
-    "BatchRequest",
-    "BatchSolver",
     "BatchTimeout",
     "ConfigError",
     "Decision",
     "DecisionError",
-    "EngineConfig",
-    "MapReduceEngine",
-    "MapReduceResult",
-    "MapReduceTool",
-    "NoPrior",
-    "Prior",
-    "PriorProvider",
-    "PriorRequest",
     "RunCancelled",
     "RunError",
-    "RunKind",
-    "RunOptions",
-    "RunOutcome",
+    "RunRecord",
     "RunResult",
     "RunStatus",
     "RunUsage",
-    "Session",
-    "SmolagentsSolver",
     "SolverError",
-    "SolverReply",
     "Table",
     "ToolCallFailed",
     "ToolCallRefused",
     "ToolError",
-    "Usage",
     "UserError",
     "__version__",
     "ask",
@@ -109,10 +75,13 @@ __all__ = [
     "enrich",
     "enrich_async",
     "load_decision",
-    "plan_batches",
     "run_decision",
     "run_decision_async",
 ]
+"""The user's API (docs/reference/python.md lists it; a test holds the two together): the calls, what
+they take and return, and the errors they raise. The parts to build on (`amapreduce.session.Session`,
+`amapreduce.mapreduce.engine.MapReduceEngine`, `amapreduce.mapreduce.solver.SmolagentsSolver`, the
+`mapreduce` tool, priors) are importable from their modules."""
 
 
 def __getattr__(name: str) -> Any:
