@@ -144,12 +144,11 @@ def _one_line(exc: BaseException) -> str:
 def _rows(table: Mapping[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
     """A table's columns and its rows as plain objects (a missing cell: null), from its JSON form
     (`Table.to_json`, as `result.json` keeps it)."""
-    columns = [str(c) for c in table.get("columns") or []]
-    rows = []
-    for row in table.get("rows") or []:
-        cells = {c: (row.get("cells") or {}).get(c) or {} for c in columns}
-        rows.append({c: None if cell.get("status") == "missing" else cell.get("value") for c, cell in cells.items()})
-    return columns, rows
+    from amapreduce.table.table import CellStatus, Table
+
+    read = Table.from_json(table)
+    return list(read.columns), [{c: None if cell.status is CellStatus.MISSING else cell.value
+                                 for c, cell in row.cells.items()} for row in read.rows]
 
 
 def _records(frame: Any) -> list[dict[str, Any]]:

@@ -233,10 +233,7 @@ def _run_markdown(run: _AskRun) -> str:
 
     recorded: Any = run.data.get("table")
     try:
-        table = Table(recorded["columns"], recorded["key_columns"])
-        for row in recorded["rows"]:
-            values = {c: cell["value"] for c, cell in row["cells"].items() if cell.get("status") != "missing"}
-            table.upsert(values, task_index=int(row["task_index"]))
+        table = Table.from_json(recorded)
     except (KeyError, TypeError, ValueError, AttributeError):
         raise _refuse(run.path, "it has no table.md and its result.json holds no readable table.") from None
     return to_markdown(table)
