@@ -30,7 +30,7 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -41,6 +41,9 @@ from amapreduce._version import __version__
 from amapreduce.errors import AmapreduceError, UserError
 from amapreduce.progress import ProgressEvent, ProgressSink
 from amapreduce.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from amapreduce.table.table import Table
 
 __all__ = ["HOST", "TOOL_NAMES", "ServerOptions", "build_server", "serve"]
 
@@ -141,14 +144,12 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def _rows(table: Mapping[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
-    """A table's columns and its rows as plain objects (a missing cell: null), from its JSON form
-    (`Table.to_json`, as `result.json` keeps it)."""
-    from amapreduce.table.table import CellStatus, Table
+def _rows(table: Table) -> tuple[list[str], list[dict[str, Any]]]:
+    """A table's columns and its rows as plain objects (a missing cell: null)."""
+    from amapreduce.table.table import CellStatus
 
-    read = Table.from_json(table)
-    return list(read.columns), [{c: None if cell.status is CellStatus.MISSING else cell.value
-                                 for c, cell in row.cells.items()} for row in read.rows]
+    return list(table.columns), [{c: None if cell.status is CellStatus.MISSING else cell.value
+                                  for c, cell in row.cells.items()} for row in table.rows]
 
 
 def _records(frame: Any) -> list[dict[str, Any]]:
@@ -188,7 +189,7 @@ def build_server(options: ServerOptions) -> MCPServer:
         if not question.strip():
             raise ToolError("question must not be empty.")
         result, run_id = await _running(ctx, lambda sink: ask_async(question, on_progress=sink, **keywords))
-        columns, rows = _rows(result.table.to_json())
+        columns, rows = _rows(result.table)
         c = result.completeness
         return {"run_id": run_id or result.run_dir.name, "status": result.ending.label, "columns": columns,
                 "rows": rows, "missing_cells": c.missing_cells, "answer": result.markdown if not columns else None,
@@ -250,7 +251,9 @@ def build_server(options: ServerOptions) -> MCPServer:
         data = _load(options, run_id)
         if not isinstance(data.get("table"), Mapping):
             raise ToolError(f"run {run_id!r} has no table yet (status {data.get('status')}).")
-        columns, rows = _rows(data["table"])
+        from amapreduce.table.table import Table
+
+        columns, rows = _rows(Table.from_json(data["table"]))
         return {"run_id": run_id, "status": data.get("status"), "columns": columns, "rows": rows}
 
     return server

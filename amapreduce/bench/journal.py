@@ -8,6 +8,7 @@ instance the memory protocol handled, and `EvalEnded`. A resume reads these back
 
 from __future__ import annotations
 
+import statistics
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -250,12 +251,12 @@ def results_document(config: EvalConfig, out: Path, tasks: Mapping[str, TaskSpec
 
 def _half(per_task: Mapping[str, list[dict[str, Any]]], part: list[str]) -> dict[str, Any]:
     """Sub-agents and Item F1 per task (the mean over its trials) over the tasks `part`."""
-    rows = [r for r in ([t for t in per_task.get(i, []) if "subagents" in t] for i in part) if r]
+    trials = [scored for i in part if (scored := [t for t in per_task.get(i, []) if "subagents" in t])]
 
     def mean(key: str) -> float | None:
-        if not rows:
+        if not trials:
             return None
-        return round(sum(sum(float(t.get(key) or 0.0) for t in r) / len(r) for r in rows) / len(rows), 3)
+        return round(statistics.fmean(statistics.fmean(float(t.get(key) or 0.0) for t in task) for task in trials), 3)
 
     return {"tasks": len(part), "subagents_per_task": mean("subagents"), "item_f1": mean("f1_by_item")}
 

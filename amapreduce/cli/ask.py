@@ -210,11 +210,13 @@ def runs_show(
     from amapreduce.settings import load_settings
 
     folder = runs_dir or load_settings().runs_dir
+    path = run_path(folder, run)
+    if as_json and (path / "result.json").is_file():  # a finished run: its record, read once
+        typer.echo(json.dumps(RunRecord.read(path).to_json(), ensure_ascii=False))
+        return
     data = load_run(folder, run)
     if as_json:
-        path = run_path(folder, run)
-        finished = (path / "result.json").is_file()
-        typer.echo(json.dumps(RunRecord.read(path).to_json() if finished else data, ensure_ascii=False))
+        typer.echo(json.dumps(data, ensure_ascii=False))
         return
     folder = Path(data["run_dir"])
     typer.echo(f"{data.get('kind')}: {data.get('query')}\nstatus: {data.get('status')}")

@@ -139,7 +139,7 @@ def _credit(conn: Any, hint_id: str, *, followed: bool, passed: bool, worse: str
     reward = config.reward_fail if did_worse else config.reward_pass
     detail: dict[str, Any] = {"record_id": record_id, "label": passed, "rule": config.credit_rule, "followed": followed,
                               "verdict": "worse" if did_worse else "better"}
-    if relative and passed and worse is not None:
+    if relative and worse is not None:  # `worse` is set for a passing run only
         detail["why"] = worse
     hint = update_hint(conn, hint_id, kind="credited", delta=reward, **detail)
     add_provenance(conn, hint_id, [record_id])
