@@ -24,6 +24,8 @@ from amapreduce.llm.hedge import STALE, ExtraCalls, HedgeOutcome, HedgePolicy, H
 from amapreduce.llm.meter import UsageMeter
 from amapreduce.llm.models import ManagedModel
 from amapreduce.llm.scope import UsageScope, usage_scope
+from amapreduce.llm.wrappers.base import layer_of
+from amapreduce.llm.wrappers.hedge import HedgeModel
 from amapreduce.mapreduce.backup import BackupPolicy, Stragglers
 from tests.fake_clock import FakeTime
 
@@ -262,14 +264,15 @@ def test_a_managed_model_counts_both_requests_and_charges_the_runs_extra_calls(s
     meter = UsageMeter()
     model = ManagedModel(OpenAIModel(model_id="m", client=client), role="subagent", meter=meter)
     assert isinstance(client.hedger, Hedger)  # a managed model installs one on our client
+    hedging = layer_of(model, HedgeModel)  # the stack's hedge layer: what admits and charges a hedge
     clock = FakeTime()
     outcomes: list[HedgeOutcome[Any]] = []
 
     def report(outcome: HedgeOutcome[Any]) -> None:
         outcomes.append(outcome)
-        model._hedged(outcome)
+        hedging.hedged(outcome)
 
-    hedger = client.hedger = trained(Hedger(HedgePolicy(min_samples=1), admit=model._may_hedge, report=report,
+    hedger = client.hedger = trained(Hedger(HedgePolicy(min_samples=1), admit=hedging.may_hedge, report=report,
                                             clock=clock.clock, watch=False), shape=1)
     extra = ExtraCalls(0.05, needed=20)  # a cap of one extra call
     scope = UsageScope({"batch_id": "batch-001", "attempt": 1}, extra_calls=extra)
@@ -309,9 +312,10 @@ def test_the_extra_call_cap_holds_across_hedges_and_backups() -> None:
 
 def test_a_managed_model_hedges_only_inside_a_run_with_room(serve: Any) -> None:
     client = ChatCompletionsClient(base_url="http://127.0.0.1:9/v1", api_key="k")
-    model = ManagedModel(OpenAIModel(model_id="m", client=client), role="subagent", meter=UsageMeter())
-    assert not model._may_hedge(400, False)  # no run's scope: no budget for extra calls
+    model = layer_of(ManagedModel(OpenAIModel(model_id="m", client=client), role="subagent", meter=UsageMeter()),
+                     HedgeModel)
+    assert not model.may_hedge(400, False)  # no run's scope: no budget for extra calls
     with usage_scope(UsageScope(extra_calls=ExtraCalls(0.05, needed=10))):
-        assert not model._may_hedge(400, False)  # 5 % of 10 calls: not one whole call
+        assert not model.may_hedge(400, False)  # 5 % of 10 calls: not one whole call
     with usage_scope(UsageScope(extra_calls=ExtraCalls(0.05, needed=40))):
-        assert model._may_hedge(400, False) and model._may_hedge(400, False) and not model._may_hedge(400, False)
+        assert model.may_hedge(400, False) and model.may_hedge(400, False) and not model.may_hedge(400, False)

@@ -1,0 +1,68 @@
+"""The meter layer: each call counted in flight while it waits, then its usage priced and charged by role.
+
+The provider's usage when it reports one (cached prompt tokens included, `cached_tokens`), else
+the prompt's estimate and the reply's; charged to the run's meter (and so to every open usage
+scope: the batch attempt's usage is what the meter charged for it) and written into the call's
+log for the trace layer above. A call of a run that may hedge also counts towards the base of
+the run's share of extra calls (`hedge.ExtraCalls.count_call`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from smolagents.models import ChatMessage, Model
+
+from amapreduce.llm.meter import UsageMeter
+from amapreduce.llm.scope import scope_extra_calls
+from amapreduce.llm.wrappers.base import WrapperModel, call_log, reply_usage
+
+__all__ = ["MeterModel", "cached_tokens"]
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def cached_tokens(raw: Any) -> int:
+    """Prompt tokens served from the provider's cache, read from a raw reply (0 when not reported).
+
+    smolagents' `TokenUsage` has no cached count, so it comes from the provider's own usage
+    object: OpenAI and LiteLLM report `usage.prompt_tokens_details.cached_tokens`, Anthropic
+    `usage.cache_read_input_tokens`. Both count them inside the prompt tokens (LiteLLM adds
+    Anthropic's cache reads to `prompt_tokens`), which is how `PriceTable.cost` prices them.
+    """
+    usage = _field(raw, "usage")
+    if usage is None:
+        return 0
+    for value in (_field(_field(usage, "prompt_tokens_details"), "cached_tokens"), _field(usage, "cache_read_input_tokens")):
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+class MeterModel(WrapperModel):
+    """Charges each call's usage to `meter` under `role`."""
+
+    def __init__(self, wrapped: Model, *, meter: UsageMeter, role: str) -> None:
+        super().__init__(wrapped)
+        self.meter = meter
+        self.role = role
+
+    def generate(self, messages: list[ChatMessage], stop_sequences: list[str] | None = None,
+                 response_format: dict[str, str] | None = None, tools_to_call_from: list[Any] | None = None,
+                 **kwargs: Any) -> ChatMessage:
+        with call_log() as log:
+            waiting = self.meter.call_started(time.monotonic())
+            try:
+                reply = super().generate(messages, stop_sequences, response_format, tools_to_call_from, **kwargs)
+            finally:
+                self.meter.call_ended(waiting)
+            usage = reply_usage(reply, log, messages, cached_tokens(reply.raw))
+            extra = scope_extra_calls()
+            if extra is not None:  # a call of a run that may hedge: the base of its share of late calls
+                extra.count_call()
+            log.usage = self.meter.record(self.role, self.model_id or "unknown", usage)
+        return reply
