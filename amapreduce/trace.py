@@ -12,8 +12,9 @@ Secrets are removed before anything is written, two ways:
 * by name: the value of a credential-like key (`api_key`, `authorization`, ...) becomes
   `[REDACTED]` at any depth (`redact`);
 * by value: every configured key (model and search-backend keys, credential variables of the
-  environment) is registered once (`register_secrets`: by `llm.factory` and `llm.models` when a
-  model is built, by the search backends, by `session.lifecycle` when a run starts) and masked wherever
+  environment) is registered once (`register_secrets`: by `llm.factory.ModelFactory`, once per run
+  or command, before anything is written; by the search backends; by `llm.models.ManagedModel` for
+  a client a caller brings with its own key) and masked wherever
   it appears inside any text (`redact_secrets`). Why by value: a provider that refuses a key echoes
   it in its error ("Incorrect API key provided: sk-..."), and that text used to travel into the
   trace, `result.json`, the journal and the retry prompts sent back to the model. Every place that

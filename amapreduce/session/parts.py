@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from amapreduce.errors import ConfigError
-from amapreduce.llm.factory import build_role_model, endpoint_for, model_for_role
+from amapreduce.llm.factory import ModelFactory
 from amapreduce.settings import DecisionAuthor, Settings
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from smolagents import Model, Tool
 
     from amapreduce.agents.mcp import McpToolbox
-    from amapreduce.llm.endpoint import EndpointCapabilities
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.llm.models import ManagedModel
     from amapreduce.mapreduce.engine import MapReduceEngine
@@ -109,20 +108,19 @@ class RunParts:
 
 
 def build_models(settings: Settings, roles: Sequence[str], *, meter: UsageMeter, inner: InnerFactory | None = None,
-                 trace: Trace | None = None) -> dict[str, ManagedModel]:
-    """One managed model per role that has a model id (`llm.factory.build_role_model`), charged to
-    `meter`; `inner` replaces the provider clients (simulated models in the demo and tests)."""
+                 trace: Trace | None = None, factory: ModelFactory | None = None) -> dict[str, ManagedModel]:
+    """One managed model per role that has a model id (`llm.factory.ModelFactory.build`), charged to
+    `meter`; `inner` replaces the provider clients (simulated models in the demo and tests).
+    `factory`: the run's model layer, its roles resolved and its keys registered once (default:
+    one read from `settings` now); each model id's endpoint is asked once, however many roles it serves."""
+    factory = factory or ModelFactory(settings)
     models: dict[str, ManagedModel] = {}
-    endpoints: dict[str, EndpointCapabilities | None] = {}
-    """Each model id's endpoint asked once (`llm.factory.endpoint_for`), however many roles it serves."""
     for role in roles:
-        model_id = model_for_role(settings, role)
+        model_id = factory.roles.get(role)
         if model_id is not None:
             client = inner(role) if inner is not None else None
-            if client is None and model_id not in endpoints:
-                endpoints[model_id] = endpoint_for(settings, model_id)
-            models[role] = build_role_model(settings, role, model_id, meter=meter, inner=client, trace=trace,
-                                            capabilities=endpoints.get(model_id))
+            models[role] = factory.build(role, model_id, meter=meter, inner=client, trace=trace,
+                                         capabilities=factory.endpoint(model_id) if client is None else None)
     return models
 
 

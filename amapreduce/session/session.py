@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from amapreduce import telemetry
 from amapreduce._atomic import write_json
 from amapreduce.errors import ConfigError, RunCancelled, UserError, find_cause
-from amapreduce.llm.factory import model_for_role, new_meter
+from amapreduce.llm.factory import ModelFactory, new_meter
 from amapreduce.mapreduce.prior import NoPrior, Prior, PriorRequest
 from amapreduce.mapreduce.result import (
     INTERRUPTED,
@@ -63,7 +63,7 @@ from amapreduce.session.parts import (
 from amapreduce.session.progress import RunProgress
 from amapreduce.table.render import to_markdown
 from amapreduce.table.table import Table
-from amapreduce.trace import NullTrace, Trace, register_secrets
+from amapreduce.trace import NullTrace, Trace
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -160,7 +160,9 @@ class Session:
         self.settings = settings
         self.options = options = options or RunOptions()
         self._resuming = resuming
-        register_secrets(settings.secret_values())  # masked in every file of the run, whatever echoes them
+        self.model_factory = ModelFactory(settings)
+        """The run's model layer, read from the settings once: every key they know registered (masked
+        in every file of the run, whatever echoes them), the role models resolved."""
         if settings.otel:  # before anything is made: without the `otel` extra this is a usage error
             telemetry.enable()
         if options.prior_provider is None and options.memory_store is not None:
@@ -170,7 +172,7 @@ class Session:
         self.roles = options.roles or _default_roles(options)
         self.meter = options.meter or new_meter(settings)  # a bad price file is a usage error, before the directory
         for role in ("manager", "subagent"):
-            if role in self.roles and model_for_role(settings, role) is None:
+            if role in self.roles and self.model_factory.roles.get(role) is None:
                 raise ConfigError(NO_MODEL_HELP)
         self._search: SearchBackend | None = None
         if options.web_tools is None:  # before the models: checking a backend spec asks no server
@@ -210,7 +212,8 @@ class Session:
 
     def _build_models(self, meter: UsageMeter) -> dict[str, ManagedModel]:
         """The run's role models, built once; their trace and retry handler are attached when it opens."""
-        return build_models(self.settings, self.roles, meter=meter, inner=self.options.inner)
+        return build_models(self.settings, self.roles, meter=meter, inner=self.options.inner,
+                            factory=self.model_factory)
 
     # -- open and close ---------------------------------------------------------------------------
 
