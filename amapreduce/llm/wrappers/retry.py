@@ -31,7 +31,7 @@ class RetryModel(WrapperModel):
 
     Args:
         wrapped: the per-attempt layers (breaker, limiter) over the client.
-        policy: the retry policy (`Settings.model_retry_policy`).
+        policy: the retry policy (the `retry_*` settings, `llm.factory.ModelSettings.retry`).
         events: where `model_retry` events and `ProviderRetry`s go.
         provider: the provider's key in a `ProviderRejected`.
         sleep: replaces `time.sleep` between retries (tests).
