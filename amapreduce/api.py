@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from amapreduce.progress import ProgressSink
     from amapreduce.session.estimate import Estimate
     from amapreduce.session.executor import Executor
+    from amapreduce.session.record import RunRecord
 
 __all__ = [
     "EVIDENCE_FIELDS",
@@ -236,8 +237,8 @@ class RunResult:
         return self.outcome.run_dir.path
 
     @property
-    def record(self) -> dict[str, Any]:
-        """The content of the run's `result.json`."""
+    def record(self) -> RunRecord:
+        """The run's record: what its `result.json` holds (`RunRecord.to_json`)."""
         return self.outcome.record
 
     def to_pandas(self, *, evidence: bool = False) -> pd.DataFrame:

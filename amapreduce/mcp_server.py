@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -43,6 +43,7 @@ from amapreduce.progress import ProgressEvent, ProgressSink
 from amapreduce.settings import Settings, load_settings
 
 if TYPE_CHECKING:
+    from amapreduce.session.rundir import StoredRun
     from amapreduce.table.table import Table
 
 __all__ = ["HOST", "TOOL_NAMES", "ServerOptions", "build_server", "serve"]
@@ -239,32 +240,33 @@ def build_server(options: ServerOptions) -> MCPServer:
         "How a run stands, by its id: kind, question, status (running, complete, incomplete, stopped: ..., "
         "interrupted, failed), batches done of total, completeness, usage, its folder."))
     def run_status(run_id: Annotated[str, Field(description="The run id a call returned.")]) -> dict[str, Any]:
-        data = _load(options, run_id)
-        keep = ("kind", "query", "status", "state", "progress", "completeness", "error", "run_dir")
-        return {"run_id": run_id, **{k: data.get(k) for k in keep},
-                "usage": (data.get("usage") or {}).get("total")}
+        run = _load(options, run_id)
+        record = run.record
+        return {"run_id": run_id, "kind": run.kind, "query": run.query, "status": run.status, "state": run.state,
+                "progress": run.progress,
+                "completeness": record.completeness.model_dump(mode="json") if record is not None else None,
+                "error": record.error if record is not None else None, "run_dir": str(run.path),
+                "usage": record.usage.total.model_dump(mode="json") if record is not None else None}
 
     @server.tool(name="run_table", description=(
         "A run's table, by its id: columns and rows (a missing cell is null), as its folder keeps it; a stopped "
         "or interrupted run's rows are those found before it stopped."))
     def run_table(run_id: Annotated[str, Field(description="The run id a call returned.")]) -> dict[str, Any]:
-        data = _load(options, run_id)
-        if not isinstance(data.get("table"), Mapping):
-            raise ToolError(f"run {run_id!r} has no table yet (status {data.get('status')}).")
-        from amapreduce.table.table import Table
-
-        columns, rows = _rows(Table.from_json(data["table"]))
-        return {"run_id": run_id, "status": data.get("status"), "columns": columns, "rows": rows}
+        run = _load(options, run_id)
+        if run.record is None or run.record.table is None:
+            raise ToolError(f"run {run_id!r} has no table yet (status {run.status}).")
+        columns, rows = _rows(run.record.table.to_table())
+        return {"run_id": run_id, "status": run.status, "columns": columns, "rows": rows}
 
     return server
 
 
-def _load(options: ServerOptions, run_id: str) -> dict[str, Any]:
-    """`load_run` of `run_id` in the server's runs folder, a missing or unreadable run as a tool error."""
-    from amapreduce.session.rundir import load_run
+def _load(options: ServerOptions, run_id: str) -> StoredRun:
+    """`read_run` of `run_id` in the server's runs folder, a missing or unreadable run as a tool error."""
+    from amapreduce.session.rundir import read_run
 
     try:
-        return load_run(options.settings().runs_dir, _run_name(run_id))
+        return read_run(options.settings().runs_dir, _run_name(run_id))
     except UserError as exc:
         raise ToolError(_one_line(exc)) from None
 

@@ -74,6 +74,33 @@ def _no_user_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AMAPREDUCE_ENDPOINT_PROBE", "0")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _every_record_meets_the_published_schema() -> Iterator[None]:
+    """Every `result.json` a run writes in this suite (ask, mapreduce run, enrich, demo, eval trials,
+    failed, stopped and interrupted runs) is checked, as written, against the JSON Schema users get
+    (`docs/reference/result.schema.json`): a record the schema refuses fails the test that wrote it."""
+    import json
+
+    import jsonschema
+
+    from amapreduce.session.record import RunRecord
+    from amapreduce.session.rundir import RunDir
+
+    published = json.loads((REPO_ROOT / "docs" / "reference" / "result.schema.json").read_text(encoding="utf-8"))
+    validator = jsonschema.Draft202012Validator(published)
+    write = RunDir.write_result
+
+    def checked(self: RunDir, record: RunRecord) -> None:
+        write(self, record)
+        written = json.loads((self.path / "result.json").read_text(encoding="utf-8"))
+        errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(written)]
+        assert not errors, f"{self.path / 'result.json'} does not meet result.schema.json: {errors[:3]}"
+
+    RunDir.write_result = checked  # type: ignore[method-assign]
+    yield
+    RunDir.write_result = write  # type: ignore[method-assign]
+
+
 @pytest.fixture(autouse=True)
 def _fresh_shared_limits() -> Iterator[None]:
     """Rate limiters and circuit breakers are process-wide, keyed by provider (`127.0.0.1:PORT` for

@@ -93,7 +93,7 @@ def test_a_notebook_cell_gets_the_gold_table_as_a_dataframe(
     assert list(df.columns) == list(gold.columns)
     assert sorted(df.itertuples(index=False, name=None)) == sorted(gold.itertuples(index=False, name=None))
     # matrix order: the order of the manager's task matrix, row for row
-    matrix = [row[0] for decision in r.record["decisions"] for row in decision["task_matrix"]]
+    matrix = [row[0] for decision in r.record.decisions for row in decision["task_matrix"]]
     assert df["Country"].tolist() == matrix
     assert r.status == RunStatus.COMPLETE == "complete" and r.completeness.complete
     assert r.usage.requests == served.request_count and r.cost_usd is None  # the served model has no price
@@ -170,13 +170,13 @@ def test_usage_speaks_result_json_and_a_price_warning_is_logged_not_printed(
     assert capfd.readouterr() == ("", "")  # model has no price for: the warning is a log record, not output
     assert any("has no known price" in message for message in logged)
     usage = r.usage
-    assert usage.to_json() == r.record["usage"]["total"]  # result.json's words: prompt_/completion_tokens
+    assert usage.to_json() == r.record.usage.total.model_dump()  # result.json's words: prompt_/completion_tokens
     assert usage.requests == served.request_count and usage.prompt_tokens > 0 and usage.completion_tokens > 0
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert not hasattr(usage, "input_tokens") and not hasattr(usage, "output_tokens")
     # Unpriced: the run's cost is unknown, and both ways of asking say so.
     assert usage.cost_usd is None and r.cost_usd is None and usage.priced_cost_usd == 0.0
-    assert usage.unpriced_models == tuple(r.record["usage"]["unpriced_models"]) != ()
+    assert usage.unpriced_models == tuple(r.record.usage.unpriced_models) != ()
 
 
 def test_from_dataframe_writes_cells_as_text_and_refuses_what_it_cannot_place() -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records import write_record
 
 from amapreduce.cli.app import main
 from amapreduce.cli.exit_codes import run_exit_code
@@ -319,8 +320,7 @@ def test_runs_list_says_which_folder_it_read(workdir: Path, capsys: pytest.Captu
     assert json_out(capsys) == {"runs_dir": str(workdir.resolve() / "runs"), "runs": []}
     other = workdir / "elsewhere"
     run = other / "20260101-000000-q"
-    run.mkdir(parents=True)
-    (run / "result.json").write_text(json.dumps({"kind": "ask", "query": "q", "status": "complete"}), encoding="utf-8")
+    write_record(run)
     assert main(["runs", "list", "--runs-dir", str(other)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"Runs in {other.resolve()}:") and run.name in out

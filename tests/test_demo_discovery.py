@@ -149,8 +149,8 @@ def test_discovery_over_http_through_smolagents(cache: Path, world: SandboxWorld
     assert outcome.status == "complete"
     assert score_answer(task, world.discovery_gold_dir, outcome.markdown)["score"] == 1.0
     assert type(session.models["subagent"].inner).__name__ == "OpenAIModel"
-    [summary] = outcome.record["discoveries"]
-    assert summary["entities"] == 321 and summary["merge_calls"] >= 2
+    [summary] = outcome.record.discoveries
+    assert summary.entities == 321 and summary.merge_calls >= 2
 
 
 def test_wrong_values_on_the_discovery_task_are_flagged(cache: Path, tmp_path: Path) -> None:

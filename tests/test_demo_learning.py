@@ -156,7 +156,7 @@ def test_oversized_batches_are_cut_after_whole_rows_reproducibly(world: Any, tmp
 
     def first_answers(runs: Path, capacity: int | None) -> list[dict[str, Any]]:
         out, score = run_task(world, runs, CODES_3, capacity=capacity, provider=six)
-        assert out.record["decisions"][0]["batch_size"] == 6 and score["score"] == 1.0  # retries recover
+        assert out.record.decisions[0]["batch_size"] == 6 and score["score"] == 1.0  # retries recover
         first = [e for e in trace_events(out, "attempt") if e["phase"] == "map" and e["attempt"] == 1]
         return sorted(first, key=lambda e: e["batch_id"])  # in batch order, not completion order
 
@@ -243,12 +243,12 @@ def test_the_manager_explores_with_a_sample_and_defaults_without(world: Any, tmp
     tasks = world[0]
     sample = next(k for k in range(1, 50) if explore_batching(tasks[CODES_3].query, k, [["a"]] * 14, 50).rows == 3)
     explored, score = run_task(world, tmp_path, CODES_3, sample=sample)
-    executed = explored.record["decisions"][0]
+    executed = explored.record.decisions[0]
     assert executed["batch_size"] == 3 and executed["batch_strategy"]["rationale"] == "exploring 3 rows per sub-agent batch"
-    assert score["score"] == 1.0 and explored.record["completeness"]["batches"] == 5
+    assert score["score"] == 1.0 and explored.record.completeness.batches == 5
     default, score = run_task(world, tmp_path, CODES_3)
-    assert default.record["decisions"][0]["batch_size"] == 1 and score["score"] == 1.0
-    assert default.record["completeness"]["attempts"] == 14 > explored.record["completeness"]["attempts"]
+    assert default.record.decisions[0]["batch_size"] == 1 and score["score"] == 1.0
+    assert default.record.completeness.attempts == 14 > explored.record.completeness.attempts
 
 
 def test_a_hint_in_the_plan_stage_prior_changes_the_executed_decision(world: Any, tmp_path: Path) -> None:
@@ -268,10 +268,10 @@ def test_a_hint_in_the_plan_stage_prior_changes_the_executed_decision(world: Any
     assert format_hint(other) not in out.prior.text  # projected away: rows of 4 attributes
     assert out.prior.kept_hint_ids == (ids[0],)  # the projection cited the one that applies
     assert plan_stage_args(out)["batch_size"] == 1  # the draft was the default ...
-    executed = out.record["decisions"][0]
+    executed = out.record.decisions[0]
     assert executed["batch_size"] == 4  # ... the execute call follows the typed advice
     assert executed["batch_strategy"]["rationale"] == f"following the typed advice of hint {ids[0]}"
-    assert score["score"] == 1.0 and out.record["completeness"]["batches"] == 4
+    assert score["score"] == 1.0 and out.record.completeness.batches == 4
     memory.close()
 
 
@@ -292,7 +292,7 @@ def test_a_reworded_hint_is_followed_by_its_payload_and_without_it_completes_unc
             hid = insert_hint(conn, reworded, 3, origin="test", provenance=[seen.record_id or ""],
                               advice=advice_of(CODES_HINT) if payload else None)
         out, score = run_task(world, tmp_path / f"runs-{payload}", CODES_3, provider=memory)
-        executed = Decision.parse(out.record["decisions"][0])
+        executed = Decision.parse(out.record.decisions[0])
         assert score["score"] == 1.0 and out.prior is not None and out.prior.hint_ids == (hid,)
         assert executed.batch_size == (4 if payload else 1)
         assert out.prior.kept_hint_ids == ((hid,) if payload else ())
@@ -303,7 +303,7 @@ def test_a_reworded_hint_is_followed_by_its_payload_and_without_it_completes_unc
 
 def test_a_hint_for_another_row_shape_is_not_followed(world: Any, tmp_path: Path) -> None:
     out, score = run_task(world, tmp_path, CODES_3, provider=hint_prior(BatchingHint(attributes=4, rows=3)))
-    executed = out.record["decisions"][0]
+    executed = out.record.decisions[0]
     assert executed["batch_size"] == 1 and "following" not in executed["batch_strategy"]["rationale"]
     assert score["score"] == 1.0
 
@@ -342,7 +342,7 @@ def test_the_memory_model_writes_a_typed_payload_and_reads_it_back() -> None:
 def test_the_manager_reads_no_prose(world: Any, tmp_path: Path) -> None:
     """The simulated manager reads the typed advice only: the hint's sentence alone changes nothing."""
     out, score = run_task(world, tmp_path, CODES_3, provider=FixedPrior(format_hint(CODES_HINT)))
-    assert out.record["decisions"][0]["batch_size"] == 1 and score["score"] == 1.0
+    assert out.record.decisions[0]["batch_size"] == 1 and score["score"] == 1.0
 
 
 # -- 4. the simulated memory model, on the prompts the memory renders -----------------------------
@@ -470,10 +470,10 @@ def test_committed_runs_are_distilled_into_a_hint_the_next_task_follows(world: A
         query = tasks[task_id].query
         sample = next(k for k in range(1, 60) if explore_batching(query, k, [["a"]] * 40, 50).rows in (3, 4))
         out, score = run_task(world, tmp_path / "runs", task_id, sample=sample)
-        decision = Decision.parse(out.record["decisions"][0])
+        decision = Decision.parse(out.record.decisions[0])
         explored.append(decision.batch_size)
         result = memory.update(None, query=query, decision=decision, metrics=score, task_id=task_id,
-                               trace=TraceSummary(batches=out.record["completeness"]["batches"]), auto_distill=False)
+                               trace=TraceSummary(batches=out.record.completeness.batches), auto_distill=False)
         assert result.label is True
     report = memory.distill()
     added = [a for a in report.applied if a["op"] == "ADD"]
@@ -482,11 +482,11 @@ def test_committed_runs_are_distilled_into_a_hint_the_next_task_follows(world: A
         out, score = run_task(world, tmp_path / "runs", task_id, provider=memory)
         assert out.prior is not None and added[0]["text"] in out.prior.text
         assert out.prior.hint_ids == (added[0]["hint_id"],)
-        executed = out.record["decisions"][0]
+        executed = out.record.decisions[0]
         # the typed advice: the proposal the records support (a choice made twice, all passed), else the hint's payload
         rationale = executed["batch_strategy"]["rationale"]
         assert rationale in ("applied the memory's advice", f"following the typed advice of hint {added[0]['hint_id']}")
         assert executed["batch_size"] in explored and executed["batch_size"] > 1
         rows = len(executed["task_matrix"])
-        assert score["score"] == 1.0 and out.record["completeness"]["attempts"] < rows  # fewer sub-agents than one per row
+        assert score["score"] == 1.0 and out.record.completeness.attempts < rows  # fewer sub-agents than one per row
     memory.close()

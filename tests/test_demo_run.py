@@ -37,14 +37,14 @@ def test_every_sandbox_task_equals_the_gold(task_id: str, cache: Path, tmp_path:
     table = out.ask.table
     assert [list(table.columns), *[list(r.values()) for r in table.records()]] == gold_rows(cache, task_id)
     assert out.ask.status == "complete" and out.score["score"] == 1.0 and out.score["f1_by_item"] == 1.0
-    decision = out.ask.record["decisions"][0]
-    assert out.ask.record["completeness"]["mapreduce_calls"] == 2  # plan stage, then execute
+    decision = out.ask.record.decisions[0]
+    assert out.ask.record.completeness.mapreduce_calls == 2  # plan stage, then execute
     # The fixed default for every kind of question: one row per sub-agent, only as many more as
     # the plan cap (50 batches) requires (Africa's 58 countries: 2 per sub-agent).
     rows = len(decision["task_matrix"])
     assert decision["batch_strategy"]["type"] == "per_atom" and decision["batch_size"] == -(-rows // 50)
     assert "one row per sub-agent" in decision["batch_strategy"]["rationale"]
-    assert out.ask.record["completeness"]["batches"] == -(-rows // decision["batch_size"])
+    assert out.ask.record.completeness.batches == -(-rows // decision["batch_size"])
     assert "integer" not in decision["json_schema"]["properties"]["Country"]["description"]
     saved = json.loads((out.ask.run_dir.path / "result.json").read_text())
     timings = saved["timings"]  # the same shape as `mapreduce run`: whole run, then each execution
@@ -62,9 +62,9 @@ def test_every_sandbox_task_equals_the_gold(task_id: str, cache: Path, tmp_path:
 def test_thirty_percent_faults_end_complete_through_retries_and_patch_rounds(cache: Path, tmp_path: Path) -> None:
     # One attempt per batch: whatever a fault breaks must be recovered by the delta-patch rounds.
     out = run_demo("sbx_en_003", settings(cache, tmp_path, max_attempts=1, patch_rounds=4), faults=FaultPlan(rate=0.3, seed=11))
-    c = out.ask.record["completeness"]
-    assert out.ask.status == "complete" and c["missing_cells"] == 0 and out.score["score"] == 1.0
-    assert c["patch_rounds"] >= 1
+    c = out.ask.record.completeness
+    assert out.ask.status == "complete" and c.missing_cells == 0 and out.score["score"] == 1.0
+    assert c.patch_rounds >= 1
     assert "rate_limit" in out.faults and len({"error", "malformed", "drop"} & set(out.faults)) >= 2
 
 
@@ -72,7 +72,7 @@ def test_faults_with_retries_are_deterministic_per_seed(cache: Path, tmp_path: P
     runs = [run_demo("sbx_en_001", settings(cache, tmp_path / str(k), workers=1 + 3 * k), faults=FaultPlan(rate=0.3, seed=5)) for k in range(2)]
     assert runs[0].faults == runs[1].faults and sum(runs[0].faults.values()) > 0
     assert all(r.ask.status == "complete" and r.score["score"] == 1.0 for r in runs)
-    assert all(r.ask.record["completeness"]["retries"] >= 1 for r in runs)
+    assert all(r.ask.record.completeness.retries >= 1 for r in runs)
 
 
 def test_budget_stop_keeps_a_partial_table_and_a_run_directory(cache: Path, tmp_path: Path) -> None:
@@ -101,9 +101,9 @@ def test_manager_sends_a_delta_follow_up_with_only_the_missing_rows(cache: Path,
     # mapreduce once more with ONLY the incomplete rows (never the whole matrix again).
     cfg = settings(cache, tmp_path, max_attempts=1, patch_rounds=0)
     out = run_demo("sbx_en_003", cfg, faults=FaultPlan(rate=0.3, seed=1))
-    c = out.ask.record["completeness"]
-    assert c["mapreduce_calls"] == 3 and c["executions"] == 2
-    first, follow_up = out.ask.record["decisions"]
+    c = out.ask.record.completeness
+    assert c.mapreduce_calls == 3 and c.executions == 2
+    first, follow_up = out.ask.record.decisions
     gaps = [[row.cells["Country"].value] for row in out.ask.results[0].table.rows if row.missing()]
     assert 0 < len(follow_up["task_matrix"]) < len(first["task_matrix"]) == 58
     assert follow_up["task_matrix"] == gaps

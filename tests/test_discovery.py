@@ -388,7 +388,7 @@ def test_mapreduce_run_discovers_fills_records_and_resumes(tmp_path: Any) -> Non
     outcome = mapreduce_run(decision, settings, label="mayors", inner=inner, web_tools=[], show_progress=False)
     assert outcome.status == "complete"
     assert [r["City"] for r in outcome.result.table.records()] == ["Saint Petersburg", "Oslo", "Bergen", "Moscow"]
-    assert outcome.record["discovery"]["entities"] == 4 and outcome.record["discovery"]["merge_calls"] == 1
+    assert outcome.record.discovery.entities == 4 and outcome.record.discovery.merge_calls == 1
     path = outcome.run_dir.path
     assert Decision.parse(json.loads((path / DECISION_FILE).read_text(encoding="utf-8"))) == decision
     asked = len(sim.asked)
@@ -398,8 +398,8 @@ def test_mapreduce_run_discovers_fills_records_and_resumes(tmp_path: Any) -> Non
     assert again.status == "complete" and again.result.table.records() == outcome.result.table.records()
     assert len(sim.asked) == asked  # every map and fill batch replayed from the journal
     assert len(sim.merging.prompt_tokens) == 1  # the merge reply came from the run directory's merge cache
-    same = {k: v for k, v in outcome.record["discovery"].items() if k != "peak_prompt_tokens"}  # cached: counted, not the provider's
-    assert {k: v for k, v in again.record["discovery"].items() if k != "peak_prompt_tokens"} == same
+    same = outcome.record.discovery.model_dump(exclude={"peak_prompt_tokens"})  # cached: counted, not the provider's
+    assert again.record.discovery.model_dump(exclude={"peak_prompt_tokens"}) == same
 
 
 def test_ask_keeps_the_executed_decisions_once_one_is_composed(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from records import write_record
 
 from amapreduce.decision.model import Decision
 from amapreduce.llm.meter import Price, PriceTable
@@ -21,15 +22,13 @@ def decision(rows: int, batch_size: int = 1) -> Decision:
 
 
 def run_folder(runs: Path, name: str, *, rows: int, batches: int, calls_per_batch: int, prompt_per_call: int,
-               latency_s: float = 0.5, model: str = "openai/m") -> None:
-    """A finished run folder as the session writes one: result.json and one model_call event per call."""
+               latency_s: float = 0.5, model: str = "openai/m", kind: str = "ask") -> None:
+    """A finished run folder as the session writes one: result.json and one model_call event per call;
+    an `ask` records its `decisions`, another kind its one `decision`."""
     folder = runs / name
-    folder.mkdir(parents=True)
-    record = {"kind": "mapreduce", "query": "q", "status": "complete",
-              "completeness": {"rows": rows, "batches": batches, "attempts": batches},
-              "decisions": [{"task_matrix": [[f"Item {i}"] for i in range(rows)], "template": "Code of __0__?"}],
-              "usage": {}, "timings": {"wall_s": 1.0}}
-    (folder / "result.json").write_text(json.dumps(record), encoding="utf-8")
+    executed = {"task_matrix": [[f"Item {i}"] for i in range(rows)], "template": "Code of __0__?"}
+    write_record(folder, kind=kind, completeness={"rows": rows, "batches": batches, "attempts": batches},
+                 **({"decisions": [executed]} if kind == "ask" else {"decision": executed}))
     calls = [{"event": "model_call", "role": "subagent", "model_id": model, "latency_s": latency_s, "error": None,
               "usage": {"requests": 1, "prompt_tokens": prompt_per_call, "completion_tokens": 20}}
              for _ in range(batches * calls_per_batch)]
@@ -127,10 +126,6 @@ def test_a_run_of_one_decision_counts_as_a_past_run(tmp_path: Path) -> None:
     from amapreduce.session.estimate import read_past_run
 
     runs = tmp_path / "runs"
-    run_folder(runs, "20260101-000000-r", rows=10, batches=5, calls_per_batch=2, prompt_per_call=1000)
-    result = runs / "20260101-000000-r" / "result.json"
-    record = json.loads(result.read_text(encoding="utf-8"))
-    record["kind"], record["decision"] = "enrich", record.pop("decisions")[0]
-    result.write_text(json.dumps(record), encoding="utf-8")
+    run_folder(runs, "20260101-000000-r", rows=10, batches=5, calls_per_batch=2, prompt_per_call=1000, kind="enrich")
     found = read_past_run(runs / "20260101-000000-r")
     assert found is not None and (found.rows, found.calls, found.template) == (10, 10, "Code of __0__?")

@@ -18,6 +18,7 @@ from amapreduce.evaluation.score import explain_corrections
 from amapreduce.llm.meter import Price, PriceTable, UsageMeter
 from amapreduce.llm.usage import Usage
 from amapreduce.session.journal import RunKind
+from amapreduce.session.record import CompletenessRecord
 from amapreduce.session.rundir import list_runs
 from amapreduce.settings import Settings
 
@@ -94,9 +95,11 @@ def test_every_kind_of_the_ask_lifecycle_can_teach_the_memory() -> None:
 
 
 def test_patch_rounds_are_counted_per_execution_and_said_so() -> None:
-    one = {"batches": 1, "retries": 1, "patch_rounds": 1, "executions": 1}
+    counts = {"rows": 1, "missing_cells": 0, "incomplete_tasks": 0, "complete": True, "attempts": 1, "timeouts": 0,
+              "failures": 0, "backups": 0}
+    one = CompletenessRecord(**counts, batches=1, retries=1, patch_rounds=1, executions=1)
     assert effort_text(one) == "1 batch, 1 retry, 1 patch round"
-    two = {"batches": 28, "retries": 42, "patch_rounds": 4, "executions": 2}
+    two = CompletenessRecord(**counts, batches=28, retries=42, patch_rounds=4, executions=2)
     assert effort_text(two) == "28 batches, 42 retries, 4 patch rounds over 2 executions"
     assert counted(0, "missing cell") == "0 missing cells" and counted(1, "row") == "1 row"
     home = " ".join(HOME.read_text(encoding="utf-8").split())

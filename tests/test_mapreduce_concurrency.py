@@ -86,7 +86,7 @@ def test_follow_up_with_other_key_columns_is_refused_and_keeps_the_table(tmp_pat
         outcome = session.finish()
     assert [r["name"] for r in outcome.table.records()] == list(FIRST)
     # the plan stage and the execution: a refused call does not use up one of the manager's calls
-    assert outcome.record["completeness"]["mapreduce_calls"] == 2
+    assert outcome.record.completeness.mapreduce_calls == 2
 
 
 def test_two_concurrent_runs_on_one_engine() -> None:

@@ -125,7 +125,7 @@ def test_guard_refusals_are_traced(tmp_path: Path) -> None:
         outcome = session.finish()
     refused = [e for e in tool_calls(outcome.run_dir.path) if e["stage"] == "refused"]
     # the plan stage and the one execution: the refused call is not counted
-    assert [e["reason"] for e in refused] == ["repeated_args"] and outcome.record["completeness"]["mapreduce_calls"] == 2
+    assert [e["reason"] for e in refused] == ["repeated_args"] and outcome.record.completeness.mapreduce_calls == 2
 
 
 def test_invalid_decision_is_refused_without_using_a_call(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_invalid_decision_is_refused_without_using_a_call(tmp_path: Path) -> Non
             tool(**{**ARGS, "template": "about __3__"})
         plan = json.loads(tool(**ARGS))  # still the plan stage: the refused call was not counted
         outcome = session.finish()
-    assert plan["call_stage"] == "plan" and outcome.record["completeness"]["mapreduce_calls"] == 1
+    assert plan["call_stage"] == "plan" and outcome.record.completeness.mapreduce_calls == 1
     events = list(read_trace(outcome.run_dir.path / "trace.jsonl"))
     assert [(e["event"], e.get("stage")) for e in events] == [
         ("tool_call", "refused"), ("tool_call", "plan"), ("run_finished", None)

@@ -164,7 +164,7 @@ def test_each_demo_run_is_one_trace_with_every_sub_agent_under_its_batch(
         assert [r.name for r in roots] == ["amapreduce.run"]
         (root,) = roots
         assert root.attributes["amapreduce.status"] == "complete" and root.attributes["amapreduce.kind"] == "demo"
-        assert root.attributes["amapreduce.rows"] == outcome.ask.record["completeness"]["rows"]
+        assert root.attributes["amapreduce.rows"] == outcome.ask.record.completeness.rows
         assert all(tree.ancestors(s)[-1] is root for s in members if s is not root)
         assert any(s.attributes.get("openinference.span.kind") == "AGENT" and tree.parent(s) is root for s in members)
         sub = Tree(tuple(members))
@@ -178,7 +178,7 @@ def test_each_demo_run_is_one_trace_with_every_sub_agent_under_its_batch(
         assert tool is not None and tool.attributes.get("tool.name") == "mapreduce"
         (retrieval,) = sub.named("amapreduce.memory.retrieve")
         assert sub.parent(retrieval) is plan and retrieval.attributes["openinference.span.kind"] == "RETRIEVER"
-        assert retrieval.attributes["input.value"] == outcome.ask.record["query"]
+        assert retrieval.attributes["input.value"] == outcome.ask.record.query
     hints = second.memory["prior"]["hint_ids"] if second.memory else []
     (retrieved,) = [s for s in tree.named("amapreduce.memory.retrieve") if "retrieval.documents.0.document.id" in s.attributes]
     assert hints and retrieved.attributes["retrieval.documents.0.document.id"] == hints[0]

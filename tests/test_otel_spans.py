@@ -77,16 +77,16 @@ def test_the_demo_traces_each_tool_call_once_and_each_model_call_as_an_llm_span(
     steps = [json.loads(line) for line in (outcome.ask.run_dir.path / "trace.jsonl").read_text().splitlines()]
     manager_calls = [c for e in steps if e["event"] == "manager_step" for c in e.get("tool_calls") or []]
     mapreduce_spans = [s for s in tools if s.attributes.get("tool.name") == "mapreduce"]
-    assert len(mapreduce_spans) == outcome.ask.record["completeness"]["mapreduce_calls"] >= 1
+    assert len(mapreduce_spans) == outcome.ask.record.completeness.mapreduce_calls >= 1
     assert len([s for s in tools if s.attributes.get("tool.name") != "final_answer"]) >= len(
         [c for c in manager_calls if c.get("name") != "final_answer"])
     llm = [s for s in tree.spans if kind(s) == "LLM"]
-    usage = outcome.ask.record["usage"]["total"]
-    assert len(llm) == usage["requests"] > 0  # every model call, manager's and sub-agents', once
+    usage = outcome.ask.record.usage.total
+    assert len(llm) == usage.requests > 0  # every model call, manager's and sub-agents', once
     assert all(any(kind(a) == "AGENT" for a in tree.ancestors(s)) for s in llm)
     assert all(s.attributes.get("llm.token_count.prompt") for s in llm)
     (root,) = tree.named("amapreduce.run")
-    assert root.attributes["amapreduce.cost_usd"] == pytest.approx(usage["cost_usd"])  # the demo prices its model
+    assert root.attributes["amapreduce.cost_usd"] == pytest.approx(usage.cost_usd)  # the demo prices its model
 
 
 def test_an_unpriced_run_has_no_cost_on_its_root_span(

@@ -148,7 +148,7 @@ def test_a_model_without_tool_calling_plans_in_one_structured_call(tmp_path: Pat
     assert outcome.meter.by_role()["manager"].requests == 1
     # the same execution as a tool-calling manager's: the mapreduce tool's plan stage, then execute
     stages = [e["stage"] for e in events(outcome, "tool_call")]
-    assert stages == ["plan", "execute"] and outcome.record["completeness"]["mapreduce_calls"] == 2
+    assert stages == ["plan", "execute"] and outcome.record.completeness.mapreduce_calls == 2
     (scout,) = events(outcome, "planner_scout")
     assert scout["crawled"] and scout["crawled"][0] == "corpus://nordic/nordic.md"
     (reply,) = events(outcome, "planner_reply")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records import role_usage, write_record
 from sessions import ask as run_ask
 
 from amapreduce.cli.app import main
@@ -59,8 +60,8 @@ def test_ask_end_to_end_over_http(server: OpenAICompatibleServer, tmp_path: Path
     assert outcome.status == "complete"
     assert outcome.table.records() == [{"country": c, "capital": v} for c, v in CAPITALS.items()]
     assert outcome.markdown.startswith("```markdown\n| country | capital |")
-    calls = outcome.record["completeness"]
-    assert calls["mapreduce_calls"] == 2 and calls["executions"] == 1
+    calls = outcome.record.completeness
+    assert calls.mapreduce_calls == 2 and calls.executions == 1
     usage = outcome.meter.by_role()
     assert usage["manager"].requests == 3 and usage["subagent"].requests == 3
     assert server.requests[0]["model"] == "sim-model"
@@ -137,8 +138,7 @@ def test_an_api_base_run_never_imports_litellm(server: OpenAICompatibleServer, t
 def test_runs_list_prints_queries_verbatim(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     run = tmp_path / "runs" / "20261121-000000-x"
-    run.mkdir(parents=True)
-    (run / "result.json").write_text(json.dumps({"kind": "ask", "query": "see [/x] :smile:", "status": "complete"}))
+    write_record(run, query="see [/x] :smile:")
     assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs")]) == 0  # markup here used to raise MarkupError
     assert "see [/x] :smile:" in capsys.readouterr().out
 
@@ -150,10 +150,8 @@ def test_runs_list_shows_whole_run_names_that_runs_show_accepts(
     """At 80 columns (a pipe) the run column used to be cut to `20261121-1853…`."""
     monkeypatch.setenv("COLUMNS", columns)
     name = "20261121-185312-list-every-country-and-territory-of-south-2"
-    (tmp_path / "runs" / name).mkdir(parents=True)
-    record = {"kind": "ask", "query": "List every country and territory of South America", "status": "complete",
-              "completeness": {"rows": 13, "missing_cells": 0}, "usage": {"total": {"cost_usd": 0.0123}}}
-    (tmp_path / "runs" / name / "result.json").write_text(json.dumps(record))
+    write_record(tmp_path / "runs" / name, query="List every country and territory of South America",
+                 completeness={"rows": 13}, usage={"by_role": {}, "total": role_usage(3, 100, 10, 0.0123)})
     assert main(["runs", "list", "--runs-dir", str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
     assert name in out and "complete" in out and "13" in out

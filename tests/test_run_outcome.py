@@ -80,7 +80,7 @@ def test_a_short_task_run_is_incomplete_everywhere(
     asked = run_ask("Three largest cities of Asia and Europe?", settings, web_tools=[], show_progress=False)
     assert asked.ending == RunEnding(RunStatus.INCOMPLETE) and asked.status == "incomplete"
     assert asked.completeness == Completeness(rows=4, expected_rows=6, missing_cells=0, incomplete_tasks=2)
-    assert_short(asked.record["completeness"])
+    assert_short(asked.record.completeness.model_dump())
     saved = json.loads((asked.run_dir.path / "result.json").read_text())
     assert saved["status"] == "incomplete"
     assert_short(saved["completeness"])
@@ -108,7 +108,7 @@ def test_a_short_task_run_is_incomplete_everywhere(
     assert_short(out["completeness"])
     saved = json.loads((Path(out["run_dir"]) / "result.json").read_text())
     assert saved["status"] == "incomplete" and saved["completeness"] == out["completeness"]
-    assert set(saved["completeness"]) == set(asked.record["completeness"])  # one shape for every command
+    assert set(saved["completeness"]) == set(asked.record.completeness.model_dump())  # one shape for every command
 
 
 def test_the_tool_summary_counts_short_tasks(tmp_path: Path) -> None:

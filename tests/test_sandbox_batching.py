@@ -65,7 +65,7 @@ def _run(world: SandboxWorld, settings: Settings, instance_id: str, model: Simul
     with Session(settings, options) as session:
         outcome = session.ask()
     score = score_answer(task, world.gold_dir, outcome.markdown)
-    return {**score, "subagents": int(outcome.record["completeness"]["attempts"]),
+    return {**score, "subagents": int(outcome.record.completeness.attempts),
             "tokens": outcome.meter.total().total_tokens}
 
 

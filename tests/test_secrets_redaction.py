@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+from records import record
 from smolagents.models import ChatMessage, MessageRole
 
 from amapreduce.cli.app import main
@@ -114,23 +115,20 @@ def test_the_trace_takes_lone_surrogates_and_masks_keys_in_any_field(tmp_path: P
     assert KEY not in text
 
 
-def test_result_json_masks_a_key_inside_an_object_json_cannot_encode(tmp_path: Path) -> None:
-    """`result.json` is written as the trace is (`redacted_json`): an object JSON cannot encode is
-    written as its text, and a key inside that text is masked too (it used to go through `str` as is)."""
+def test_result_json_masks_a_key_by_value_and_by_key_name(tmp_path: Path) -> None:
+    """`result.json` is written as the trace is (`redacted_json`): a registered key is masked wherever
+    its record holds it (an error, a decision's nested text), and a credential-named key's value too."""
     register_secrets([KEY])
-
-    class Odd:
-        def __str__(self) -> str:
-            return f"refused: {KEY}"
-
     run_dir = RunDir.create(tmp_path, "secret")
     try:
-        run_dir.write_result({"error": Odd(), "api_key": "anything", "nested": [{"note": f"saw {KEY}"}]})
+        run_dir.write_result(record(status="failed", error=f"refused: {KEY}",
+                                    decision={"api_key": "anything", "nested": [{"note": f"saw {KEY}"}]}))
     finally:
         run_dir.close()
     text = (run_dir.path / "result.json").read_text(encoding="utf-8")
-    assert KEY not in text
-    assert json.loads(text) == {"error": f"refused: {REDACTED}", "api_key": REDACTED, "nested": [{"note": f"saw {REDACTED}"}]}
+    saved = json.loads(text)
+    assert KEY not in text and saved["error"] == f"refused: {REDACTED}"
+    assert saved["decision"] == {"api_key": REDACTED, "nested": [{"note": f"saw {REDACTED}"}]}
 
 
 # -- what is sent ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from records import cell, role_usage, write_record
 from starlette.exceptions import HTTPException
 from starlette.testclient import TestClient
 from test_memory_fixtures import QUERY, ranked_store
@@ -25,6 +26,7 @@ from amapreduce.memory.inspection import show_item
 from amapreduce.memory.store import insert_hint
 from amapreduce.session.journal import RunKind, RunStarted, open_run_journal
 from amapreduce.settings import Settings
+from amapreduce.table.evidence import Evidence
 from amapreduce.ui import UIConfig, bind, create_app
 from amapreduce.ui.security import contained
 from amapreduce.ui.timeline import LABEL_WIDTH, PLOT_WIDTH, read_timeline
@@ -35,26 +37,18 @@ SCRIPT = "<script>alert(1)</script>"
 CRAFTED = "20990101-000000-crafted"
 
 
-def _cell(value: str, status: str, source: str | None = None, alternatives: list[str] | None = None) -> dict[str, object]:
-    return {"value": value, "status": status, "source": source, **({"alternatives": alternatives} if alternatives else {})}
-
-
 def _crafted_run(runs: Path) -> None:
     """A run whose table holds HTML, a conflict, a missing cell and two kinds of source."""
     folder = runs / CRAFTED
-    folder.mkdir(parents=True)
-    cells = {"Name": _cell(SCRIPT, "found", "javascript:alert(2)"),
-             "Capital": _cell("A", "conflict", "https://example.org/a?x=1&y=2", ["B<i>"]),
-             "Population": _cell("", "missing")}
-    result = {"kind": "ask", "query": "<b>which</b> countries?", "status": "incomplete",
-              "completeness": {"rows": 1, "missing_cells": 1},
-              "table": {"columns": ["Name", "Capital", "Population"], "key_columns": ["Name"],
+    cells = {"Name": cell(SCRIPT, "found", "javascript:alert(2)"),
+             "Capital": cell("A", "conflict", "https://example.org/a?x=1&y=2", alternatives=["B<i>"]),
+             "Population": cell("", "missing")}
+    write_record(folder, query="<b>which</b> countries?", status="incomplete",
+                 completeness={"rows": 1, "missing_cells": 1, "complete": False},
+                 table={"columns": ["Name", "Capital", "Population"], "key_columns": ["Name"],
                         "rows": [{"task_index": 0, "cells": cells, "origin": "top[2019]"}]},
-              "usage": {"by_role": {"manager": {"requests": 2, "input_tokens": 10, "output_tokens": 5, "cost_usd": 0.5}},
-                        "total": {"requests": 2, "input_tokens": 10, "output_tokens": 5, "cost_usd": 0.5},
-                        "unpriced_models": []},
-              "timings": {"wall_s": 12.5}}
-    (folder / "result.json").write_text(json.dumps(result), encoding="utf-8")
+                 usage={"by_role": {"manager": role_usage(2, 10, 5, 0.5)}, "total": role_usage(2, 10, 5, 0.5)},
+                 timings={"wall_s": 12.5})
     (folder / "table.csv").write_text(f'Name,Capital,Population\n"{SCRIPT}",A,\n', encoding="utf-8")
 
 
@@ -121,14 +115,14 @@ def test_runs_page_reads_each_run_once(world: Path, monkeypatch: pytest.MonkeyPa
     from amapreduce.session import rundir
     from amapreduce.ui.runs import runs_view
 
-    real, read = rundir.load_run, []
+    real, read = rundir.read_run, []
 
-    def counting(runs_dir: Path, run: str) -> dict[str, object]:
+    def counting(runs_dir: Path, run: str) -> rundir.StoredRun:
         read.append(run)
         return real(runs_dir, run)
 
-    monkeypatch.setattr(rundir, "load_run", counting)
-    monkeypatch.setattr("amapreduce.ui.runs.load_run", counting)  # the page's own reads count too
+    monkeypatch.setattr(rundir, "read_run", counting)
+    monkeypatch.setattr("amapreduce.ui.runs.read_run", counting)  # the page's own reads count too
     view = runs_view(world / "runs", None)
     assert len(read) == len(view["runs"]) == 2
     assert {r["run"]: r["wall_s"] for r in view["runs"]}[CRAFTED] == 12.5
@@ -190,7 +184,7 @@ def test_html_in_a_run_is_shown_as_text_and_only_http_sources_are_links(client: 
     page = client.get(f"/runs/{CRAFTED}").text
     assert SCRIPT not in page and "<i>" not in page and "<b>which" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert 'class="cell-conflict" title="status: conflict\nsource: https://example.org/a?x=1&amp;y=2\nalso seen: B&lt;i&gt;"' in page
+    assert 'class="cell-conflict" title="status: conflict, confidence 0.3\nsource: https://example.org/a?x=1&amp;y=2\nalso seen: B&lt;i&gt;"' in page
     assert 'class="cell-missing"' in page
     assert 'href="https://example.org/a?x=1&amp;y=2"' in page and "javascript:" not in page.split("<tbody>")[1].split('href="')[1]
     assert 'href="javascript' not in page
@@ -505,17 +499,19 @@ def test_the_table_can_show_the_least_sure_rows_first_and_only_those_below_a_con
     page orders rows by their least sure cell or keeps only rows with a cell below a confidence."""
     runs_dir = tmp_path / "runs"
     folder = runs_dir / "20990101-000001-sure"
-    folder.mkdir(parents=True)
+    sure = {0.9: "verified", 0.6: "no_evidence", 0.3: "unverified"}  # the table's rule gives these confidences
 
-    def cell(value: str, confidence: float) -> dict[str, object]:
-        return {"value": value, "status": "found", "source": "https://example.org", "confidence": confidence}
+    def checked(value: str, confidence: float) -> dict[str, object]:
+        made = cell(value, "found", "https://example.org", quote=value if confidence != 0.6 else None,
+                    evidence=Evidence(sure[confidence]))
+        assert made["confidence"] == confidence
+        return made
 
-    rows = [{"task_index": i, "cells": {"Name": cell(name, 1.0), "Capital": cell(capital, sure)}}
-            for i, (name, capital, sure) in enumerate([("Austria", "Vienna", 0.9), ("Malta", "Rabat", 0.3),
-                                                        ("Estonia", "Tallinn", 0.6)])]
-    result = {"kind": "ask", "query": "capitals", "status": "complete", "completeness": {"rows": 3, "missing_cells": 0},
-              "table": {"columns": ["Name", "Capital"], "key_columns": ["Name"], "rows": rows}}
-    (folder / "result.json").write_text(json.dumps(result), encoding="utf-8")
+    rows = [{"task_index": i, "cells": {"Name": checked(name, 0.9), "Capital": checked(capital, confidence)}}
+            for i, (name, capital, confidence) in enumerate([("Austria", "Vienna", 0.9), ("Malta", "Rabat", 0.3),
+                                                              ("Estonia", "Tallinn", 0.6)])]
+    write_record(folder, query="capitals", completeness={"rows": 3},
+                 table={"columns": ["Name", "Capital"], "key_columns": ["Name"], "rows": rows})
     client = TestClient(create_app(_config(world, runs_dir=runs_dir)), base_url=LOCAL)
 
     def shown(query: str) -> list[tuple[str, str]]:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from records import cell, write_record
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
@@ -42,13 +43,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     root = tmp_path_factory.mktemp("browser")
     run_offline(root, ["demo", "--no-memory", "--json"])
     crafted = root / "runs" / "20990101-000000-html"
-    crafted.mkdir()
-    cell = {"value": SCRIPT, "status": "found", "source": None}
-    (crafted / "result.json").write_text(json.dumps({
-        "kind": "ask", "query": "html", "status": "complete",
-        "table": {"columns": ["Name", "Capital"], "key_columns": ["Name"],
-                  "rows": [{"task_index": 0, "cells": {"Name": cell, "Capital": {"value": "", "status": "missing"}}}]},
-    }), encoding="utf-8")
+    write_record(crafted, query="html", table={
+        "columns": ["Name", "Capital"], "key_columns": ["Name"],
+        "rows": [{"task_index": 0, "cells": {"Name": cell(SCRIPT), "Capital": cell("", "missing")}}]})
     config = UIConfig(runs_dir=root / "runs", memory=root / "store", plot_dir=root / "plots", port=0)
     server = make_server(config)
     sock = bind("127.0.0.1", 0)

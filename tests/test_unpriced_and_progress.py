@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from fake_clock import FakeTime
+from records import role_usage, write_record
 
 from amapreduce.cli.app import main
 from amapreduce.cli.output import cost_cell, usage_json
@@ -87,31 +88,27 @@ def test_cost_text_for_people() -> None:
     assert format_cost(None) == "unpriced"
 
 
-def write_result(runs: Path, name: str, usage: dict[str, Any] | None, timings: dict[str, Any] | None = None) -> None:
-    (runs / name).mkdir(parents=True)
-    record: dict[str, Any] = {"kind": "ask", "query": name, "status": "complete",
-                              "completeness": {"rows": 1, "missing_cells": 0}}
-    if usage is not None:
-        record["usage"] = usage
-    if timings is not None:
-        record["timings"] = timings
-    (runs / name / "result.json").write_text(json.dumps(record), encoding="utf-8")
+def write_result(runs: Path, name: str, cost: float | None, unpriced: list[str], *, requests: int = 1,
+                 wall_s: float = 1.0) -> None:
+    total = role_usage(requests, 10 * requests, requests, cost)
+    write_record(runs / name, query=name, completeness={"rows": 1}, timings={"wall_s": wall_s},
+                 usage={"by_role": {"subagent": total}, "total": total, "unpriced_models": unpriced})
 
 
 def test_runs_list_reports_unpriced_runs_also_from_result_files_written_before(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    write_result(runs, "20260101-000001-old", {"total": {"cost_usd": 0.0}, "unpriced_models": ["local/llama"]})
-    write_result(runs, "20260101-000002-new", {"total": {"cost_usd": None}, "unpriced_models": ["local/llama"]})
-    write_result(runs, "20260101-000003-priced", {"total": {"cost_usd": 0.0123}, "unpriced_models": []}, {"wall_s": 3.25})
-    write_result(runs, "20260101-000004-failed-early", None)
+    write_result(runs, "20260101-000001-old", 0.0, ["local/llama"])  # then an unpriced model counted as $0
+    write_result(runs, "20260101-000002-new", None, ["local/llama"])
+    write_result(runs, "20260101-000003-priced", 0.0123, [], wall_s=3.25)
+    write_result(runs, "20260101-000004-failed-early", 0.0, [], requests=0, wall_s=0.5)
     by_run = {r["run"]: r for r in list_runs(runs)}
     for name in ("20260101-000001-old", "20260101-000002-new"):
         assert by_run[name]["cost_usd"] is None and by_run[name]["unpriced_models"] == ["local/llama"]
         assert cost_cell(by_run[name]) == "unpriced (local/llama)"
     assert by_run["20260101-000003-priced"]["cost_usd"] == 0.0123 and cost_cell(by_run["20260101-000003-priced"]) == "$0.0123"
     assert by_run["20260101-000004-failed-early"]["cost_usd"] is None and cost_cell(by_run["20260101-000004-failed-early"]) == ""
-    # the wall time rides along (`runs list --json`, the UI's Runs page), null when the run recorded none
-    assert by_run["20260101-000003-priced"]["wall_s"] == 3.25 and by_run["20260101-000004-failed-early"]["wall_s"] is None
+    # the wall time rides along (`runs list --json`, the UI's Runs page)
+    assert by_run["20260101-000003-priced"]["wall_s"] == 3.25 and by_run["20260101-000004-failed-early"]["wall_s"] == 0.5
 
 
 def test_runs_list_table_shows_unpriced_not_zero_dollars(
@@ -119,7 +116,7 @@ def test_runs_list_table_shows_unpriced_not_zero_dollars(
 ) -> None:
     monkeypatch.setenv("COLUMNS", "250")
     runs = tmp_path / "runs"
-    write_result(runs, "20260101-000001-local", {"total": {"cost_usd": 0.0}, "unpriced_models": ["local/llama"]})
+    write_result(runs, "20260101-000001-local", 0.0, ["local/llama"])
     assert main(["runs", "list", "--runs-dir", str(runs)]) == 0
     out = capsys.readouterr().out
     assert "unpriced" in out and "0.0" not in out

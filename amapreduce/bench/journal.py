@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from amapreduce.errors import UserError
 from amapreduce.journal import JournalEntry, read_journal
 from amapreduce.progress import ProgressEvent
+from amapreduce.session.record import PriorRecord
 
 if TYPE_CHECKING:
     from amapreduce.evaluation.loaders import TaskSpec
@@ -38,7 +39,6 @@ __all__ = [
     "EvalEnded",
     "EvalStarted",
     "InstanceCommitted",
-    "PriorRecord",
     "TrialDone",
     "benchmark_defaults",
     "read_eval_config",
@@ -121,19 +121,6 @@ class EvalConfig(BaseModel):
         """The fields (other than the id) in which `other` asks for a different evaluation."""
         mine, theirs = self.model_dump(exclude={"eval_id"}), other.model_dump(exclude={"eval_id"})
         return [k for k in mine if mine[k] != theirs[k]]
-
-
-class PriorRecord(BaseModel):
-    """The prior a trial was shown, as the commit needs it back after a crash."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    text: str
-    hint_ids: list[str] = Field(default_factory=list)
-    record_ids: list[str] = Field(default_factory=list)
-    kept_hint_ids: list[str] = Field(default_factory=list)
-    advice: dict[str, Any] | None = None
-    advice_used: dict[str, Any] | None = None
 
 
 class EvalStarted(JournalEntry):

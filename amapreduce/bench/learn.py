@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce.bench.commit import complete_distillation, hint_credits
 from amapreduce.errors import RunError, UserError
-from amapreduce.llm.usage import Usage
 from amapreduce.memory.labels import UTILITY_RULE, UtilityWeights
 from amapreduce.memory.labels import utility as utility_of
 from amapreduce.memory.records import Record, TraceSummary, normalise_query
 from amapreduce.session.journal import RunKind
-from amapreduce.session.rundir import load_run
+from amapreduce.session.record import RunRecord
+from amapreduce.session.rundir import read_run
 from amapreduce.trace import read_trace
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ class _AskRun:
     trace: TraceSummary
     tokens: int
     delay_s: float
-    data: dict[str, Any] = field(repr=False)
+    record: RunRecord = field(repr=False)
 
 
 def run_record_id(run_dir: Path) -> str:
@@ -165,59 +165,42 @@ def _read_ask_run(run_dir: Path) -> _AskRun:
     from amapreduce.decision.model import Decision
     from amapreduce.mapreduce.prior import Prior
 
-    data = load_run(run_dir.parent, str(run_dir))
-    kind = data.get("kind")
-    if kind not in _ASK_KINDS:
-        raise _refuse(run_dir, f"it is a `{kind}` run; the memory learns from `ask` runs only (also those of "
+    stored = read_run(run_dir.parent, str(run_dir))
+    if stored.kind not in _ASK_KINDS:
+        raise _refuse(run_dir, f"it is a `{stored.kind}` run; the memory learns from `ask` runs only (also those of "
                                "`demo` and `eval run`: their prior and decision are what it credits).")
-    state = data.get("state")
+    state, data = stored.state, stored.record
     if state == "running":
         raise _refuse(run_dir, "it is still running. Learn from it once it has finished.")
-    if state in ("interrupted", "stopped"):
-        raise _refuse(run_dir, f"it did not finish ({data.get('status') or state}). Finish it with "
+    if state in ("interrupted", "stopped") or data is None:
+        raise _refuse(run_dir, f"it did not finish ({stored.status or state}). Finish it with "
                                f"`amapreduce runs resume {run_dir.name}`, then learn from it.")
-    decisions = data.get("decisions")
     if state == "failed":
-        raise _refuse(run_dir, f"it failed ({data.get('error') or 'no error recorded'}); a failed run says nothing "
+        raise _refuse(run_dir, f"it failed ({data.error or 'no error recorded'}); a failed run says nothing "
                                "about its decision.")
-    if not isinstance(decisions, list) or not decisions:
+    if not data.decisions:
         raise _refuse(run_dir, "the manager executed no decision, so there is nothing to credit or record.")
     if state not in LEARNABLE_STATES:
-        raise _refuse(run_dir, f"its status {data.get('status')!r} is not a finished run's.")
-    query = data.get("query")
-    if not isinstance(query, str) or not query.strip():
+        raise _refuse(run_dir, f"its status {data.status!r} is not a finished run's.")
+    if not data.query.strip():
         raise _refuse(run_dir, "its result.json records no question (`query`).")
     try:
-        decision = Decision.parse(decisions[0])
+        decision = Decision.parse(data.decisions[0])
     except UserError as exc:
         raise _refuse(run_dir, f"its result.json holds an invalid decision: {exc}") from None
-    raw_prior = data.get("prior")
     prior: Prior | None = None
-    task_id = data.get("task_id") if isinstance(data.get("task_id"), str) else None
-    if isinstance(raw_prior, dict):
+    if data.prior is not None:
         try:
-            prior = Prior.from_json(raw_prior, query=query, task_id=task_id)
+            prior = Prior.from_json(data.prior.model_dump(mode="json"), query=data.query, task_id=data.task_id)
         except ValueError as exc:
             raise _refuse(run_dir, f"its result.json's prior has {exc}.") from None
-    completeness = _object(data.get("completeness"))
-    total = _object(_object(data.get("usage")).get("total"))
-    timings = _object(data.get("timings"))
-    delay = _number(timings.get("wall_s"))
-    tokens = Usage.from_json(total).total_tokens
-    trace = TraceSummary.of(completeness, cost_usd=_number(total.get("cost_usd")), delay_s=delay, tokens=tokens,
+    total = data.usage.total
+    delay = data.timings.wall_s
+    tokens = total.prompt_tokens + total.completion_tokens
+    trace = TraceSummary.of(data.completeness.model_dump(), cost_usd=total.cost_usd, delay_s=delay, tokens=tokens,
                             advice=prior.advice_used if prior is not None else None)
-    return _AskRun(path=run_dir, query=query, decision=decision, prior=prior, task_id=task_id, trace=trace,
-                   tokens=tokens, delay_s=delay or 0.0, data=data)
-
-
-def _object(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+    return _AskRun(path=run_dir, query=data.query, decision=decision, prior=prior, task_id=data.task_id, trace=trace,
+                   tokens=tokens, delay_s=delay, record=data)
 
 
 def _run_markdown(run: _AskRun) -> str:
@@ -229,12 +212,13 @@ def _run_markdown(run: _AskRun) -> str:
         except (OSError, UnicodeDecodeError) as exc:
             raise _refuse(run.path, f"its table.md cannot be read ({exc}).") from None
     from amapreduce.table.render import to_markdown
-    from amapreduce.table.table import Table
 
-    recorded: Any = run.data.get("table")
+    recorded = run.record.table
+    if recorded is None:
+        raise _refuse(run.path, "it has no table.md and its result.json holds no table.")
     try:
-        table = Table.from_json(recorded)
-    except (KeyError, TypeError, ValueError, AttributeError):
+        table = recorded.to_table()
+    except ValueError:  # a key column the columns lack, an unknown status: a hand-edited file
         raise _refuse(run.path, "it has no table.md and its result.json holds no readable table.") from None
     return to_markdown(table)
 

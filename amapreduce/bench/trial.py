@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from amapreduce._atomic import atomic_open
-from amapreduce.bench.journal import PriorRecord
 from amapreduce.errors import ProviderRejected, RunError, find_cause
+from amapreduce.session.record import PriorRecord
 
 if TYPE_CHECKING:
     from amapreduce.evaluation.loaders import EnrichSpec
@@ -173,8 +173,8 @@ def execute_trial(job: TrialJob, *, runs_dir: Path, simulated: SimulatedModels |
         refused=(outcome.ending.reason or "the provider refused the run") if outcome.ending.rejected else None,
         prior=None if prior is None else PriorRecord.model_validate(prior.to_json()),
         decision=outcome.decisions[0].model_dump(mode="json") if outcome.decisions else None,
-        subagents=int(outcome.record.get("completeness", {}).get("attempts") or 0),
-        completeness=dict(outcome.record.get("completeness", {})), wall_s=wall, run_dir=str(outcome.run_dir.path),
+        subagents=outcome.record.completeness.attempts,
+        completeness=outcome.record.completeness.model_dump(mode="json"), wall_s=wall, run_dir=str(outcome.run_dir.path),
     )
 
 

@@ -92,10 +92,11 @@ def report_ask(
     One output contract for `ask` and for `runs resume` of an `ask` run."""
     from amapreduce.cli.output import counted, effort_text, hand_over
 
-    c, recorded = outcome.completeness, outcome.record["completeness"]
+    c, recorded = outcome.completeness, outcome.record.completeness
     hand_over(
         outcome, outcome.table, outcome.markdown, as_json=as_json,
-        fields={"query": outcome.query, "rows": c.rows, "missing_cells": c.missing_cells, "completeness": recorded},
+        fields={"query": outcome.query, "rows": c.rows, "missing_cells": c.missing_cells,
+                "completeness": recorded.model_dump(mode="json")},
         counts=f"{counted(c.rows, 'row')}, {counted(c.missing_cells, 'missing cell')}",
         tail=f"; {effort_text(recorded)}; {outcome.meter.cost_text()}. Run directory: {outcome.run_dir.path}",
         out=out, csv_out=csv_out, evidence=evidence,
@@ -205,30 +206,24 @@ def runs_show(
         "journal's state and progress.")),
 ) -> None:
     """Show one run: status, completeness, usage and the table."""
-    from amapreduce.session.record import RunRecord
-    from amapreduce.session.rundir import load_run, run_path
+    from amapreduce.session.rundir import read_run
     from amapreduce.settings import load_settings
 
-    folder = runs_dir or load_settings().runs_dir
-    path = run_path(folder, run)
-    if as_json and (path / "result.json").is_file():  # a finished run: its record, read once
-        typer.echo(json.dumps(RunRecord.read(path).to_json(), ensure_ascii=False))
+    stored = read_run(runs_dir or load_settings().runs_dir, run)
+    record = stored.record
+    if as_json:  # a finished run: its record; one not finished: its journal's state and progress
+        typer.echo(json.dumps(record.to_json() if record is not None else stored.to_json(), ensure_ascii=False))
         return
-    data = load_run(folder, run)
-    if as_json:
-        typer.echo(json.dumps(data, ensure_ascii=False))
-        return
-    folder = Path(data["run_dir"])
-    typer.echo(f"{data.get('kind')}: {data.get('query')}\nstatus: {data.get('status')}")
-    if data.get("error"):
-        typer.echo(f"error: {data['error']}")
-    if data.get("progress"):
-        p = data["progress"]
+    typer.echo(f"{stored.kind}: {stored.query}\nstatus: {stored.status}")
+    if record is not None and record.error:
+        typer.echo(f"error: {record.error}")
+    if stored.progress:
+        p = stored.progress
         typer.echo(f"batches: {p['batches_done']}/{p['batches_total']} done, {p['patch_batches_done']} patch batches done")
-    if data.get("completeness") is not None:
-        typer.echo(f"completeness: {json.dumps(data.get('completeness'))}")
-    typer.echo(f"usage: {json.dumps((data.get('usage') or {}).get('total'))}")
-    table = folder / "table.md"
+    if record is not None:
+        typer.echo(f"completeness: {json.dumps(record.completeness.model_dump(mode='json'))}")
+        typer.echo(f"usage: {json.dumps(record.usage.total.model_dump(mode='json'))}")
+    table = stored.path / "table.md"
     if table.is_file():
         typer.echo(table.read_text(encoding="utf-8"))
 

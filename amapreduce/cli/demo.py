@@ -81,18 +81,18 @@ def demo(
     if as_json:
         typer.echo(json.dumps(outcome.to_json(), ensure_ascii=False))
     else:
-        c = outcome.ask.record["completeness"]
+        c = outcome.ask.record.completeness
         injected = ", ".join(f"{k} {v}" for k, v in sorted(outcome.faults.items())) or "none"
         typer.echo(outcome.ask.markdown)
         typer.echo(
-            f"\nTask {outcome.task_id} ({outcome.ask.status}): {counted(c['rows'], 'row')}, "
-            f"{counted(c['missing_cells'], 'missing cell')}; {effort_text(c)}; faults injected: {injected}."
+            f"\nTask {outcome.task_id} ({outcome.ask.status}): {counted(c.rows, 'row')}, "
+            f"{counted(c.missing_cells, 'missing cell')}; {effort_text(c)}; faults injected: {injected}."
         )
-        for found in outcome.ask.record.get("discoveries") or []:
-            typer.echo(f"Discovery: {counted(found['sources'], 'source')}, {counted(found['candidates'], 'candidate')} -> "
-                       f"{counted(found['entities'], 'entity', 'entities')}; {counted(found['merge_calls'], 'merge call')} "
-                       f"({' '.join(n for n in found['nodes'] if n != 'map') or 'none'}), largest merge prompt "
-                       f"{found['peak_prompt_tokens']} tokens (budget {found['token_budget']}).")
+        for found in outcome.ask.record.discoveries or []:
+            typer.echo(f"Discovery: {counted(found.sources, 'source')}, {counted(found.candidates, 'candidate')} -> "
+                       f"{counted(found.entities, 'entity', 'entities')}; {counted(found.merge_calls, 'merge call')} "
+                       f"({' '.join(n for n in found.nodes if n != 'map') or 'none'}), largest merge prompt "
+                       f"{found.peak_prompt_tokens} tokens (budget {found.token_budget}).")
         typer.echo("Evidence of the sub-agents' cells: " + ", ".join(f"{v} {k}" for k, v in outcome.evidence().items()) + ".")
         typer.echo(f"Score against the sandbox gold (exact judge): {_metrics_text(outcome.score)}.")
         if outcome.corrected_score and outcome.corrected_score != outcome.score:

@@ -167,7 +167,7 @@ def report_run(
     result, s = outcome.result, outcome.result.summary
     hand_over(
         outcome, result.table, result.markdown(), as_json=as_json,
-        fields={"rows": s.rows, "missing_cells": s.missing_cells, "completeness": outcome.record["completeness"],
+        fields={"rows": s.rows, "missing_cells": s.missing_cells, "completeness": outcome.record.completeness.model_dump(mode="json"),
                 "timings": {"wall_s": s.timings.get("wall_s", 0.0)}},
         counts=(f"{counted(s.rows, 'row')}, {counted(s.missing_cells, 'missing cell')}, "
                 f"{counted(s.patch_rounds, 'patch round')}, {counted(s.retries, 'retry')}"),

@@ -19,6 +19,7 @@ import typer
 if TYPE_CHECKING:
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.session.outcome import RunOutcome
+    from amapreduce.session.record import CompletenessRecord
     from amapreduce.table.table import Table
 
 __all__ = ["cost_cell", "counted", "effort_text", "hand_over", "resume_line", "usage_json", "write_table_copies"]
@@ -46,16 +47,15 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n} {plural or (noun[:-1] + 'ies' if noun.endswith('y') and noun[-2:-1] not in 'aeiou' else noun + 's')}"
 
 
-def effort_text(completeness: Mapping[str, Any]) -> str:
-    """How hard a run worked, from its `completeness` record (`mapreduce.result.completeness_record`):
+def effort_text(completeness: CompletenessRecord) -> str:
+    """How hard a run worked, from its record's `completeness`:
     `12 batches, 3 retries, 2 patch rounds`, or, when the run executed several decisions,
     `... 4 patch rounds over 2 executions` (patch rounds are run per execution, up to
     `AMAPREDUCE_PATCH_ROUNDS` each, and summed over the run)."""
-    executions = int(completeness.get("executions") or 0)
-    text = (f"{counted(int(completeness.get('batches') or 0), 'batch', 'batches')}, "
-            f"{counted(int(completeness.get('retries') or 0), 'retry')}, "
-            f"{counted(int(completeness.get('patch_rounds') or 0), 'patch round')}")
-    return text + (f" over {counted(executions, 'execution')}" if executions > 1 else "")
+    c = completeness
+    text = (f"{counted(c.batches, 'batch', 'batches')}, {counted(c.retries, 'retry')}, "
+            f"{counted(c.patch_rounds, 'patch round')}")
+    return text + (f" over {counted(c.executions, 'execution')}" if c.executions > 1 else "")
 
 
 def cost_cell(row: Mapping[str, Any]) -> str:

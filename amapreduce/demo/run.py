@@ -55,13 +55,13 @@ class DemoOutcome:
 
     def to_json(self) -> dict[str, Any]:
         """The `amapreduce demo --json` document."""
-        completeness = self.ask.record["completeness"]
+        record = self.ask.record
         return {
             "task_id": self.task_id,
             "status": self.ask.status,
-            "rows": completeness["rows"],
-            "missing_cells": completeness["missing_cells"],
-            "completeness": completeness,
+            "rows": record.completeness.rows,
+            "missing_cells": record.completeness.missing_cells,
+            "completeness": record.completeness.model_dump(mode="json"),
             "score": self.score,
             "score_corrected": self.corrected_score,
             "score_corrections": self.corrections,
@@ -70,7 +70,7 @@ class DemoOutcome:
             "memory": self.memory,
             "evidence": self.evidence(),
             # a discovery task's `DiscoverySummary` per discovering execution (no key for the others)
-            **({"discoveries": found} if (found := self.ask.record.get("discoveries")) else {}),
+            **({"discoveries": [d.model_dump(mode="json") for d in found]} if (found := record.discoveries) else {}),
         }
 
     def evidence(self) -> dict[str, int]:
@@ -245,11 +245,11 @@ def _learn(memory: ExperientialMemory, session: InstanceSession, outcome: RunOut
         session.snapshot.close()
         return {"store": str(memory.store.folder), "prior": shown,
                 "learned": {"committed": False, "reason": "no decision was executed"}}
-    wall = float(outcome.record["timings"]["wall_s"])
+    wall = outcome.record.timings.wall_s
     u = utility(score, tokens=usage.total_tokens, delay_s=wall,
                 weights=UtilityWeights(cost=defaults.cost_weight, delay=defaults.delay_weight))
     trial = TrialOutcome(trial=1, prior=prior, decision=outcome.decisions[0], metrics={**score, "utility": u},
-                         trace=TraceSummary.of(outcome.record["completeness"], cost_usd=usage.cost_usd, delay_s=wall,
+                         trace=TraceSummary.of(outcome.record.completeness.model_dump(), cost_usd=usage.cost_usd, delay_s=wall,
                                                tokens=usage.total_tokens,
                                                advice=prior.advice_used if prior is not None else None),
                          utility=u)

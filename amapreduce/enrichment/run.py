@@ -73,7 +73,7 @@ class Enrichment:
         return {"rows": len(self.request.frame), "row_status": self.rows(),
                 "key_columns": list(self.request.key_columns), "key_inferred": self.request.key_inferred,
                 "columns": list(self.request.columns), "batch_size": self.request.batch_size,
-                "completeness": self.outcome.record["completeness"],
+                "completeness": self.outcome.record.completeness.model_dump(mode="json"),
                 "enriched": str(self.outcome.run_dir.path / ENRICHED_FILE)}
 
 

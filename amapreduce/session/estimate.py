@@ -34,7 +34,7 @@ from amapreduce.errors import EstimateOverBudget, UserError
 from amapreduce.llm.meter import PriceTable
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import BatchPlan
-from amapreduce.session.rundir import load_run
+from amapreduce.session.record import RunRecord
 from amapreduce.trace import read_trace
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from amapreduce.settings import Settings
 
 __all__ = ["DEFAULTS", "DecisionPlan", "Estimate", "PastRun", "Profile", "check_budget", "estimate_for", "estimate_plan",
-           "past_runs", "plan_decision", "profile_of", "read_past_run", "recorded_decisions", "similar_templates"]
+           "past_runs", "plan_decision", "profile_of", "read_past_run", "similar_templates"]
 
 MAX_RUNS = 50
 """Past runs read for an estimate, newest first."""
@@ -145,12 +145,11 @@ class Estimate:
 def read_past_run(folder: Path) -> PastRun | None:
     """The fan-out figures of one run folder; None when it made no sub-agent call or cannot be read."""
     try:
-        data = load_run(folder.parent, str(folder))
-    except UserError:  # an unreadable folder is no past run to learn from (`runs list` reports it)
+        record = RunRecord.read(folder)
+    except UserError:  # an unfinished or unreadable folder is no past run to learn from (`runs list` reports it)
         return None
-    completeness = data.get("completeness") or {}
-    decisions = recorded_decisions(data)
-    batches, rows = int(completeness.get("batches") or 0), _matrix_rows(decisions)
+    decisions = record.executed
+    batches, rows = record.completeness.batches, _matrix_rows(decisions)
     seconds: list[float] = []
     usage, model_ids = Usage(), set()
     for event in read_trace(folder / "trace.jsonl", event="model_call"):
@@ -163,27 +162,16 @@ def read_past_run(folder: Path) -> PastRun | None:
             model_ids.add(str(event["model_id"]))
     if batches <= 0 or rows <= 0 or usage.requests <= 0:
         return None
-    first = decisions[0] if decisions and isinstance(decisions[0], dict) else {}
+    first = decisions[0] if decisions else {}
     return PastRun(model_id=next(iter(model_ids)) if len(model_ids) == 1 else None, batches=batches, rows=rows,
                    calls=usage.requests, prompt_tokens=usage.input_tokens, completion_tokens=usage.output_tokens,
                    call_seconds=tuple(seconds), template=str(first.get("template") or ""))
 
 
-def recorded_decisions(record: dict[str, Any]) -> list[Any]:
-    """The decisions a run's `result.json` records: an `ask`'s `decisions`, or the one `decision`
-    of a `mapreduce run` or an `enrich`."""
-    decisions = record.get("decisions")
-    if isinstance(decisions, list):
-        return decisions
-    return [record["decision"]] if isinstance(record.get("decision"), dict) else []
-
-
-def _matrix_rows(decisions: object) -> int:
+def _matrix_rows(decisions: list[dict[str, Any]]) -> int:
     """The sub-questions the run's recorded decisions asked (their task-matrix rows): what an
     estimate knows of a plan beforehand, unlike the rows the answers held."""
-    if not isinstance(decisions, list):
-        return 0
-    return sum(len(d.get("task_matrix") or []) for d in decisions if isinstance(d, dict))
+    return sum(len(d.get("task_matrix") or []) for d in decisions)
 
 
 def past_runs(runs_dir: Path, *, limit: int = MAX_RUNS, excluding: Iterable[str] = ()) -> list[PastRun]:

@@ -96,8 +96,8 @@ class ActiveRun:
         ending: RunEnding,
         executions: Sequence[Mapping[str, float]] = (),
         extra: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Write `table.md`, `table.csv` and `result.json`; return the recorded object.
+    ) -> RunRecord:
+        """Write `table.md`, `table.csv` and `result.json`; return the record.
 
         `completeness` is the run's `completeness_record`; `ending` its status (`result.json`'s
         `status` is its `label`);
@@ -116,7 +116,7 @@ class ActiveRun:
             "usage": self.meter.to_json(),
             **(extra or {}),
             "timings": run_timings(self.started, executions),
-        }).to_json()
+        })
         self.run_dir.write_result(record)
         self.journal.append(RunEnded.of(ending))
         self.finished = True
@@ -146,7 +146,7 @@ class ActiveRun:
                 "completeness": completeness_record(Completeness.nothing(), ()),
                 "usage": self.meter.to_json(),
                 "timings": run_timings(self.started),
-            }).to_json())
+            }))
             self.journal.append(RunEnded.of(ending))
             self.finished = True
             self.run_dir.trace.write("run_finished", status=status, error=error, usage=self.meter.to_json())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from amapreduce.mapreduce.result import Completeness, DiscoverySummary, MapReduceResult, RunEnding
     from amapreduce.session.estimate import Estimate
     from amapreduce.session.journal import RunKind
+    from amapreduce.session.record import RunRecord
     from amapreduce.session.rundir import RunDir
     from amapreduce.table.table import Table
 
@@ -45,8 +46,8 @@ class RunOutcome:
     run_dir: RunDir
     meter: UsageMeter
     """Usage and cost of the run, by role."""
-    record: dict[str, Any]
-    """The content of `result.json`."""
+    record: RunRecord
+    """What `result.json` records."""
     decisions: list[Decision] = field(default_factory=list)
     """The decisions the run executed, in order (the manager's, or the user's one)."""
     results: list[MapReduceResult] = field(default_factory=list)

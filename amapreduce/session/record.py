@@ -7,8 +7,8 @@ users validate against, `docs/reference/result.schema.json`, is generated from t
 
 Version 1 is the first versioned record; a folder written before it has no `version` and reads as
 version 0, with the same fields (`RunRecord.read` accepts it). Parts whose structure has its own
-model elsewhere (a decision, the plan stage's prior, web usage) are kept as JSON objects here and
-described by their own documentation.
+model elsewhere (a decision, the memory's advice) are kept as JSON objects here and described by
+their own documentation; every other part is typed here.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from amapreduce.errors import UserError
+from amapreduce.table.table import Table
 
-__all__ = ["RECORD_VERSION", "CellRecord", "CompletenessRecord", "RoleUsage", "RowRecord", "RunRecord",
-           "TableRecord", "Timings", "UsageRecord"]
+__all__ = ["RECORD_VERSION", "CellRecord", "CompletenessRecord", "DiscoveryRecord", "EstimateRecord",
+           "ExecutorRecord", "PriorRecord", "Range", "RoleUsage", "RowRecord", "RunRecord", "TableRecord", "Timings",
+           "UsageRecord", "WebRecord"]
 
 RECORD_VERSION = 1
 """The `version` a run writes today."""
@@ -104,6 +106,78 @@ class TableRecord(_Part):
     key_columns: list[str]
     rows: list[RowRecord]
 
+    def to_table(self) -> Table:
+        """The `Table` recorded: its cells' values, statuses, sources, quotes, evidence and conflicts."""
+        return Table.from_json(self.model_dump(mode="json"))
+
+
+class Range(_Part):
+    """An estimate's low and high figure."""
+
+    low: float
+    high: float
+
+
+class EstimateRecord(_Part):
+    """What the decision's batch plan was expected to cost (an estimate-only `ask`, `--estimate`)."""
+
+    batches: int = Field(ge=0)
+    rows: int = Field(ge=0)
+    workers: int = Field(ge=1)
+    model: str | None
+    calls: Range
+    prompt_tokens: Range
+    completion_tokens: Range
+    cost_usd: Range | None
+    """null: the sub-agent model has no known price."""
+    wall_s: Range
+    source: str
+    """Which past runs (or defaults) the figures come from."""
+
+
+class PriorRecord(_Part):
+    """The experiential prior the plan stage handed the manager (`mapreduce.prior.Prior.to_json`)."""
+
+    text: str
+    hint_ids: list[str] = []
+    kept_hint_ids: list[str] = []
+    record_ids: list[str] = []
+    advice: dict[str, Any] | None = None
+    """The memory's typed advice (docs/guides/memory.md), as the plan stage gave it."""
+    advice_used: dict[str, Any] | None = None
+    """What of the advice the manager's decision followed."""
+
+
+class DiscoveryRecord(_Part):
+    """What a discovery did (`mapreduce.result.DiscoverySummary`)."""
+
+    sources: int = Field(ge=0)
+    candidates: int = Field(ge=0)
+    entities: int = Field(ge=0)
+    merge_calls: int = Field(ge=0)
+    levels: int = Field(ge=0)
+    nodes: list[str] = []
+    peak_prompt_tokens: int = Field(ge=0)
+    token_budget: int | None = None
+    warnings: list[str] = []
+
+
+class WebRecord(_Part):
+    """The run's web tools: searches, crawls and the page cache (all 0: no web tools)."""
+
+    searches: int = Field(default=0, ge=0)
+    crawls: int = Field(default=0, ge=0)
+    cache_hits: int = Field(default=0, ge=0)
+    cache_misses: int = Field(default=0, ge=0)
+
+
+class ExecutorRecord(_Part):
+    """Where a wide `mapreduce run` ran in chunks (`--executor`) and how many of them finished."""
+
+    kind: str
+    chunks: int = Field(ge=0)
+    finished: int = Field(ge=0)
+
 
 class Timings(_Part):
     """How long the run took."""
@@ -140,15 +214,24 @@ class RunRecord(BaseModel):
     manager_answer: str | None = None
     decisions: list[dict[str, Any]] | None = None
     """Every decision the manager executed, in order (its JSON form: docs/guides/decisions.md)."""
-    discoveries: list[dict[str, Any]] | None = None
-    estimate: dict[str, Any] | None = None
+    discoveries: list[DiscoveryRecord] | None = None
+    """One per executed decision that discovered its task matrix."""
+    estimate: EstimateRecord | None = None
     # -- mapreduce_run, enrich ------------------------------------------------------------------
     decision: dict[str, Any] | None = None
-    discovery: dict[str, Any] | None = None
-    executor: dict[str, Any] | None = None
+    discovery: DiscoveryRecord | None = None
+    executor: ExecutorRecord | None = None
     # -- every kind with a plan stage or search -------------------------------------------------
-    prior: dict[str, Any] | None = None
-    web: dict[str, Any] | None = None
+    prior: PriorRecord | None = None
+    web: WebRecord | None = None
+
+    @property
+    def executed(self) -> list[dict[str, Any]]:
+        """The decisions the run executed: an `ask`'s `decisions`, or the one `decision` of a
+        `mapreduce run` or an `enrich` (empty: none ran)."""
+        if self.decisions is not None:
+            return list(self.decisions)
+        return [self.decision] if self.decision is not None else []
 
     @classmethod
     def read(cls, path: Path) -> RunRecord:
@@ -162,8 +245,10 @@ class RunRecord(BaseModel):
             data = json.loads(file.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise UserError(f"{file} does not exist: the run has not finished (or the folder is no run).") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UserError(f"{file} is not readable JSON: {exc}") from exc
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{str(file)!r} is not valid JSON ({exc.msg}); the run may have been interrupted.") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"{str(file)!r} cannot be read: {exc}") from exc
         if isinstance(data, dict):
             data.setdefault("version", 0)
         try:

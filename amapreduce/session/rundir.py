@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import re
 import shutil
 import time
 import unicodedata
-from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,10 @@ from amapreduce._atomic import atomic_write, write_json
 from amapreduce.errors import UserError
 from amapreduce.mapreduce.result import RunEnding, RunStatus
 from amapreduce.session.journal import RunJournal, read_run_journal
+from amapreduce.session.record import RunRecord
 from amapreduce.trace import TraceWriter
 
-__all__ = ["RUN_STATES", "RunDir", "atomic_write", "list_runs", "load_run", "run_path", "slugify"]
+__all__ = ["RUN_STATES", "RunDir", "StoredRun", "atomic_write", "list_runs", "read_run", "run_path", "slugify"]
 
 RUN_STATES = ("running", *(s.value for s in RunStatus))
 """What `runs list --status` filters on."""
@@ -90,9 +90,9 @@ class RunDir:
         atomic_write(self.path / "table.md", markdown + "\n")
         atomic_write(self.path / "table.csv", csv_text)
 
-    def write_result(self, result: Mapping[str, Any]) -> None:
-        """Write `result.json` (credentials redacted, by value and by key name)."""
-        write_json(self.path / "result.json", dict(result), indent=2, credential_keys=True)
+    def write_result(self, record: RunRecord) -> None:
+        """Write `record` as `result.json` (credentials redacted, by value and by key name)."""
+        write_json(self.path / "result.json", record.to_json(), indent=2, credential_keys=True)
 
     def close(self) -> None:
         """Close the trace."""
@@ -125,98 +125,95 @@ def _state_of_label(label: object) -> str | None:
     return status.value if status is not None else None
 
 
-def _journal_view(journal: RunJournal | None) -> dict[str, Any]:
-    """What the journal adds to a run's summary: its live state (while no end follows its last
-    start) and its batches done/total."""
+def _progress(journal: RunJournal | None) -> dict[str, Any] | None:
+    """The journal's batches done/total and its other counts (None: no journal)."""
     if journal is None:
-        return {}
+        return None
     progress = journal.progress()
-    view: dict[str, Any] = {"progress": {"batches_done": progress.done, "batches_total": progress.total,
-                                         **progress.data}}
-    if journal.ended is None:
-        state = journal.status()
-        view.update(state=state, status=state)
-    else:
-        view["state"] = journal.ended.status.value
-    return view
+    return {"batches_done": progress.done, "batches_total": progress.total, **progress.data}
 
 
-def load_run(runs_dir: Path, name: str) -> dict[str, Any]:
-    """The `result.json` of run `name` (a folder name or a path), with its journal's state and
-    batch progress (`state`, `progress`); a run still going (or killed) without a `result.json`
-    yet is described by its journal alone."""
+@dataclass(frozen=True, kw_only=True)
+class StoredRun:
+    """A run folder as every reader sees it (`read_run`): its record once it wrote one, and what its
+    journal says now: the live state and the batches done."""
+
+    path: Path
+    kind: str
+    query: str
+    state: str | None
+    """`running`, `interrupted` (the journal has no end after its last start), else the `RunStatus` value."""
+    status: str | None
+    """The record's `status`, or the journal's state while the run goes on (or died) without an end."""
+    progress: dict[str, Any] | None = None
+    """`batches_done`, `batches_total` and the journal's other counts (None: no journal)."""
+    record: RunRecord | None = None
+    """None: the run has not finished (or was killed) and wrote no `result.json` yet."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The object `runs show --json` prints for a run not finished and the MCP server's
+        `run_status` returns: the record's fields (or the kind and query), `state`, `status`,
+        `progress` and `run_dir`."""
+        return {**(self.record.to_json() if self.record is not None else {"kind": self.kind, "query": self.query}),
+                "state": self.state, "status": self.status,
+                **({"progress": self.progress} if self.progress is not None else {}), "run_dir": str(self.path)}
+
+
+def read_run(runs_dir: Path, name: str) -> StoredRun:
+    """Run `name` (a folder name under `runs_dir`, or a path): its `result.json` read as a
+    `RunRecord` (the one reader), with its journal's state and batch progress; a run still going
+    (or killed) without a `result.json` yet is described by its journal alone.
+
+    Raises:
+        UserError: no such run, or a `result.json` that is not a run record (the message says why).
+    """
     path = run_path(runs_dir, name)
     journal = read_run_journal(path)
     result = path / "result.json"
     if not result.is_file():
         if journal is None:
             raise UserError(f"no run {name!r}: {str(result)!r} does not exist. List runs with `amapreduce runs list`.")
-        return {"kind": journal.first.command, "query": journal.first.query, **_journal_view(journal), "run_dir": str(path)}
-    try:
-        data = json.loads(result.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{str(result)!r} is not valid JSON ({exc.msg}); the run may have been interrupted.") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{str(result)!r} does not hold a run result object.")
-    data.setdefault("state", _state_of_label(data.get("status")))
-    data.update(_journal_view(journal))
-    data.setdefault("run_dir", str(path))
-    return data
-
-
-def _cost_of(usage: object) -> tuple[float | None, list[str]]:
-    """A run's cost and the models it used without a known price, from `result.json`'s `usage`.
-
-    The cost is None when any model was unpriced, also in a `result.json` written before that
-    rule, whose total counted such a model as $0 beside its `unpriced_models` list.
-    """
-    if not isinstance(usage, Mapping):
-        return None, []
-    raw = usage.get("unpriced_models")
-    unpriced = [str(m) for m in raw] if isinstance(raw, list) else []
-    total = usage.get("total")
-    cost = total.get("cost_usd") if isinstance(total, Mapping) else None
-    if unpriced or isinstance(cost, bool) or not isinstance(cost, int | float):
-        return None, unpriced
-    return float(cost), unpriced
+        live = journal.status()
+        return StoredRun(path=path, kind=str(journal.first.command), query=journal.first.query or "", state=live,
+                         status=live, progress=_progress(journal))
+    record = RunRecord.read(result)
+    if journal is None:
+        state, status = _state_of_label(record.status), record.status
+    else:  # a resumed run going on (or killed again) has the record of its earlier end: its state is the journal's
+        state = journal.status()
+        status = record.status if journal.ended is not None else state
+    return StoredRun(path=path, kind=record.kind, query=record.query, state=state, status=status,
+                     progress=_progress(journal), record=record)
 
 
 def list_runs(runs_dir: Path, *, state: str | None = None) -> list[dict[str, Any]]:
     """One summary per run folder that has a `result.json` or a journal, newest first; with
     `state`, only the runs in that state (one of `RUN_STATES`). A run's `cost_usd` is null when it
-    recorded no usage or used a model with no known price (named in `unpriced_models`); its
+    made no model call or used a model with no known price (named in `unpriced_models`); its
     `wall_s` (`result.json`'s `timings.wall_s`) is null until it has a result."""
     rows: list[dict[str, Any]] = []
     if not runs_dir.is_dir():
         return rows
     for folder in sorted((p for p in runs_dir.iterdir() if p.is_dir()), reverse=True):
         try:
-            data = load_run(runs_dir, str(folder))
+            run = read_run(runs_dir, str(folder))
         except UserError as exc:
             if (folder / "result.json").is_file() or (folder / "journal.jsonl").is_file():
                 rows.append({"run": folder.name, "status": f"unreadable: {exc}", "state": None})
             continue
-        completeness = data.get("completeness") or {}
-        cost, unpriced = _cost_of(data.get("usage"))
-        rows.append(
-            {
-                "run": folder.name,
-                "kind": data.get("kind"),
-                "query": data.get("query"),
-                "rows": completeness.get("rows"),
-                "missing_cells": completeness.get("missing_cells"),
-                "cost_usd": cost,
-                "unpriced_models": unpriced,
-                "wall_s": _wall_s(data.get("timings")),
-                "status": data.get("status"),
-                "state": data.get("state"),
-                **({"progress": data["progress"]} if "progress" in data else {}),
-            }
-        )
+        record = run.record
+        usage = record.usage if record is not None else None
+        rows.append({
+            "run": folder.name, "kind": run.kind, "query": run.query,
+            "rows": record.completeness.rows if record is not None else None,
+            "missing_cells": record.completeness.missing_cells if record is not None else None,
+            # no model call: no cost to show; a model without a price makes the cost unknown, also in a
+            # record written when its total counted such a model as $0
+            "cost_usd": usage.total.cost_usd if usage is not None and usage.total.requests and not usage.unpriced_models
+            else None,
+            "unpriced_models": list(usage.unpriced_models) if usage is not None else [],
+            "wall_s": record.timings.wall_s if record is not None else None,
+            "status": run.status, "state": run.state,
+            **({"progress": run.progress} if run.progress is not None else {}),
+        })
     return [r for r in rows if state is None or r["state"] == state]
-
-
-def _wall_s(timings: object) -> float | None:
-    """A run's wall time from its recorded `timings` (None when it has none yet or it is not a number)."""
-    wall = timings.get("wall_s") if isinstance(timings, dict) else None
-    return float(wall) if isinstance(wall, int | float) and not isinstance(wall, bool) else None

@@ -16,11 +16,11 @@ from starlette.exceptions import HTTPException
 
 from amapreduce.errors import UserError
 from amapreduce.llm.meter import format_recorded_cost
-from amapreduce.llm.usage import Usage
-from amapreduce.session.rundir import RUN_STATES, list_runs, load_run
+from amapreduce.session.record import UsageRecord
+from amapreduce.session.rundir import RUN_STATES, StoredRun, list_runs, read_run
 from amapreduce.table.evidence import Evidence
 from amapreduce.table.render import to_jsonl
-from amapreduce.table.table import Cell, CellStatus, Row, Table
+from amapreduce.table.table import Cell, Table
 from amapreduce.trace import read_trace
 from amapreduce.ui.timeline import Timeline, read_timeline
 
@@ -31,7 +31,6 @@ DOWNLOADS = {"csv": ("table.csv", "text/csv"), "md": ("table.md", "text/markdown
 """The table downloads: format → (file name, media type)."""
 
 LIVE_STATE = "running"
-_STATUSES = frozenset(s.value for s in CellStatus)
 
 
 def as_dict(value: object) -> dict[str, Any]:
@@ -97,41 +96,29 @@ TABLE_ORDERS = ("matrix", "confidence")
 """How the Run page may order the table: matrix order, or least sure rows first (`?order=`)."""
 
 
-def _cell(raw: object) -> CellView:
-    cell = raw if isinstance(raw, dict) else {}
-    value = str(cell.get("value") or "")
-    status = str(cell.get("status") or CellStatus.MISSING.value)
-    source = cell.get("source")
-    source = str(source) if source else None
-    alternatives = [str(a) for a in cell.get("alternatives") or []]
-    css = [f"cell-{status if status in _STATUSES else 'other'}"]
-    evidence = cell.get("evidence")
-    verified = {Evidence.VERIFIED.value: True, Evidence.UNVERIFIED.value: False}.get(str(evidence))
+def _cell(cell: Cell) -> CellView:
+    value, status, source = cell.value, str(cell.status), cell.source or None
+    css = [f"cell-{status}"]
+    verified = {Evidence.VERIFIED: True, Evidence.UNVERIFIED: False}.get(cell.evidence)
     if verified is not None:
         css.append("cell-verified" if verified else "cell-unverified")
-    confidence = cell.get("confidence")
-    confidence = float(confidence) if isinstance(confidence, int | float) and not isinstance(confidence, bool) else None
-    title = [f"status: {status}" + (f", {evidence}" if verified is not None else "")
-             + (f", confidence {confidence:g}" if confidence is not None and value else "")]
+    title = [f"status: {status}" + (f", {cell.evidence}" if verified is not None else "")
+             + (f", confidence {cell.confidence:g}" if value else "")]
     if source:
         title.append(f"source: {source}")
-    if cell.get("quote"):
-        title.append(f"quote: {cell['quote']}")
-    if alternatives:
-        title.append("also seen: " + "; ".join(alternatives))
+    if cell.quote:
+        title.append(f"quote: {cell.quote}")
+    if cell.alternatives:
+        title.append("also seen: " + "; ".join(cell.alternatives))
     link = source if source and source.lower().startswith(("http://", "https://")) else None
     return CellView(value=value, status=status, css=" ".join(css), source=source, link=link, title="\n".join(title),
-                    evidence=str(evidence) if verified is not None else None, confidence=confidence)
+                    evidence=str(cell.evidence) if verified is not None else None, confidence=cell.confidence)
 
 
-def _table(recorded: object, *, order: str = "matrix", below: float | None = None) -> dict[str, Any] | None:
+def _table(table: Table, *, order: str = "matrix", below: float | None = None) -> dict[str, Any]:
     """The table as the page draws it; `order` `confidence` puts the least sure rows first, `below`
     keeps only rows with an answered cell less sure than it (the counts are the whole table's)."""
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("columns"), list):
-        return None
-    columns = [str(c) for c in recorded["columns"]]
-    rows = [RowView(n=n, cells=[_cell((r.get("cells") or {}).get(c)) for c in columns])
-            for n, r in enumerate((r for r in recorded.get("rows") or [] if isinstance(r, dict)), 1)]
+    rows = [RowView(n=n, cells=[_cell(r.cells[c]) for c in table.columns]) for n, r in enumerate(table.rows, 1)]
     counts: dict[str, int] = {}
     checked: dict[str, int] = {}
     for row in rows:
@@ -142,7 +129,7 @@ def _table(recorded: object, *, order: str = "matrix", below: float | None = Non
     shown = [row for row in rows if below is None or row.least_confidence < below]
     if order == "confidence":
         shown.sort(key=lambda row: (row.least_confidence, row.n))
-    return {"columns": columns, "key_columns": [str(k) for k in recorded.get("key_columns") or []],
+    return {"columns": list(table.columns), "key_columns": list(table.key_columns),
             "rows": shown, "total_rows": len(rows), "counts": counts, "evidence": checked,
             "order": order, "below": below}
 
@@ -174,22 +161,13 @@ def _plans(trace: Path) -> list[list[dict[str, Any]]]:
             for event in read_trace(trace, event="run_start")]
 
 
-def _usage(usage: object) -> list[dict[str, Any]]:
-    """Usage by role, then the total, read with `Usage.from_json` (either spelling of the token
-    counts); the cost as recorded, so an unpriced run does not read as free."""
-    if not isinstance(usage, dict):
-        return []
-    unpriced = usage.get("unpriced_models")
-    parts = [(role, u) for role, u in as_dict(usage.get("by_role")).items() if isinstance(u, dict)]
-    if isinstance(usage.get("total"), dict):
-        parts.append(("total", usage["total"]))
-    rows = []
-    for role, raw in parts:
-        counted = Usage.from_json(raw)
-        rows.append({"role": role, "requests": counted.requests, "prompt_tokens": counted.input_tokens,
-                     "completion_tokens": counted.output_tokens, "cached_tokens": counted.cached_tokens,
-                     "cost": format_recorded_cost(raw.get("cost_usd"), unpriced if role == "total" else None)})
-    return rows
+def _usage(usage: UsageRecord) -> list[dict[str, Any]]:
+    """Usage by role, then the total; the cost as recorded, so an unpriced run does not read as free."""
+    parts = [*usage.by_role.items(), ("total", usage.total)]
+    return [{"role": role, "requests": u.requests, "prompt_tokens": u.prompt_tokens,
+             "completion_tokens": u.completion_tokens, "cached_tokens": u.cached_tokens,
+             "cost": format_recorded_cost(u.cost_usd, usage.unpriced_models if role == "total" else None)}
+            for role, u in parts]
 
 
 @dataclass(frozen=True)
@@ -197,7 +175,8 @@ class RunView:
     """Everything the Run page shows."""
 
     name: str
-    data: dict[str, Any]
+    run: StoredRun
+    """The run folder as `read_run` reads it: its record (None while it has none) and journal state."""
     table: dict[str, Any] | None
     decisions: list[dict[str, Any]]
     plans: list[list[dict[str, Any]]]
@@ -211,47 +190,20 @@ def run_view(path: Path, *, order: str = "matrix", below: float | None = None) -
     """The Run page of the run folder `path` (already checked to lie inside a served folder).
 
     Raises:
-        UserError: the folder holds no readable run (`load_run`).
+        UserError: the folder holds no readable run (`read_run`).
     """
-    data = load_run(path.parent, str(path))
-    has_table = isinstance(data.get("table"), dict)
+    run = read_run(path.parent, str(path))
+    record = run.record
+    recorded = record.table if record is not None else None
     downloads = [fmt for fmt, (name, _) in DOWNLOADS.items()
-                 if ((path / name).is_file() and not (path / name).is_symlink()) or (fmt == "jsonl" and has_table)]
+                 if ((path / name).is_file() and not (path / name).is_symlink()) or (fmt == "jsonl" and recorded)]
     return RunView(
-        name=path.name, data=data, table=_table(data.get("table"), order=order, below=below),
-        decisions=[_decision(d) for d in data.get("decisions") or [] if isinstance(d, dict)],
+        name=path.name, run=run,
+        table=_table(recorded.to_table(), order=order, below=below) if recorded is not None else None,
+        decisions=[_decision(d) for d in record.executed] if record is not None else [],
         plans=_plans(path / "trace.jsonl"), timeline=read_timeline(path / "trace.jsonl"),
-        usage=_usage(data.get("usage")), live=data.get("state") == LIVE_STATE, downloads=downloads,
+        usage=_usage(record.usage) if record is not None else [], live=run.state == LIVE_STATE, downloads=downloads,
     )
-
-
-def _recorded_cell(raw: object) -> Cell:
-    """The `Cell` a `result.json` cell records (`Cell.to_json`); an unknown status counts as missing,
-    an unknown evidence as `no_evidence`."""
-    cell = as_dict(raw)
-    status, evidence = str(cell.get("status")), str(cell.get("evidence"))
-    source, quote = cell.get("source"), cell.get("quote")
-    return Cell(
-        value=str(cell.get("value") or ""),
-        status=CellStatus(status) if status in _STATUSES else CellStatus.MISSING,
-        source=str(source) if source else None,
-        alternatives=[str(a) for a in cell.get("alternatives") or []],
-        quote=str(quote) if quote else None,
-        evidence=Evidence(evidence) if evidence in set(Evidence) else Evidence.NO_EVIDENCE,
-        agreements=int(cell.get("agreements") or 0),
-    )
-
-
-def _as_table(recorded: dict[str, Any]) -> Table:
-    """The `Table` a `result.json` records (values, statuses, sources, conflicts, quotes, evidence)."""
-    columns = [str(c) for c in recorded.get("columns") or []]
-    table = Table(columns, [str(k) for k in recorded.get("key_columns") or [] if k in columns])
-    for raw in recorded.get("rows") or []:
-        cells = raw.get("cells") or {}
-        origin = raw.get("origin")
-        table.rows.append(Row(cells={c: _recorded_cell(cells.get(c)) for c in columns},
-                              task_index=int(raw.get("task_index") or 0), origin=str(origin) if origin else None))
-    return table
 
 
 def own_file(folder: Path, name: str) -> Path:
@@ -287,7 +239,7 @@ def download(path: Path, fmt: str) -> tuple[str, str, str]:
             raise UserError(f"the run {path.name} has no {name}.")
         return name, media, own_file(path, name).read_text(encoding="utf-8")
     own_file(path, "result.json")
-    recorded = load_run(path.parent, str(path)).get("table")
-    if not isinstance(recorded, dict):
+    record = read_run(path.parent, str(path)).record
+    if record is None or record.table is None:
         raise UserError(f"the run {path.name} recorded no table.")
-    return name, media, to_jsonl(_as_table(recorded), with_status=True)
+    return name, media, to_jsonl(record.table.to_table(), with_status=True)
