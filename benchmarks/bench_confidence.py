@@ -29,6 +29,7 @@ from typing import Any
 
 from amapreduce.demo.faults import FaultPlan
 from amapreduce.demo.run import load_sandbox_tasks, run_demo
+from amapreduce.session.record import RunRecord
 from amapreduce.settings import load_settings
 from amapreduce.table.table import MATRIX_SOURCE
 
@@ -43,14 +44,14 @@ def auroc(right: Sequence[float], wrong: Sequence[float]) -> float | None:
     return above / (len(right) * len(wrong))
 
 
-def cells_of(record: dict[str, Any], corrupted: set[tuple[str, str, str]]) -> list[tuple[float, bool]]:
-    """(confidence, wrong) of every answered cell of a run's `result.json` table, the matrix's aside."""
+def cells_of(record: RunRecord, corrupted: set[tuple[str, str, str]]) -> list[tuple[float, bool]]:
+    """(confidence, wrong) of every answered cell of a run's recorded table, the matrix's aside."""
     out: list[tuple[float, bool]] = []
-    for row in record["table"]["rows"]:
-        for column, cell in row["cells"].items():
-            if not cell["value"] or cell["source"] == MATRIX_SOURCE:
+    for row in record.table.rows if record.table is not None else []:
+        for column, cell in row.cells.items():
+            if not cell.value or cell.source == MATRIX_SOURCE:
                 continue
-            out.append((float(cell["confidence"]), (str(cell["source"]), column, cell["value"]) in corrupted))
+            out.append((cell.confidence, (str(cell.source), column, cell.value) in corrupted))
     return out
 
 

@@ -34,9 +34,8 @@ from amapreduce.session.estimate import (
     past_runs,
     profile_of,
     read_past_run,
-    recorded_decisions,
 )
-from amapreduce.session.rundir import load_run
+from amapreduce.session.record import RunRecord
 from amapreduce.settings import load_settings
 
 SMOKE = ["--tasks", "sbx_en_001,sbx_en_005,sbx_enrich_002"]
@@ -49,15 +48,15 @@ def compare(runs_dir: Path, folder: Path, workers: int, task_id: str) -> dict[st
     actual = read_past_run(folder)
     if actual is None:
         return None
-    record = load_run(runs_dir, str(folder))
-    decisions = [Decision.parse(d) for d in recorded_decisions(record)]
+    record = RunRecord.read(folder)
+    decisions = [Decision.parse(d) for d in record.executed]
     estimate = estimate_plan(plan_batches(decisions[0], max_batches=None), workers=workers,
                              profile=profile_of(past_runs(runs_dir, excluding=[folder.name]),
                                                 template=decisions[0].template))
     calls = sum(estimate.calls) / 2
     tokens = sum(estimate.prompt_tokens) / 2
     ratios = {"calls": actual.calls / calls, "prompt_tokens": actual.prompt_tokens / tokens}
-    command = "enrich" if record.get("kind") == "enrich" else "ask"
+    command = "enrich" if record.kind == "enrich" else "ask"
     return {"task_id": task_id, "command": command, "nested": any(d.child is not None for d in decisions),
             "calls": actual.calls, "estimated_calls": round(calls), "prompt_tokens": actual.prompt_tokens,
             "estimated_prompt_tokens": round(tokens), "ratio_calls": round(ratios["calls"], 3),

@@ -291,7 +291,7 @@ class Bench:
                     outcome = session.ask()
                 score = score_answer(self.tasks[iid], self.world.gold_dir, outcome.markdown)
                 u = utility(score, tokens=outcome.meter.total().total_tokens, delay_s=0.0, weights=self.weights)
-                subagents = int(outcome.record.get("completeness", {}).get("attempts") or 0)
+                subagents = outcome.record.completeness.attempts
                 runs.setdefault(self.families[iid], {}).setdefault(_label(batching), []).append((u, subagents))
             print(f"[grid] {iid} done", file=sys.stderr, flush=True)
         grid = {f: {k: statistics.fmean(u for u, _ in v) for k, v in choices.items()} for f, choices in sorted(runs.items())}
