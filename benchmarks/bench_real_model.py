@@ -158,9 +158,10 @@ def score(arm: Arm, got: dict[str, dict[str, str]], gold: dict[str, dict[str, st
 
 def usage_of(run_dir: Path) -> tuple[int, int, int]:
     """Calls, prompt and completion tokens of a run, from its result.json (`usage.total`)."""
-    record = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
-    total = (record.get("usage") or {}).get("total") or {}
-    return int(total.get("requests", 0)), int(total.get("prompt_tokens", 0)), int(total.get("completion_tokens", 0))
+    from amapreduce.session.record import RunRecord
+
+    total = RunRecord.read(run_dir).usage.total
+    return total.requests, total.prompt_tokens, total.completion_tokens
 
 
 def engine_arm(name: str, solver: str, base: str, index: Path, frame: Any, gold: dict[str, dict[str, str]],
