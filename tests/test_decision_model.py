@@ -11,6 +11,7 @@ import pytest
 
 from amapreduce.decision import (
     ByAttr,
+    ColumnType,
     Decision,
     OpenStrategy,
     PerAtom,
@@ -136,7 +137,7 @@ def test_empty_key_cells_are_refused_naming_the_row() -> None:
 
 def test_schema_shapes() -> None:
     props = columns_from_schema({"properties": {"a": {"type": ["string", "null"], "description": "A"}}})
-    assert props[0].name == "a" and props[0].type == "string|null" and props[0].description == "A"
+    assert props[0].name == "a" and props[0].type is ColumnType.TEXT and props[0].description == "A"
     assert [c.name for c in columns_from_schema({"a": {"type": "string"}, "b": {}})] == ["a", "b"]
     assert [c.name for c in columns_from_schema([" a ", "b"])] == ["a", "b"]
     with pytest.raises(DecisionError, match="must map to an object"):

@@ -28,7 +28,7 @@ in `decision.nesting` and run once, on the outermost decision validated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -49,7 +49,7 @@ from pydantic import (
 
 import amapreduce.decision.nesting as nesting  # not `from amapreduce.decision`: its __init__ imports this module
 from amapreduce._text import scrub_data
-from amapreduce.decision.columns import ColumnSpec, columns_from_schema
+from amapreduce.decision.columns import ColumnSpec, ColumnType, columns_from_schema
 from amapreduce.decision.describe import CHILD_TAG, cell_to_str, describe, shown
 from amapreduce.decision.discover_spec import DiscoverSpec
 from amapreduce.decision.reading import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, read_decision_file
@@ -111,6 +111,7 @@ class Decision(BaseModel):
     _column_specs: tuple[ColumnSpec, ...] = PrivateAttr(default=())
     _mapped: tuple[str | None, ...] = PrivateAttr(default=())
     _keys: tuple[str, ...] = PrivateAttr(default=())
+    _normalizers: dict[str, Callable[[str], str]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -153,6 +154,7 @@ class Decision(BaseModel):
         self._check_matrix()
         self._check_template()
         self._column_specs = columns_from_schema(self.json_schema)
+        self._normalizers = {c.name: c.kind.normalize for c in self._column_specs if c.kind is not ColumnType.TEXT}
         self._mapped = self._resolve_matrix_columns()
         self._keys = self._resolve_keys()
         self._check_key_cells()
@@ -372,9 +374,17 @@ class Decision(BaseModel):
         """The atomic sub-query of row `i` (template filled with the row's cells)."""
         return render(self.template, self.task_matrix[i])
 
+    @property
+    def normalizers(self) -> Mapping[str, Callable[[str], str]]:
+        """Column → its type's canonical form (`ColumnType.normalize`), for the columns typed other than
+        text: what the table this decision reduces into stores values as (`Table(normalizers=...)`)."""
+        return self._normalizers
+
     def forced_values(self, i: int) -> dict[str, str]:
-        """Output cells that row `i` fixes (its matrix-mapped columns)."""
-        return {col: self.task_matrix[i][j] for j, col in enumerate(self._mapped) if col is not None}
+        """Output cells that row `i` fixes (its matrix-mapped columns), in their column type's canonical
+        form, as the table stores them (so a forced `1,000` finds the row holding `1000`)."""
+        cells = {col: self.task_matrix[i][j] for j, col in enumerate(self._mapped) if col is not None}
+        return {col: self._normalizers[col](v) if col in self._normalizers else v for col, v in cells.items()}
 
     @property
     def composed(self) -> bool:

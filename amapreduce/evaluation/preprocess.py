@@ -5,6 +5,12 @@ these before the join and the metrics (docs/scorer-rules.md §4), so a one-chara
 difference changes scores. The corrected variants fix bugs B5, B6 and B11 (exponents) and are
 used only when the caller asks for them.
 
+Corrected, a cell is also read as the column type a preprocess stands for before it runs (the
+reducer's canonical form, `decision.column_types`: `extract_number` reads a number, so `1 234` with a
+no-break space is 1234 and not 1; `norm_date` a date, so `5 March 2024` is read without dateparser),
+so what the reducer counts as one value the corrected scorer does too, and a new type's reading
+reaches the scorer from its one definition. The official functions never see it.
+
 `norm_date` depends on the clock (dateparser fills a missing month or year from "today"); a
 `DateContext` pins that reference date so runs are reproducible. Results are memoised per
 context because dateparser costs about 2 ms a call.
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from amapreduce._atomic import write_json
+from amapreduce.decision.column_types import scored_as
 
 __all__ = [
     "PREPROCESS_NAMES",
@@ -211,6 +218,14 @@ def fast_date(text: str) -> dt.datetime | None:
         return None
 
 
+def _typed(name: str, function: Callable[[object], str]) -> Callable[[object], str]:
+    """`function` reading each cell first as the column type preprocess `name` stands for (`scored_as`)."""
+    kind = scored_as(name)
+    if kind is None:
+        return function
+    return lambda content: function(kind.normalize(str(content)))
+
+
 class Preprocessor:
     """Apply preprocess functions by their official names, memoised per (name, value).
 
@@ -221,11 +236,12 @@ class Preprocessor:
     def __init__(self, dates: DateContext, *, corrected: bool = False) -> None:
         self.dates = dates
         self.corrected = corrected
-        self._functions: dict[str, Callable[[object], str]] = {
+        functions: dict[str, Callable[[object], str]] = {
             "norm_str": norm_str_corrected if corrected else norm_str,
             "extract_number": extract_number_corrected if corrected else extract_number,
             "norm_date": dates.norm_date,
         }
+        self._functions = {n: _typed(n, f) for n, f in functions.items()} if corrected else functions
         self._cache: dict[tuple[str, str], str] = {}
 
     def known(self, name: str) -> bool:

@@ -87,11 +87,12 @@ class EngineConfig(BaseModel):
     """When a straggling attempt gets a backup (`mapreduce.backup`; `Settings.backup`, `backup_max_extra`)."""
 
     def table_for(self, decision: Decision) -> Table:
-        """The empty table `decision`'s rows reduce into: its columns and key columns, these missing
-        markers, and with `verify` `strict` an `unverified` cell counted missing. The one place a
-        table for a decision is built (the engine, composed runs, a run's session, Ray's merge)."""
+        """The empty table `decision`'s rows reduce into: its columns and key columns, its typed columns'
+        canonical forms, these missing markers, and with `verify` `strict` an `unverified` cell counted
+        missing. The one place a table for a decision is built (the engine, composed runs, a run's
+        session, Ray's merge)."""
         return Table(decision.columns, decision.resolved_key_columns, missing_markers=self.missing_markers,
-                     strict_evidence=self.verify == "strict")
+                     strict_evidence=self.verify == "strict", normalizers=decision.normalizers)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, decisions_by: DecisionAuthor) -> EngineConfig:

@@ -170,7 +170,9 @@ def rows_schema(columns: Sequence[ColumnSpec], rows: int | None = None, *, task:
                 source: bool = True) -> dict[str, Any]:
     """The reply's JSON schema: `{"rows": [ROW]}`, ROW with `task`, `quotes` (one string per column),
     one string per column and `source`. Every property is required, so a grammar forces them ("" for
-    unknown); nothing else (no `anyOf`, no patterns): small models' grammars choke.
+    unknown); nothing else (no `anyOf`): small models' grammars choke. A typed column's value is its
+    type's fragment (`ColumnType.schema`: still a string, "" allowed, held by an anchored pattern or
+    an enum, e.g. an integer's digits); text columns and the quotes stay plain strings.
 
     Measured with SmolLM2-135M on the atlas (llama-cpp-python's grammar): the quotes come first, as
     the model copies better than it answers and then writes values after its own copy (cells right
@@ -178,10 +180,12 @@ def rows_schema(columns: Sequence[ColumnSpec], rows: int | None = None, *, task:
     (a schema that allowed an empty list got `{"rows": []}` to pages holding every value); `task`
     (one sub-question) and `source` (one page shown per sub-question) are left out when code knows
     them, as every key the model writes is a chance to go astray."""
+    kinds = {c.name: c.kind for c in reversed(columns)}  # the first spec of a repeated name wins
     names = list(dict.fromkeys(c.name for c in columns))
     strings = {name: {"type": "string"} for name in names}
+    values = {name: kinds[name].schema for name in names}
     quotes = {"type": "object", "properties": strings, "required": names, "additionalProperties": False}
-    properties: dict[str, Any] = {**({"task": {"type": "integer"}} if task else {}), "quotes": quotes, **strings,
+    properties: dict[str, Any] = {**({"task": {"type": "integer"}} if task else {}), "quotes": quotes, **values,
                                   **({"source": {"type": "string"}} if source else {})}
     row = {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
     listed: dict[str, Any] = {"type": "array", "items": row}

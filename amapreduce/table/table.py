@@ -10,7 +10,10 @@ the official scorer keeps the first row of a duplicate key, so a table built fro
 scores what the gold scores.
 
 A value is stored as written (`amapreduce._text.one_line`: only tabs and line breaks become a
-space). What counts as no answer: an empty or invisible value (the sub-agent's explicit "not
+space), except in a typed column (`normalizers`, from the decision's column types,
+`decision.column_types`): there it is stored in the type's canonical form, so `1,234` and `1234` in
+an integer column are one value (agreeing replies, one key), and a value the type cannot read stays
+as written. What counts as no answer: an empty or invisible value (the sub-agent's explicit "not
 found": a JSON null or `""`, what the prompt tells it to write). A value that merely reads like
 a marker (`Unknown`, `N/A`, ...: `DEFAULT_MISSING_MARKERS`) is held with the status `marker`:
 the engine asks for it again like a missing cell (`Row.to_ask`), a real value replaces it, and
@@ -21,7 +24,7 @@ sub-agent gave and that quote's `Evidence` (`table.evidence`); in a table made w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -159,6 +162,7 @@ class Table:
         *,
         missing_markers: Iterable[str] = DEFAULT_MISSING_MARKERS,
         strict_evidence: bool = False,
+        normalizers: Mapping[str, Callable[[str], str]] | None = None,
     ) -> None:
         self.columns: tuple[str, ...] = tuple(columns)
         self.key_columns: tuple[str, ...] = tuple(key_columns)
@@ -167,13 +171,23 @@ class Table:
             raise ValueError(f"key columns {unknown} are not table columns {list(self.columns)}")
         self.missing_markers = frozenset(m.casefold() for m in missing_markers)
         self.strict_evidence = strict_evidence
+        self.normalizers: dict[str, Callable[[str], str]] = {
+            c: f for c, f in (normalizers or {}).items() if c in self.columns
+        }
+        """Column → the canonical form its values are stored in (a typed column's `ColumnType.normalize`)."""
         self.rows: list[Row] = []
         self._by_key: dict[tuple[str, ...], Row] = {}
 
     def empty_like(self) -> Table:
-        """A table of the same shape and rules (columns, key, missing markers, strict evidence), no rows."""
+        """A table of the same shape and rules (columns, key, missing markers, strict evidence, the
+        columns' canonical forms), no rows."""
         return Table(self.columns, self.key_columns, missing_markers=self.missing_markers,
-                     strict_evidence=self.strict_evidence)
+                     strict_evidence=self.strict_evidence, normalizers=self.normalizers)
+
+    def canonical(self, column: str, value: str) -> str:
+        """`value` as `column` stores it: its canonical form in a typed column, else as given."""
+        normalize = self.normalizers.get(column)
+        return value if normalize is None else normalize(value)
 
     def is_missing(self, value: str) -> bool:
         """Whether `value` is no answer: no visible character at all (empty, a JSON null made
@@ -186,7 +200,7 @@ class Table:
 
     def key_of(self, values: Mapping[str, str]) -> tuple[str, ...] | None:
         """The normalised key of `values`, or None when a key cell is empty or a marker."""
-        raw = tuple(values.get(k, "") for k in self.key_columns)
+        raw = tuple(self.canonical(k, values.get(k, "")) for k in self.key_columns)
         if any(self.is_missing(v) or self.is_marker(v) for v in raw):
             return None
         return normalize_key(raw)
@@ -237,7 +251,7 @@ class Table:
             self._by_key[key] = row
             self.rows.append(row)
         for column in self.columns:
-            value = one_line(values.get(column, ""))
+            value = self.canonical(column, one_line(values.get(column, "")))
             cell = row.cells[column]
             if self.is_missing(value) or (not fill and _is_open(cell, self.strict_evidence)):
                 continue
@@ -298,8 +312,9 @@ class Table:
                 if not fill and _is_open(target, self.strict_evidence):
                     continue
                 for alt in cell.alternatives:  # values seen but not kept: never evidence for the cell
-                    self._merge_cell(target, alt, cell.source, evidence=Evidence.UNVERIFIED)
-                if cell.agreements and normalize_value(target.value) == normalize_value(cell.value):
+                    self._merge_cell(target, self.canonical(column, alt), cell.source, evidence=Evidence.UNVERIFIED)
+                same = normalize_value(target.value) == normalize_value(self.canonical(column, cell.value))
+                if cell.agreements and same:
                     target.agreements += cell.agreements  # the replies that agreed in the merged table
         return merged
 
