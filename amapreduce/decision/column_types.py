@@ -30,7 +30,7 @@ import datetime as dt
 import re
 import unicodedata
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -59,7 +59,7 @@ class TypeRule:
     normalize: Callable[[str], str]
     preprocess: str
     aliases: tuple[str, ...] = ()
-    formats: tuple[str, ...] = field(default=())
+    formats: tuple[str, ...] = ()
 
 
 # -- normalisers -----------------------------------------------------------------------------------
