@@ -367,7 +367,8 @@ def ask(
     named = {"model": model, "api_base": api_base, "api_key": api_key, "search": search, "workers": workers,
              "max_cost": max_cost, "max_tokens": max_tokens, "runs_dir": runs_dir}
     config = _settings(named, settings)
-    store = memory_store_for(memory if isinstance(memory, bool | None) else Path(memory), config, named="memory=")
+    store = memory_store_for(memory if isinstance(memory, bool | None) else Path(memory), config.memory_store,
+                             named="memory=")
     session = Session(config, RunOptions(query=query, memory_store=store, show_progress=show_progress,
                                          on_progress=on_progress, executor=_executor(config), estimate_only=estimate))
     with session:

@@ -91,7 +91,8 @@ def enrich(
     request = EnrichRequest.of(frame, columns, key_columns=keys, instructions=instructions, batch_size=batch_size,
                                label=label)
     request.decision()  # a cell the template cannot take is refused here, before anything runs
-    store = memory_store_for(memory if isinstance(memory, bool | None) else Path(memory), config, named="memory=")
+    store = memory_store_for(memory if isinstance(memory, bool | None) else Path(memory), config.memory_store,
+                             named="memory=")
     done = run_enrichment(request, config, memory_store=store, show_progress=show_progress, on_progress=on_progress)
     _returned(RunResult(done.outcome))
     out = done.frame(evidence=evidence)

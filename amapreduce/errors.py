@@ -14,7 +14,7 @@ AmapreduceError                 base of everything we raise on purpose
 │   │   ├── SearchUnavailable   a search backend's circuit breaker is open: search is down; the run stops
 │   │   └── ProviderRejected    a provider refused the run's requests for good (wrong key, no access,
 │   │                           no such model, invalid request); the run stops at once
-│   ├── RunCancelled            the run was cancelled (Ctrl-C or `cancel()`); holds the partial result
+│   ├── RunCancelled            the `mapreduce` tool's stop: its execution ended early (no result in it)
 │   └── StorageError            a file or database could not be written or read (disk full, I/O error,
 │                               no permission, read-only file system); names the path and what to do
 └── ToolError                   model-facing: a tool call did not succeed; the message tells the model what to do
@@ -180,10 +180,10 @@ class ProviderUnreachable(ProviderRejected):
 
 
 class RunCancelled(RunError):
-    """The run was cancelled; `partial` holds whatever result existed at that moment."""
-
-    partial: Any
-    """The result so far (a `MapReduceResult` when raised by the engine)."""
+    """The `mapreduce` tool's execution ended early (a spent budget, `cancel()`, Ctrl-C, a provider
+    down, an estimate-only run). Raised only by the tool, so that smolagents ends the manager's run;
+    it carries no result: the engine, compose and the session return theirs, with its ending, and
+    the session keeps the run's (`Session.stopped`)."""
 
 
 class StorageError(RunError, OSError):

@@ -181,12 +181,8 @@ class BatchActor:
     def run_batch(self, index: int, decision: dict[str, Any], plan: Any) -> tuple[int, list[Any], str, list[Any]]:
         """(index, the batch's merged rows, its ending, the trace events written since the last batch)."""
         from amapreduce.decision.model import Decision
-        from amapreduce.errors import RunCancelled
 
-        try:
-            result = self._parts.engine.run(Decision.parse(decision), plan=plan)
-        except RunCancelled as exc:
-            result = exc.partial
+        result = self._parts.engine.run(Decision.parse(decision), plan=plan)  # a stop is a result too
         with self._lock:
             events, self._events[:] = list(self._events), []
         return index, list(result.table.rows), result.ending.label, events

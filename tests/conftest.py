@@ -15,6 +15,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -100,6 +101,27 @@ def _every_record_meets_the_published_schema() -> Iterator[None]:
     RunDir.write_result = checked  # type: ignore[method-assign]
     yield
     RunDir.write_result = write  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _every_trace_line_meets_the_trace_schema() -> Iterator[None]:
+    """Every line any run writes to a `trace.jsonl` in this suite has an event and fields that
+    `amapreduce.trace_schema` (`docs/reference/trace.md`) lists: a new event or field is documented
+    or the test that wrote it fails. (Traces by other names are a test's own.)"""
+    from amapreduce.trace import TraceWriter
+    from amapreduce.trace_schema import problems
+
+    write = TraceWriter.write
+
+    def checked(self: TraceWriter, event: str, **data: Any) -> None:
+        if self.path.name == "trace.jsonl":
+            found = problems({"ts": 0, "event": event, **data})
+            assert not found, f"{self.path}: {found}"
+        write(self, event, **data)
+
+    TraceWriter.write = checked  # type: ignore[method-assign]
+    yield
+    TraceWriter.write = write  # type: ignore[method-assign]
 
 
 @pytest.fixture(autouse=True)

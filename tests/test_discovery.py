@@ -471,15 +471,16 @@ def test_run_parts_carry_a_model_merger(tmp_path: Any) -> None:
 
 
 def test_a_budget_stop_during_the_merge_keeps_the_candidates() -> None:
-    from amapreduce.errors import BudgetExceeded, RunCancelled
+    from amapreduce.errors import BudgetExceeded
     from amapreduce.mapreduce.result import RunStatus
 
     def spent(messages: list[ChatMessage], info: ModelInfo) -> str:
         raise BudgetExceeded("the run's cost budget of $0.01 is spent")
 
     engine = MapReduceEngine(PageSolver(PAGES), config=EngineConfig(workers=2, patch_rounds=0, max_attempts=1))
-    with pytest.raises(RunCancelled, match="while merging candidates") as caught:
-        discover(engine, spec(merge="model"), merger=ModelMerger(FunctionModel(spent), counter=Chars(None)))
-    partial = caught.value.partial
-    assert partial.ending.status is RunStatus.STOPPED and "budget" in (partial.ending.reason or "")
-    assert len(partial.table) == 6  # every candidate of the map kept
+    found = discover(engine, spec(merge="model"), merger=ModelMerger(FunctionModel(spent), counter=Chars(None)))
+    assert found.stopped and found.rows == []  # returned, not raised
+    ending = found.map_result.ending
+    assert ending.status is RunStatus.STOPPED and "budget" in (ending.reason or "")
+    assert "while merging candidates" in (ending.reason or "")
+    assert len(found.table) == 6 and found.summary.candidates == 6  # every candidate of the map kept

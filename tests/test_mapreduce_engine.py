@@ -12,9 +12,10 @@ import pytest
 from solvers import WorldSolver, world, world_decision
 
 from amapreduce.decision import Decision
-from amapreduce.errors import DecisionError, RunCancelled
+from amapreduce.errors import DecisionError
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.engine import EngineConfig, MapReduceEngine
+from amapreduce.mapreduce.result import RunStatus
 from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.progress import ProgressEvent
 from amapreduce.table.table import CellStatus
@@ -205,7 +206,7 @@ def test_200_rows_with_30pct_failed_attempts_and_20pct_dropped_cells_end_complet
     assert s.rows == 200 and s.missing_cells == 0
 
 
-def test_cancel_raises_with_partial_result() -> None:
+def test_cancel_returns_the_partial_result() -> None:
     truth = world(30)
     engine: MapReduceEngine
 
@@ -214,10 +215,8 @@ def test_cancel_raises_with_partial_result() -> None:
             engine.cancel()
 
     engine = MapReduceEngine(WorldSolver(truth, hook=hook), config=EngineConfig(workers=1, max_batches=None))
-    with pytest.raises(RunCancelled) as info:
-        engine.run(Decision.parse(world_decision(truth)))
-    partial = info.value.partial
-    assert partial.cancelled
+    partial = engine.run(Decision.parse(world_decision(truth)))  # returned, not raised
+    assert partial.cancelled and partial.ending.label == "stopped: the MapReduce run was cancelled"
     done = [r for r in partial.table.rows if not r.missing()]
     assert 7 <= len(done) < 30  # 3 threads hold jobs in order, but take the one slot in any order
     assert len(partial.table) == 30  # every known entity is still listed, the rest marked missing
@@ -236,9 +235,7 @@ def test_ctrl_c_cancels_cleanly() -> None:
             assert req.cancel.wait(60)
 
     engine = MapReduceEngine(WorldSolver(truth, hook=hook, sleep=(0.001, 0.002)), config=EngineConfig(workers=2, max_batches=None))
-    with pytest.raises(RunCancelled) as info:
-        engine.run(Decision.parse(world_decision(truth)))
-    assert info.value.partial.cancelled
+    assert engine.run(Decision.parse(world_decision(truth))).ending.status is RunStatus.INTERRUPTED
 
 
 def test_trace_and_progress(tmp_path: Path) -> None:

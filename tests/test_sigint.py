@@ -140,7 +140,6 @@ def test_attempts_in_flight_at_ctrl_c_send_no_further_request(tmp_path: Path, af
     is closed by then, which would end such a sub-agent by accident, so the trace here is a
     `NullTrace` that stays open.)"""
     from amapreduce.decision.model import load_decision
-    from amapreduce.errors import RunCancelled
     from amapreduce.llm.factory import new_meter
     from amapreduce.mapreduce.result import RunStatus
     from amapreduce.session.parts import build_models, build_parts
@@ -164,14 +163,12 @@ def test_attempts_in_flight_at_ctrl_c_send_no_further_request(tmp_path: Path, af
         parts = build_parts(settings, models=models, trace=NullTrace(), decisions_by="user")
         presser = threading.Thread(target=press_ctrl_c, daemon=True)
         presser.start()
-        with pytest.raises(RunCancelled) as stopped:
-            parts.engine.run(decision)
+        partial = parts.engine.run(decision)  # Ctrl-C: the result so far, ended `interrupted`
         presser.join(WAIT_S)
         agents.release.set()
         for thread in _started_since(before):  # the engine's workers finish their held attempts
             thread.join(WAIT_S)
             assert not thread.is_alive(), f"{thread.name} still runs"
-    partial = stopped.value.partial
     assert partial.ending.status is RunStatus.INTERRUPTED
     assert sum(1 for row in partial.table.records() if row.get("code")) == ANSWERED
     assert agents.after_signal == 0

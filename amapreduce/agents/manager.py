@@ -58,8 +58,8 @@ class _RunStop:
 
     def note(self, exc: Exception) -> None:
         """Keep `exc` when it stops the run. Tools raise these as they are (the web tools let them
-        through unwrapped, the `mapreduce` tool raises the engine's `RunCancelled`), so no cause
-        chain is walked."""
+        through unwrapped, the `mapreduce` tool raises `RunCancelled` for an execution that stopped),
+        so no cause chain is walked."""
         if isinstance(exc, (RunCancelled, *RUN_STOPPING_ERRORS)):
             with self._lock:
                 if self.error is None:

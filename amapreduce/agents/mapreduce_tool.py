@@ -6,6 +6,9 @@ Stage 2 (execute): the next call runs the decision (`compose.execute_decision`: 
 with discovery and nested decisions composed) and returns the completeness summary plus the
 reduced rows as JSONL. Later calls are delta follow-ups whose
 rows merge into the same table, which the manager's final answer is rendered from in code.
+An execution that stopped early (budget, cancel, Ctrl-C, estimate only) comes back from the
+session as a result like any other; this tool then raises `RunCancelled`, which carries no result
+(the session keeps it), so that smolagents ends the manager's run: the one place a stop is raised.
 
 The tool holds no state of the run: it parses and validates its arguments, asks the run's
 session (`ToolSession`, which `session.Session` is) whether the call is admitted, and has the
@@ -37,7 +40,7 @@ from smolagents import Tool
 
 from amapreduce import telemetry
 from amapreduce.decision.model import Decision
-from amapreduce.errors import AmapreduceError, DecisionError, ToolCallRefused
+from amapreduce.errors import AmapreduceError, DecisionError, RunCancelled, ToolCallRefused
 
 if TYPE_CHECKING:
     from amapreduce.mapreduce.batching import BatchPlan
@@ -320,4 +323,9 @@ class MapReduceTool(Tool):
             lines.append(json.dumps({"still_missing": missing[:50], "count": len(missing)}, ensure_ascii=False))
         lines.append(result.jsonl().rstrip("\n"))
         self.session.trace.write("tool_call", tool=self.name, stage="execute", args=raw, output=head)
+        if result.ending.status.ended_early:
+            # The tool boundary: smolagents shows a tool's return value to the model and goes on,
+            # so a stopped execution (budget, cancel, Ctrl-C, estimate only) is raised here, and
+            # only here; the session keeps the result and its ending (`Session.stopped`).
+            raise RunCancelled(f"the run stopped: {result.ending.label}")
         return "\n".join(line for line in lines if line)

@@ -13,7 +13,8 @@ each call writes, whatever its outcome:
   (the call was valid but failed, or raised anything else) with `error`;
 - `duration_s` and `bytes` (UTF-8 bytes of what the call returned to the model).
 
-The same facts go on the call's OpenTelemetry span when tracing is on: openinference's smolagents
+Each call is one typed event (`ToolCalled`), emitted once on the run's stream (`tool_trace`); the
+trace and the call's OpenTelemetry span are its subscribers. On the span, when tracing is on: openinference's smolagents
 instrumentation already opens one `TOOL` span per call around `Tool.__call__`, and the wrapper runs
 inside it, so it sets `amapreduce.tool.*` attributes on that span instead of opening a second one.
 
@@ -26,12 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from amapreduce import telemetry
 from amapreduce.errors import ToolCallRefused, UserError
+from amapreduce.events import Event, EventStream, trace_channel
 from amapreduce.llm.scope import scope_labels
 
 if TYPE_CHECKING:
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
 
     from amapreduce.trace import Trace
 
-__all__ = ["ARG_CHARS", "record_tool_calls", "tool_trace"]
+__all__ = ["ARG_CHARS", "ToolCalled", "record_tool_calls", "tool_trace"]
 
 ARG_CHARS = 2_000
 """Longest text kept of one argument in the trace (a decision's matrix can be megabytes; the whole
@@ -65,19 +68,58 @@ def _size(output: Any) -> int:
     return len(text.encode("utf-8", errors="replace"))
 
 
-_TRACE: ContextVar[Trace | None] = ContextVar("amapreduce_tool_trace", default=None)
-"""The trace of the run whose work runs in this context (its engine's worker threads run in copies
-of the run's context, so a sub-agent's calls reach its run's trace)."""
+@dataclass(frozen=True, kw_only=True)
+class ToolCalled(Event):
+    """One tool call of an agent, whatever its outcome (see the module doc for the fields)."""
+
+    trace_event: ClassVar[str | None] = "tool"
+    tool: str
+    agent: str
+    """`subagent` inside a batch attempt, else `manager`."""
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    """The open usage scope's labels (`batch_id`, `attempt`)."""
+    args: Mapping[str, Any] = field(default_factory=dict)
+    outcome: str = "ok"
+    """`ok`, `refused` (with `reason`) or `error` (with `error`)."""
+    reason: str | None = None
+    error: str | None = None
+    duration_s: float = 0.0
+    bytes: int = 0
+
+    def trace_fields(self) -> dict[str, Any]:
+        why = {k: v for k, v in (("reason", self.reason), ("error", self.error)) if v is not None}
+        return {"tool": self.tool, "agent": self.agent, **self.labels, "args": dict(self.args), "outcome": self.outcome,
+                **why, "duration_s": self.duration_s, "bytes": self.bytes}
+
+
+def _on_span(event: ToolCalled) -> None:
+    """The call's facts on its OpenTelemetry span (the current one: handlers run in the calling thread)."""
+    if telemetry.active():
+        telemetry.current_span().set(telemetry.ours(
+            tool_outcome=event.outcome, tool_reason=event.reason, tool_error=event.error,
+            tool_duration_s=event.duration_s, tool_bytes=event.bytes, tool_agent=event.agent))
+
+
+_EVENTS: ContextVar[EventStream | None] = ContextVar("amapreduce_tool_events", default=None)
+"""Where the tool calls of the run whose work runs in this context are emitted (its engine's worker
+threads run in copies of the run's context, so a sub-agent's calls reach its run's trace)."""
 
 
 @contextlib.contextmanager
-def tool_trace(trace: Trace) -> Iterator[None]:
-    """Record the tool calls made in this block (and in work it hands to the engine) in `trace`."""
-    token = _TRACE.set(trace)
+def tool_trace(trace: Trace) -> Iterator[EventStream | None]:
+    """Record the tool calls made in this block (and in work it hands to the engine) in `trace`: each
+    call is one `ToolCalled` on the stream this yields (None: `trace` is off, nothing is recorded),
+    whose subscribers are the trace and the call's OpenTelemetry span."""
+    stream: EventStream | None = None
+    if trace.enabled:
+        stream = EventStream()
+        trace_channel(stream, trace)
+        stream.subscribe(ToolCalled, _on_span)
+    token = _EVENTS.set(stream)
     try:
-        yield
+        yield stream
     finally:
-        _TRACE.reset(token)
+        _EVENTS.reset(token)
 
 
 def record_tool_calls(tool: Tool) -> Tool:
@@ -94,36 +136,25 @@ def record_tool_calls(tool: Tool) -> Tool:
     name = str(tool.name)
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
-        trace = _TRACE.get()
-        if trace is None or not trace.enabled:
+        stream = _EVENTS.get()
+        if stream is None:
             return forward(*args, **kwargs)
         labels = scope_labels()
-        facts: dict[str, Any] = {"tool": name, "agent": "subagent" if "batch_id" in labels else "manager",
-                                 **labels, "args": _short({**{str(i): a for i, a in enumerate(args)}, **kwargs})}
+        call = {"tool": name, "agent": "subagent" if "batch_id" in labels else "manager", "labels": labels,
+                "args": _short({**{str(i): a for i, a in enumerate(args)}, **kwargs})}
         started = time.perf_counter()
         try:
             output = forward(*args, **kwargs)
         except BaseException as exc:
             refused = isinstance(exc, ToolCallRefused | UserError)
-            facts.update(outcome="refused" if refused else "error",
-                         **({"reason": str(exc)} if refused else {"error": f"{type(exc).__name__}: {exc}"}))
-            _record(trace, facts, started, None)
+            stream.emit(ToolCalled(**call, outcome="refused" if refused else "error",
+                                   reason=str(exc) if refused else None,
+                                   error=None if refused else f"{type(exc).__name__}: {exc}",
+                                   duration_s=round(time.perf_counter() - started, 6)))
             raise
-        facts["outcome"] = "ok"
-        _record(trace, facts, started, output)
+        stream.emit(ToolCalled(**call, duration_s=round(time.perf_counter() - started, 6), bytes=_size(output)))
         return output
 
     tool.forward = recorded
     setattr(tool, _RECORDED, True)
     return tool
-
-
-def _record(trace: Trace, facts: dict[str, Any], started: float, output: Any) -> None:
-    """Write the call's trace line and set the same facts on the current (the call's) span."""
-    facts["duration_s"] = round(time.perf_counter() - started, 6)
-    facts["bytes"] = 0 if output is None else _size(output)
-    trace.write("tool", **facts)
-    if telemetry.active():
-        telemetry.current_span().set(telemetry.ours(
-            tool_outcome=facts["outcome"], tool_reason=facts.get("reason"), tool_error=facts.get("error"),
-            tool_duration_s=facts["duration_s"], tool_bytes=facts["bytes"], tool_agent=facts["agent"]))

@@ -73,7 +73,7 @@ def ask(
                                  structured_output=structured_output, message_content=message_content),
     )
     require_model(settings)
-    store = memory_store_for(False if no_memory else memory, settings)
+    store = memory_store_for(False if no_memory else memory, settings.memory_store)
     session = Session(settings, RunOptions(query=query, memory_store=store, executor=opt.executor_for(settings, executor),
                                            show_progress=None if not as_json else False, estimate_only=estimate))
     with session:

@@ -98,7 +98,7 @@ def enrich(
         _print_estimate(request, decision, settings, as_json=as_json)
         return
     require_model(settings)
-    store = memory_store_for(False if no_memory else memory, settings)
+    store = memory_store_for(False if no_memory else memory, settings.memory_store)
     typer.echo(_plan_line(request, len(decision.task_matrix)), err=True)
     done = run_enrichment(request, settings, memory_store=store, show_progress=None if not as_json else False)
     report_enrichment(done, as_json=as_json, out=out, evidence=evidence)

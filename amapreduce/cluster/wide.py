@@ -73,7 +73,6 @@ from amapreduce.cluster.limits import (
     halted,
 )
 from amapreduce.cluster.ray import check_cluster, ray_session, require_ray, worker_died
-from amapreduce.errors import RunCancelled
 from amapreduce.llm.factory import model_for_role
 from amapreduce.llm.meter import UsageMeter
 from amapreduce.llm.usage import Usage
@@ -199,10 +198,7 @@ def run_chunk(job: ChunkJob) -> ChunkRun | None:
     with cluster_worker(job.limits, job.settings, tag=job.tag) as meter:
         models = build_models(job.settings, ("subagent", "extraction"), meter=meter, trace=trace)
         with build_parts(job.settings, models=models, trace=trace, decisions_by="user") as parts:
-            try:
-                result = parts.engine.run(decision, plan=job.plan, checkpoint=Checkpoint(kept, job.saved))
-            except RunCancelled as exc:
-                result = exc.partial
+            result = parts.engine.run(decision, plan=job.plan, checkpoint=Checkpoint(kept, job.saved))  # a stop: its ending
             web = parts.web_usage()
         if isinstance(kept, AttemptSink):
             kept.flush()  # the ledger is complete before the driver forgets it

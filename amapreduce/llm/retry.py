@@ -28,11 +28,12 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from amapreduce._retry import RetryPolicy, Transient, parse_retry_after, retry_loop
 from amapreduce.errors import ProviderRejected, ProviderUnavailable, RunError
+from amapreduce.events import Event
 from amapreduce.trace import redact_secrets
 
 __all__ = [
@@ -59,12 +60,15 @@ class ModelCallError(RunError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ProviderRetry:
+class ProviderRetry(Event):
     """A model call that failed transiently and is about to be sent again.
 
-    The same facts go to the trace as a `model_retry` event (`trace_fields`, plus the role,
-    model id and the open usage scope's labels).
+    Emitted once on the model stack's stream (`llm.wrappers.trace.CallEvents`): the trace writes it
+    as a `model_retry` line (`trace_fields`: the role, model id, the open usage scope's labels and
+    the retry's own fields) and the stack's retry handler (`on_retry`) is told of it.
     """
+
+    trace_event: ClassVar[str | None] = "model_retry"
 
     role: str
     """The role of the model that is retrying (`manager`, `subagent`, ...)."""
@@ -77,10 +81,13 @@ class ProviderRetry:
     """The backoff before the retry, in seconds."""
     error: str | None
     """The failed attempt's error (capped, credentials redacted)."""
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    """The open usage scope's labels (the batch and attempt that made the call)."""
 
     def trace_fields(self) -> dict[str, Any]:
-        """The fields of the `model_retry` trace event that are the retry's own."""
-        return {"retry": self.retry, "kind": self.kind, "delay_s": self.delay_s, "error": self.error}
+        """The fields of its `model_retry` trace line."""
+        return {"role": self.role, "model_id": self.model_id, **self.labels, "retry": self.retry, "kind": self.kind,
+                "delay_s": self.delay_s, "error": self.error}
 
 
 ProviderRetryHandler: TypeAlias = Callable[[ProviderRetry], object]

@@ -17,9 +17,9 @@ settings, and the run's checkpoint: a resumed run finds each child's execution i
 
 The combined summary adds up the parts' effort, usage and timings; its completeness is that of
 the combined table, with the parts' expected rows and short tasks added up (a discovery that
-found nothing is one short task). A child that stops or fails stops the whole run: the
-`RunCancelled` it raises (or any amapreduce error, as a `failed` ending) comes back with the
-path of the failing child in front of its reason and the rows found so far as `partial`.
+found nothing is one short task). A part that stops early (its result's `ending`) or fails (an
+amapreduce error, as a `failed` ending) stops the whole run: the combined result so far is
+returned, its ending the part's with the part's path in front of its reason. Nothing here raises a stop.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from amapreduce.decision.discover_spec import DiscoverSpec
 from amapreduce.decision.model import Decision
-from amapreduce.errors import AmapreduceError, RunCancelled
+from amapreduce.errors import AmapreduceError
 from amapreduce.mapreduce.batching import BatchPlan
 from amapreduce.mapreduce.checkpoint import Checkpoint
 from amapreduce.mapreduce.discover import DEFAULT_CONTEXT_WINDOW, DiscoveryResult, discover
@@ -73,11 +73,12 @@ def execute_decision(
         context_window: the merge model's context window (tokens), for a discovery's token budget;
             None: discovery's default.
 
+    Returns:
+        The combined result; a run that stopped (budget, `cancel()`, Ctrl-C, a provider down) or
+        whose child failed is returned too, its `ending` saying why, with the path of the part.
+
     Raises:
         DecisionError: a plain decision's batch plan exceeds the engine's `max_batches`.
-        RunCancelled: the run stopped (budget, `cancel()`, Ctrl-C, a provider down) or a child
-            failed; `.partial` holds the combined result so far and its `ending` says why, with
-            the path of the failing child.
     """
     return _Composer(engine, checkpoint, merger, context_window, engine.cancels).run(decision, plan)
 
@@ -109,29 +110,23 @@ class _Composer:
 
     def _discover(self, decision: Decision, spec: DiscoverSpec) -> MapReduceResult:
         window = DEFAULT_CONTEXT_WINDOW if self.context_window is None else self.context_window
-        try:
-            found = discover(self.engine, spec, merger=self.merger, checkpoint=self.checkpoint,
-                             trace=self.engine.trace, context_window=window)
-        except RunCancelled as exc:
-            stopped: MapReduceResult = exc.partial
+        found = discover(self.engine, spec, merger=self.merger, checkpoint=self.checkpoint,
+                         trace=self.engine.trace, context_window=window)
+        if found.stopped:
+            stopped = found.map_result
             table = self._table(decision)
             for row in stopped.table.rows:  # the candidates found so far, as rows of this table
                 table.merge_row(row)
             ending = _prefixed(stopped.ending, "discovery")
-            partial = _result(table, Completeness.of(table, []), [("discover", stopped)], ending)
-            raise _stopped(ending, partial) from exc
+            return _result(table, Completeness.of(table, []), [("discover", stopped)], ending)
         if not found.rows:
             table = self._table(decision)
             nothing = Completeness(rows=0, expected_rows=0, missing_cells=0, incomplete_tasks=1)
             return _with_discovery(_result(table, nothing, [], None), found)
-        try:
-            if self.cancelled():
-                empty = self._table(decision)
-                raise _stopped(CANCELLED, _result(empty, Completeness.of(empty, []), [], CANCELLED))
-            result = self.run(decision.with_matrix(found.rows))
-        except RunCancelled as exc:
-            raise RunCancelled(str(exc), partial=_with_discovery(exc.partial, found)) from exc
-        return _with_discovery(result, found)
+        if self.cancelled():
+            empty = self._table(decision)
+            return _with_discovery(_result(empty, Completeness.of(empty, []), [], CANCELLED), found)
+        return _with_discovery(self.run(decision.with_matrix(found.rows)), found)
 
     # -- a child per task --------------------------------------------------------------------------
 
@@ -143,24 +138,19 @@ class _Composer:
             step = f"{name or 'child'}[{', '.join(cells)}]"
             where = f"{f'child {name}' if name else 'the child'} of task {i} ({', '.join(cells)})"
             if self.cancelled():
-                raise _stopped(CANCELLED, self._combined(parent, table, parts, CANCELLED))
+                return self._combined(parent, table, parts, CANCELLED)
             try:
                 result = self.run(parent.child_for(i))
-            except RunCancelled as exc:
-                stopped: MapReduceResult = exc.partial
-                parts.append((step, stopped))
-                self._merge(table, parent, i, step, stopped)
-                self.engine.trace.write("child_run", path=step, task=i, status=stopped.ending.label, rows=len(stopped.table))
-                ending = _prefixed(stopped.ending, where)
-                raise _stopped(ending, self._combined(parent, table, parts, ending)) from exc
             except (AmapreduceError, KeyboardInterrupt) as exc:
                 self.engine.trace.write("child_run", path=step, task=i, status="failed", error=redact_secrets(str(exc)))
                 ending = INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunEnding(
                     RunStatus.FAILED, redact_secrets(f"{where}: {exc}"))
-                raise _stopped(ending, self._combined(parent, table, parts, ending)) from exc
+                return self._combined(parent, table, parts, ending)
             parts.append((step, result))
             self._merge(table, parent, i, step, result)
             self.engine.trace.write("child_run", path=step, task=i, status=result.ending.label, rows=len(result.table))
+            if result.ending.status.ended_early:  # a child that stopped stops the whole run
+                return self._combined(parent, table, parts, _prefixed(result.ending, where))
         return self._combined(parent, table, parts, None)
 
     def _merge(self, table: Table, parent: Decision, i: int, step: str, result: MapReduceResult) -> None:
@@ -245,6 +235,3 @@ def _prefixed(ending: RunEnding, where: str) -> RunEnding:
     """`ending` with `where` (the path of the part that stopped) in front of its reason."""
     return dataclasses.replace(ending, reason=f"{where}: {ending.reason or 'cancelled'}")
 
-
-def _stopped(ending: RunEnding, partial: MapReduceResult) -> RunCancelled:
-    return RunCancelled(f"{ending.reason}; `partial` holds the rows found so far", partial=partial)

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 
 from amapreduce.decision.discover_spec import DiscoverSpec
 from amapreduce.decision.model import Decision
-from amapreduce.errors import RunCancelled
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
 from amapreduce.mapreduce.merge import (
@@ -100,8 +99,23 @@ class DiscoveryResult:
     """The merged candidates with their cells' source, quote and evidence."""
     summary: DiscoverySummary
     map_result: MapReduceResult
+    """The map's result; its `ending` is the discovery's (a map or merge that stopped early ended it)."""
     merge_usage: Usage = field(default_factory=Usage)
     """What the merge calls used (replies from the run's cache cost nothing again)."""
+
+    @property
+    def stopped(self) -> bool:
+        """The map or the merge stopped early (a spent budget, `cancel()`, Ctrl-C, a provider down):
+        `rows` is empty and `table` holds the candidates found so far, unmerged."""
+        return self.map_result.ending.status.ended_early
+
+
+def _stopped(spec: DiscoverSpec, map_result: MapReduceResult, candidates: int, merge_usage: Usage) -> DiscoveryResult:
+    """A discovery whose map or merge stopped early: no entities, the candidates found so far."""
+    summary = DiscoverySummary(sources=len(spec.sources), candidates=candidates, entities=0, merge_calls=0, levels=0,
+                               nodes=(), peak_prompt_tokens=0, token_budget=None, warnings=())
+    return DiscoveryResult(rows=[], table=map_result.table, summary=summary, map_result=map_result,
+                           merge_usage=merge_usage)
 
 
 def discovery_decision(spec: DiscoverSpec) -> Decision:
@@ -242,9 +256,10 @@ def discover(
             gives neither `chunk_size` nor `token_budget`.
         counter: counts candidate tokens (default: the merger's counter, else chars/4 or a tokenizer).
 
+    A map or a merge that stopped early (a spent budget, `cancel()`, Ctrl-C, a provider down) is
+    returned `stopped` (see `DiscoveryResult.stopped`), its map result's `ending` saying why.
+
     Raises:
-        RunCancelled: the map or the merge stopped (a spent budget, Ctrl-C, a provider down);
-            `.partial` holds the map's result (the candidates), its `ending` says why.
         Exception: any other error a merge call raises.
     """
     trace = trace if trace is not None else engine.trace
@@ -254,6 +269,8 @@ def discover(
     table = map_result.table
     keys = table.key_columns
     candidates = [Candidate(id=f"c{i}", values={k: row.cells[k].value for k in keys}) for i, row in enumerate(table.rows)]
+    if map_result.ending.status.ended_early:
+        return _stopped(spec, map_result, len(candidates), Usage())
     labels = ["map"] * len(plan.batches)
     for index, batch in enumerate(plan.batches):
         record_map(trace, index, inputs=batch.size)
@@ -293,9 +310,8 @@ def discover(
             # A spent budget, a provider down or Ctrl-C during the merge stops the run like one in
             # the map: the candidates found so far are the partial result.
             ending = INTERRUPTED if isinstance(exc, KeyboardInterrupt) else stop_ending(exc)
-            partial = dataclasses.replace(map_result, ending=ending)
-            raise RunCancelled(f"{ending.reason} (while merging candidates); `partial` holds the candidates",
-                               partial=partial) from exc
+            ending = dataclasses.replace(ending, reason=f"{ending.reason or 'cancelled'} (while merging candidates)")
+            return _stopped(spec, dataclasses.replace(map_result, ending=ending), len(candidates), merging.usage)
         levels = result.levels
         labels.extend(node.label for node in result.nodes)
         warnings.extend([*result.warnings, *merging.warnings])

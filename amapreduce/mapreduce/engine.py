@@ -9,6 +9,12 @@ finally reduces the per-task tables into one table in matrix order. Then Algorit
 patch runs bounded rounds over only the rows and cells still missing. A budget stop (or any
 of `RUN_STOPPING_ERRORS`) ends only the run whose attempt raised it.
 
+What happens in a run is reported once, as typed events (`mapreduce.events`) on the engine's
+`events` stream: the trace, the progress sink, the run's journal and the phase's OpenTelemetry batch
+spans are subscribers, so one settled attempt is one `AttemptSettled`, not four calls. A run that
+stops early (`cancel()`, a spent budget, a provider down, Ctrl-C) returns its result like any
+other, its `ending` saying why: nothing here raises a stop.
+
 With a `Checkpoint` (`mapreduce.checkpoint`), every settled attempt is journaled before its batch
 counts as done, and a run resumed over a journal replays the saved attempts' rows and runs only
 the batches not done. With OpenTelemetry on (`telemetry`), each phase, batch and attempt is a span; a
@@ -30,12 +36,26 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from amapreduce import telemetry
 from amapreduce.decision.model import Decision
-from amapreduce.errors import BatchTimeout, RunCancelled
+from amapreduce.errors import BatchTimeout
+from amapreduce.events import EventStream, trace_channel
 from amapreduce.llm.scope import UsageScope, usage_scope
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.backup import BackupGate, BackupPolicy, Stragglers
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
-from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint, ExecutionCheckpoint, MergedRow
+from amapreduce.mapreduce.checkpoint import Checkpoint, ExecutionCheckpoint, MergedRow
+from amapreduce.mapreduce.events import (
+    AttemptSettled,
+    AttemptStarted,
+    BackupStarted,
+    BatchDone,
+    EngineRunEnded,
+    EngineRunStarted,
+    PatchRound,
+    PhaseStarted,
+    journal_channel,
+    progress_channel,
+    telemetry_channel,
+)
 from amapreduce.mapreduce.evidence import recording, with_evidence
 from amapreduce.mapreduce.executor import Executor, ThreadExecutor
 from amapreduce.mapreduce.patch import build_patch
@@ -51,7 +71,7 @@ from amapreduce.mapreduce.result import (
     RunSummary,
     stop_ending,
 )
-from amapreduce.mapreduce.run_state import POLL_S, BatchJob, BatchState, EngineRun
+from amapreduce.mapreduce.run_state import POLL_S, AttemptNotStarted, BatchJob, BatchState, EngineRun
 from amapreduce.mapreduce.solver import BatchRequest, BatchSolver, SolverReply, reply_tokens
 from amapreduce.mapreduce.work import MATRIX_SOURCE, WorkBatch, WorkItem, assign_rows, item_gaps
 from amapreduce.progress import ProgressEvent
@@ -114,8 +134,9 @@ class MapReduceEngine:
         config: limits; see `EngineConfig`.
         executor: where attempts run (default: a thread pool per run, sized from the config). A
             given executor is shut down when a run using it is stopped.
-        trace: receives every phase, attempt (prompt, raw output, rows, timing, usage) and summary.
-        progress: called in the engine's thread on each event.
+        trace: receives every phase, attempt (prompt, raw output, rows, timing, usage) and summary
+            (`events.trace_channel`; `engine.trace` may be replaced later).
+        progress: called in the engine's thread on each event (`mapreduce.events.progress_channel`).
         backup_gate: asked before a straggler's backup starts whether one more attempt of the
             usual usage may start now (the provider's limiter, breaker and the run's budget:
             `llm.models.ManagedModel.has_room_for`); None: only the engine's own rules apply.
@@ -136,8 +157,13 @@ class MapReduceEngine:
         self._backup_gate = backup_gate
         self.config = config or EngineConfig()
         self._executor = executor
+        self.events = EventStream()
+        """Every engine event (`mapreduce.events`) of every run, emitted once; the trace and the
+        progress sink are its subscribers, and anyone may subscribe more."""
+        self._untrace: Callable[[], None] = lambda: None
         self.trace = trace or NullTrace()
-        self._progress = progress
+        if progress is not None:
+            progress_channel(self.events, progress)
         self._clock = clock
         self._runs_lock = threading.Lock()
         self._runs: set[EngineRun] = set()
@@ -146,9 +172,20 @@ class MapReduceEngine:
         decisions one after another checks it between them, since a cancel with no run in flight
         reaches none."""
 
+    @property
+    def trace(self) -> Trace:
+        """Where the engine's traced events are written (a subscriber of `events`)."""
+        return self._trace
+
+    @trace.setter
+    def trace(self, trace: Trace) -> None:
+        self._untrace()
+        self._trace = trace
+        self._untrace = trace_channel(self.events, trace)
+
     def cancel(self) -> None:
-        """Stop the runs in flight soon (thread-safe); each `run` then raises `RunCancelled`.
-        A later `run` starts afresh."""
+        """Stop the runs in flight soon (thread-safe); each `run` then returns its result so far,
+        ended `stopped: cancelled`. A later `run` starts afresh."""
         with self._runs_lock:
             self.cancels += 1
             runs = list(self._runs)
@@ -158,7 +195,10 @@ class MapReduceEngine:
     def run(
         self, decision: Decision, *, plan: BatchPlan | None = None, checkpoint: Checkpoint | None = None
     ) -> MapReduceResult:
-        """Execute `decision`: map, reduce, then delta-patch rounds.
+        """Execute `decision`: map, reduce, then delta-patch rounds; return the result, whose
+        `ending` says how the run ended: complete or incomplete, or stopped early (`cancel()` was
+        called, an attempt raised one of `RUN_STOPPING_ERRORS`, Ctrl-C was pressed) with the rows
+        found so far. A stop is a result, not an exception.
 
         Args:
             decision: the validated decision Θ.
@@ -171,8 +211,6 @@ class MapReduceEngine:
         Raises:
             DecisionError: the batch plan exceeds `max_batches`.
             UserError: `checkpoint` holds this decision with another batch plan.
-            RunCancelled: `cancel()` was called, an attempt raised one of `RUN_STOPPING_ERRORS`,
-                or Ctrl-C was pressed; `.partial` holds the result so far, its `ending` says why.
         """
         cfg = self.config
         start = self._clock()
@@ -188,8 +226,11 @@ class MapReduceEngine:
                 tables[item.task_index].upsert(item.forced, task_index=item.task_index,
                                                sources=dict.fromkeys(item.forced, MATRIX_SOURCE))
         work = [WorkBatch(batch=b, items=tuple(items[i] for i in b.indices), column_specs=decision.column_specs) for b in plan.batches]
-        self.trace.write("run_start", num_rows=len(items), strategy=plan.strategy, batches=[b.manifest() for b in plan.batches])
+        events = self.events.scoped()  # this run's: its journal subscribes here
+        events.emit(EngineRunStarted(num_rows=len(items), strategy=plan.strategy, batches=tuple(b.manifest() for b in plan.batches)))
         execution = checkpoint.begin(decision, plan) if checkpoint is not None else None
+        if execution is not None:
+            journal_channel(events, execution)
         records: list[AttemptRecord] = []
         run = EngineRun(cfg.workers, batch_timeout_s=cfg.batch_timeout_s, clock=self._clock,
                         stragglers=Stragglers(cfg.backup, self._backup_gate, workers=cfg.workers))
@@ -200,23 +241,21 @@ class MapReduceEngine:
         table: Table | None = None
         try:
             with telemetry.span("amapreduce.map", telemetry.ours(batches=len(work), tasks=len(items))):
-                self._run_phase(run, "map", work, decision, tables, records, executor, execution)
+                self._run_phase(run, "map", work, decision, tables, records, executor, execution, events)
             timings["map_s"] = self._clock() - start
-            table = self._reduce(decision, tables)
+            table = self._reduce(decision, tables) if run.ending is None else None
             for round_no in range(1, cfg.patch_rounds + 1):
-                patch = build_patch(decision, table, tables, round_no)
+                patch = build_patch(decision, table, tables, round_no) if table is not None and run.ending is None else None
                 if not patch:
                     break
                 rounds_run, batches_run = round_no, batches_run + len(patch)
-                self.trace.write("patch_round", round=round_no, batches=[w.batch.manifest() for w in patch])
+                events.emit(PatchRound(round=round_no, batches=tuple(w.batch.manifest() for w in patch)))
                 with telemetry.span("amapreduce.patch_round", telemetry.ours(round=round_no, batches=len(patch))):
-                    self._run_phase(run, f"patch{round_no}", patch, decision, tables, records, executor, execution)
-                table = self._reduce(decision, tables)
+                    self._run_phase(run, f"patch{round_no}", patch, decision, tables, records, executor, execution, events)
+                table = self._reduce(decision, tables) if run.ending is None else None
             timings["patch_s"] = self._clock() - start - timings["map_s"]
         except KeyboardInterrupt:
             run.stop(INTERRUPTED)
-        except RunCancelled:
-            run.stop(CANCELLED)  # keeps the reason already given
         finally:
             with self._runs_lock:
                 self._runs.discard(run)
@@ -228,9 +267,7 @@ class MapReduceEngine:
         summary = RunSummary.of(table, decision, records, rounds=rounds_run, batches=batches_run, timings=timings)
         ending = run.ending or RunEnding(summary.completeness.status)
         result = MapReduceResult(table=table, summary=summary, plan=plan, attempts=tuple(records), ending=ending)
-        self.trace.write("run_end", summary=summary.to_json(), cancelled=result.cancelled, status=ending.label)
-        if run.ending is not None:
-            raise RunCancelled(f"{run.ending.reason}; `partial` holds the rows found so far", partial=result)
+        events.emit(EngineRunEnded(summary=summary.to_json(), cancelled=result.cancelled, status=ending.label))
         return result
 
     # -- one phase (map or a patch round) ------------------------------------------------------
@@ -245,6 +282,7 @@ class MapReduceEngine:
         records: list[AttemptRecord],
         executor: Executor,
         execution: ExecutionCheckpoint | None,
+        run_events: EventStream,
     ) -> None:
         cfg = self.config
         many = not decision.one_row_per_task
@@ -275,15 +313,15 @@ class MapReduceEngine:
                 done_batches += 1
             else:
                 pending.append(follow)
-        self._emit("phase", phase, done_batches, total)
+        events = run_events.scoped()  # this phase's: its batch spans subscribe here
+        events.emit(PhaseStarted(phase=phase, done=done_batches, total=total))
         inflight: dict[Future[SolverReply], BatchJob] = {}
         batches = telemetry.SpanGroup("amapreduce.batch", key_attribute="amapreduce.batch_id")
+        telemetry_channel(events, batches)
         finished: deque[tuple[BatchJob, SolverReply | None, BaseException | None]] = deque()
         try:
             self._submit(run, pending, inflight, executor, batches)
-            while inflight:
-                if run.stopping.is_set():
-                    raise RunCancelled("cancelled")
+            while inflight and not run.stopping.is_set():
                 for fut in run.finished(inflight, self._backup_due(run, inflight)):
                     job = inflight.pop(fut)
                     run.leave(job)
@@ -298,11 +336,13 @@ class MapReduceEngine:
                     finished.append((job, None, BatchTimeout(f"attempt ran past its {cfg.batch_timeout_s:g} s deadline")))
                 while finished:
                     job, reply, exc = finished.popleft()  # a run-stopping error stopped the run in `_execute`
+                    if isinstance(exc, AttemptNotStarted):  # the run stopped first: no attempt was made
+                        continue
                     if job.superseded:  # its rival's reply won first: its usage is all that counts
-                        self._record_superseded(run, job, phase, reply, records, execution)
+                        self._record_superseded(run, job, phase, reply, records, events)
                         continue
                     rival = job.rival
-                    follow, held = self._settle(run, job, phase, reply, exc, tables, records, execution)
+                    follow, held = self._settle(run, job, phase, reply, exc, tables, records, events)
                     r = records[-1]
                     if held:  # it failed while its rival still runs: the batch waits for that one
                         continue
@@ -311,34 +351,42 @@ class MapReduceEngine:
                         cut_short = rival.outcome is None
                         run.abandon(rival)
                         executor.replace_stuck_thread()
-                        self._record_superseded(run, rival, phase, None, records, execution, cut_short=cut_short)
-                    batches.event(r.batch_id, "amapreduce.attempt_settled",
-                                  telemetry.ours(attempt=r.attempt, outcome=r.outcome, rows=r.rows, error=r.error))
+                        self._record_superseded(run, rival, phase, None, records, events, cut_short=cut_short)
                     if follow is not None:
                         self._submit(run, deque([follow]), inflight, executor, batches)
                     else:
                         done_batches += 1
-                        batches.end(r.batch_id, telemetry.ours(attempts=r.attempt, status="done"))
-                        self._emit("batch_done", phase, done_batches, total, batch_id=job.state.work.batch.batch_id)
-                self._start_backups(run, phase, inflight, executor, batches)
-            if run.stopping.is_set():
-                raise RunCancelled("cancelled")
-        except (KeyboardInterrupt, RunCancelled) as exc:
-            # queued attempts waiting for a slot must not start after Ctrl-C
-            run.stop(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else CANCELLED)
-            for job, reply, error in finished:  # taken off the queue, not yet settled when the stop came
-                if job.superseded:
-                    self._record_superseded(run, job, phase, reply, records, execution)
-                else:
-                    self._settle(run, job, phase, reply, error, tables, records, execution)
-            for job in list(inflight.values()):
-                if job.outcome is not None and not job.superseded:  # answered before the stop: keep (and count) its rows
-                    self._settle(run, job, phase, *job.outcome, tables, records, execution)
-                elif job.request is not None:
-                    job.request.cancel.set()
+                        events.emit(BatchDone(batch_id=r.batch_id, phase=phase, done=done_batches, total=total,
+                                              attempts=r.attempt))
+                self._start_backups(run, phase, inflight, executor, batches, events)
+            if run.stopping.is_set():  # `cancel()`, or an attempt's run-stopping error: the phase ends here
+                self._wind_down(run, phase, finished, inflight, tables, records, events)
+        except KeyboardInterrupt:
+            run.stop(INTERRUPTED)  # queued attempts waiting for a slot must not start after Ctrl-C
+            self._wind_down(run, phase, finished, inflight, tables, records, events)
             raise
         finally:
             batches.end_all(telemetry.ours(status="stopped"))
+
+    def _wind_down(self, run: EngineRun, phase: str,
+                   finished: deque[tuple[BatchJob, SolverReply | None, BaseException | None]],
+                   inflight: dict[Future[SolverReply], BatchJob], tables: dict[int, Table], records: list[AttemptRecord],
+                   events: EventStream) -> None:
+        """A stopped phase: settle the attempts that finished before the stop (their rows are kept
+        and counted), cancel the ones still running."""
+        for job, reply, error in finished:  # taken off the queue, not yet settled when the stop came
+            if isinstance(error, AttemptNotStarted):
+                continue  # no attempt: nothing was asked, nothing is journaled
+            if job.superseded:
+                self._record_superseded(run, job, phase, reply, records, events)
+            else:
+                self._settle(run, job, phase, reply, error, tables, records, events)
+        finished.clear()
+        for job in list(inflight.values()):
+            if job.outcome is not None and not job.superseded:  # answered before the stop: keep (and count) its rows
+                self._settle(run, job, phase, *job.outcome, tables, records, events)
+            elif job.request is not None:
+                job.request.cancel.set()
 
     def _submit(self, run: EngineRun, jobs: deque[BatchJob], inflight: dict[Future[SolverReply], BatchJob], executor: Executor,
                 batches: telemetry.SpanGroup) -> None:
@@ -372,7 +420,7 @@ class MapReduceEngine:
         return not job.backup and job.rival is None and not job.superseded and job.request is not None
 
     def _start_backups(self, run: EngineRun, phase: str, inflight: dict[Future[SolverReply], BatchJob], executor: Executor,
-                       batches: telemetry.SpanGroup) -> None:
+                       batches: telemetry.SpanGroup, events: EventStream) -> None:
         """Give each straggler a backup while a slot is free, no attempt waits for one, and the
         cap and the gate allow (`mapreduce.backup`); the longest-running stragglers first."""
         stragglers = run.stragglers
@@ -399,10 +447,8 @@ class MapReduceEngine:
             job.rival = backup
             free -= 1
             self._submit(run, deque([backup]), inflight, executor, batches)
-            batch_id = job.state.work.batch.batch_id
-            self.trace.write("backup_start", batch_id=batch_id, phase=phase, attempt=job.state.attempt,
-                             running_s=round(now - (job.started_at or now), 6), threshold_s=stragglers.threshold_s)
-            self._emit("backup", phase, 0, 0, batch_id=batch_id, attempt=job.state.attempt)
+            events.emit(BackupStarted(batch_id=job.state.work.batch.batch_id, phase=phase, attempt=job.state.attempt,
+                                      running_s=round(now - (job.started_at or now), 6), threshold_s=stragglers.threshold_s))
 
     def _first_prompt(self, run: EngineRun, state: BatchState) -> str:
         """The batch prompt: the shared part (`prompts/mapreduce.yaml`, `batch`) is rendered once
@@ -420,11 +466,11 @@ class MapReduceEngine:
     def _execute(self, run: EngineRun, job: BatchJob) -> SolverReply:
         while not run.slots.acquire(timeout=POLL_S):
             if run.stopping.is_set():
-                raise RunCancelled("cancelled before the attempt started")
+                raise AttemptNotStarted("the run stopped before the attempt started")
         job.holds_slot = True
         try:
             if run.stopping.is_set():
-                raise RunCancelled("cancelled before the attempt started")
+                raise AttemptNotStarted("the run stopped before the attempt started")
             if job.request is None:  # a first attempt renders its prompt here, off the engine's loop
                 job.request = self._request(job.state, self._first_prompt(run, job.state))
             now = self._clock()
@@ -436,6 +482,8 @@ class MapReduceEngine:
             with run.gate:
                 job.started_at = now
                 run.running.add(job)
+            self.events.emit(AttemptStarted(batch_id=request.batch_id, phase=job.state.work.phase, attempt=request.attempt,
+                                            backup=job.backup))
             attempt = telemetry.ours(batch_id=request.batch_id, attempt=request.attempt, phase=job.state.work.phase)
             with usage_scope(job.scope), recording(job.pages), telemetry.span("amapreduce.attempt", attempt) as span:
                 try:
@@ -478,7 +526,7 @@ class MapReduceEngine:
         exc: BaseException | None,
         tables: dict[int, Table],
         records: list[AttemptRecord],
-        execution: ExecutionCheckpoint | None,
+        events: EventStream,
     ) -> tuple[BatchJob | None, bool]:
         """Merge one finished attempt and journal it; return the retry job (None when the batch
         is done, or the run stops), and whether the batch is held for the attempt's rival: a
@@ -487,7 +535,8 @@ class MapReduceEngine:
         state, items = job.state, job.state.work.items
         elapsed = self._clock() - (job.started_at or self._clock())
         names = [c.name for c in state.work.column_specs]
-        rows, dropped, problem, parsed_rows = 0, 0, None, []
+        rows, dropped, problem = 0, 0, None
+        parsed_rows: list[dict[str, Any]] = []
         merged: list[MergedRow] = []
         outcome = "error"
         rival, job.rival = job.rival, None
@@ -530,25 +579,14 @@ class MapReduceEngine:
             elapsed_s=round(elapsed, 6), rows=rows, dropped_rows=dropped, error=problem, usage=usage, backup=job.backup,
         )
         records.append(record)
-        if self.trace.enabled:
-            self._trace_attempt(job, record, reply, parsed_rows)
-        self._emit("attempt", phase, 0, 0, batch_id=record.batch_id, attempt=state.attempt, outcome=outcome,
-                   **({"backup": True} if job.backup else {}))
-        attempt_no = state.attempt
         follow = None if held else self._follow_up(state, problem, tables)
-        if execution is not None:  # on disk before the batch counts as done
-            execution.record(
-                BatchAttempt(
-                    execution=execution.number, batch_id=record.batch_id, phase=phase, attempt=attempt_no,
-                    outcome=outcome, done=not held and follow is None, rows=tuple(merged), parsed_rows=rows,
-                    dropped_rows=dropped, error=problem, elapsed_s=record.elapsed_s, usage=usage, backup=job.backup,
-                )
-            )
+        # The one report of this attempt: the trace, progress, journal (on disk before the batch
+        # counts as done) and telemetry are subscribers of it.
+        events.emit(self._settled(job, record, reply, parsed_rows, merged=tuple(merged), done=not held and follow is None))
         return (None if run.stopping.is_set() else follow), held
 
     def _record_superseded(self, run: EngineRun, job: BatchJob, phase: str, reply: SolverReply | None,
-                           records: list[AttemptRecord], execution: ExecutionCheckpoint | None, *,
-                           cut_short: bool = False) -> None:
+                           records: list[AttemptRecord], events: EventStream, *, cut_short: bool = False) -> None:
         """Record the loser of a straggler and its backup: cancelled (or too late), its rows not
         merged, its usage (what its calls were charged until now) still counted and journaled.
         Its calls are what the backup cost (`Stragglers.settled`), one more when it was cancelled
@@ -562,17 +600,7 @@ class MapReduceEngine:
             elapsed_s=round(elapsed, 6), usage=usage, backup=job.backup,
         )
         records.append(record)
-        if self.trace.enabled:
-            self._trace_attempt(job, record, reply, [])
-        self._emit("attempt", phase, 0, 0, batch_id=record.batch_id, attempt=record.attempt, outcome=SUPERSEDED,
-                   **({"backup": True} if job.backup else {}))
-        if execution is not None:
-            execution.record(
-                BatchAttempt(
-                    execution=execution.number, batch_id=record.batch_id, phase=phase, attempt=record.attempt,
-                    outcome=SUPERSEDED, done=False, elapsed_s=record.elapsed_s, usage=usage, backup=job.backup,
-                )
-            )
+        events.emit(self._settled(job, record, reply, []))
 
     def _follow_up(self, state: BatchState, problem: str | None, tables: dict[int, Table]) -> BatchJob | None:
         """The batch's next attempt, a continuation that names what is still missing; None when
@@ -588,14 +616,13 @@ class MapReduceEngine:
         )
         return BatchJob(state=state, request=self._request(state, prompt))
 
-    def _trace_attempt(self, job: BatchJob, record: AttemptRecord, reply: SolverReply | None, parsed_rows: list[Any]) -> None:
-        self.trace.write(
-            "attempt", batch_id=record.batch_id, phase=record.phase, attempt=record.attempt, outcome=record.outcome,
-            prompt=job.request.prompt if job.request is not None else None,
-            raw_output=None if reply is None else reply.output, parsed_rows=parsed_rows,
-            dropped_rows=record.dropped_rows, error=record.error, elapsed_s=record.elapsed_s,
-            usage=record.usage.to_json(), subagent=None if reply is None else dict(reply.trace), backup=record.backup,
-        )
+    @staticmethod
+    def _settled(job: BatchJob, record: AttemptRecord, reply: SolverReply | None, parsed_rows: list[dict[str, Any]], *,
+                 merged: tuple[MergedRow, ...] = (), done: bool = False) -> AttemptSettled:
+        return AttemptSettled(record=record, merged=merged, done=done,
+                              prompt=job.request.prompt if job.request is not None else None,
+                              raw_output=None if reply is None else reply.output, parsed_rows=tuple(parsed_rows),
+                              subagent=None if reply is None else reply.trace)
 
     # -- reduce and summary ---------------------------------------------------------------------
 
@@ -607,6 +634,3 @@ class MapReduceEngine:
                 table.merge_row(row, fill=False)
         return table
 
-    def _emit(self, kind: str, phase: str, done: int, total: int, **data: Any) -> None:
-        if self._progress is not None:
-            self._progress(ProgressEvent(kind=kind, phase=phase, done=done, total=total, data=data))

@@ -386,6 +386,12 @@ class MapReduceResult:
     """How the task matrix was discovered, for a decision with `discover` (`result.json`'s
     `"discovery"`); None when the matrix was given. Set by `mapreduce.compose.execute_decision`."""
 
+    @classmethod
+    def empty(cls, table: Table, decision: Decision, plan: BatchPlan, ending: RunEnding) -> MapReduceResult:
+        """A result of no attempt: `table` (empty) as the answer to `decision`, ended `ending`."""
+        summary = RunSummary.of(table, decision, (), rounds=0, batches=0, timings={})
+        return cls(table=table, summary=summary, plan=plan, attempts=(), ending=ending)
+
     @property
     def cancelled(self) -> bool:
         """True when the run was stopped before it finished."""

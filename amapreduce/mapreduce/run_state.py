@@ -21,10 +21,15 @@ from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.mapreduce.work import WorkBatch
 from amapreduce.table.evidence import FetchedPages
 
-__all__ = ["POLL_S", "BatchJob", "BatchState", "EngineRun"]
+__all__ = ["POLL_S", "AttemptNotStarted", "BatchJob", "BatchState", "EngineRun"]
 
 POLL_S = 0.05
 """How often a waiting worker or the engine loop looks again (slots, attempts not yet started)."""
+
+
+class AttemptNotStarted(Exception):
+    """An attempt still waiting for a slot when its run stopped: it never started, so it is no
+    attempt (not recorded, not journaled). Private to the engine, which never lets it out."""
 
 
 @dataclass(eq=False)

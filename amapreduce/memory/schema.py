@@ -20,13 +20,9 @@ import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from amapreduce._sqlite import create_database, enable_wal
 from amapreduce.errors import RunError, UserError, storage_error
-
-if TYPE_CHECKING:
-    from amapreduce.settings import Settings
 
 __all__ = [
     "DB_NAME",
@@ -317,13 +313,13 @@ def read_transaction(conn: sqlite3.Connection, folder: Path) -> Iterator[sqlite3
                 conn.execute("COMMIT")
 
 
-def memory_store_for(choice: Path | bool | None, settings: Settings, *, named: str = "--memory") -> Path | None:
+def memory_store_for(choice: Path | bool | None, default: Path, *, named: str = "--memory") -> Path | None:
     """The experiential-memory store a run uses, as `ask --memory/--no-memory` and the API's
-    `memory=` pick it: None (not given): the default store (`Settings.memory_store`) when it holds
+    `memory=` pick it: None (not given): the `default` store (`Settings.memory_store`) when it holds
     one; False: none; True or a path: that store, which must hold one (`check_memory_store`)."""
     if choice is False:
         return None
-    store = settings.memory_store if choice is None or choice is True else Path(choice)
+    store = default if choice is None or choice is True else Path(choice)
     if choice is None and not (store / DB_NAME).is_file():
         return None
     check_memory_store(store, named=named)

@@ -39,6 +39,7 @@ from amapreduce.trace import read_trace
 
 if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
+    from amapreduce.llm.factory import RoleModels
     from amapreduce.settings import Settings
 
 __all__ = ["DEFAULTS", "DecisionPlan", "Estimate", "PastRun", "Profile", "check_budget", "estimate_for", "estimate_plan",
@@ -265,13 +266,15 @@ def estimate_plan(plan: BatchPlan, *, workers: int, profile: Profile, model_id: 
                     model_id=model_id, source=profile.source)
 
 
-def estimate_for(settings: Settings, plan: BatchPlan, template: str, *, prices: PriceTable | None = None) -> Estimate:
+def estimate_for(settings: Settings, plan: BatchPlan, template: str, *, prices: PriceTable | None = None,
+                 roles: RoleModels | None = None) -> Estimate:
     """What running `plan` (of a decision whose sub-questions read `template`) would cost with the
     settings' sub-agent model and workers, from the past runs in `settings.runs_dir` (`prices`:
-    the run's price map, default the settings')."""
-    from amapreduce.llm.factory import model_for_role, new_meter
+    the run's price map, default the settings'; `roles`: the run's role models, resolved once by its
+    `ModelFactory`, default read from the settings)."""
+    from amapreduce.llm.factory import RoleModels, new_meter
 
-    model_id = model_for_role(settings, "subagent")
+    model_id = (roles if roles is not None else RoleModels.of(settings)).get("subagent")
     profile = profile_of(past_runs(settings.runs_dir), model_id=model_id, template=template)
     return estimate_plan(plan, workers=settings.workers, profile=profile, model_id=model_id,
                          prices=prices if prices is not None else new_meter(settings).prices)

@@ -21,14 +21,15 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from amapreduce import telemetry
 from amapreduce.agents.tool_calls import tool_trace
 from amapreduce.errors import StorageError, is_storage_fault, storage_error
-from amapreduce.llm.factory import model_for_role
+from amapreduce.events import Event, EventStream, trace_channel
+from amapreduce.llm.factory import RoleModels
 from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.checkpoint import BatchAttempt, Checkpoint
 from amapreduce.mapreduce.result import Completeness, RunEnding, RunStatus, completeness_record
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from amapreduce.settings import Settings
     from amapreduce.table.table import Table
 
-__all__ = ["ActiveRun", "resume_run", "run_timings", "start_run"]
+__all__ = ["ActiveRun", "RunFinished", "resume_run", "run_timings", "start_run"]
 
 
 def run_timings(started: float, executions: Sequence[Mapping[str, float]] = ()) -> dict[str, Any]:
@@ -65,6 +66,26 @@ def run_timings(started: float, executions: Sequence[Mapping[str, float]] = ()) 
         "wall_s": round(max(time.perf_counter() - started, 0.0), 6),
         "executions": [dict(t) for t in executions],
     }
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFinished(Event):
+    """A run ended and its `result.json` is written: emitted once, after the record is on disk. Its
+    subscribers (`ActiveRun.events`): the run's journal (`RunEnded`; from then the run is finished),
+    the trace (`run_finished`) and the run's OpenTelemetry span (status, rows, tokens, cost)."""
+
+    trace_event: ClassVar[str | None] = "run_finished"
+    ending: RunEnding
+    usage: Mapping[str, Any]
+    rows: int = 0
+    error: str | None = None
+    """Why it failed (a `failed` run's error; `interrupted` for Ctrl-C)."""
+    output: str | None = None
+    """The table as markdown (the span's output)."""
+
+    def trace_fields(self) -> dict[str, Any]:
+        return {"status": self.ending.label, **({"error": self.error} if self.error is not None else {}),
+                "usage": dict(self.usage)}
 
 
 @dataclass(kw_only=True)
@@ -87,6 +108,22 @@ class ActiveRun:
     """`finish` (or `record_failure`) wrote `result.json`."""
     span: telemetry.SpanHandle = telemetry.NO_SPAN
     """The run's OpenTelemetry span (`NO_SPAN` while tracing is off): how it ended is set on it."""
+    events: EventStream = field(default_factory=EventStream)
+    """The run's own events (`RunFinished`); the journal, the trace and the span subscribe here."""
+
+    def __post_init__(self) -> None:
+        def journaled(event: RunFinished) -> None:
+            self.journal.append(RunEnded.of(event.ending))
+            self.finished = True
+
+        def on_span(event: RunFinished) -> None:
+            if event.output is not None:
+                self.span.set({telemetry.OUTPUT_VALUE: event.output})
+            _mark_ending(self.span, event.ending, self.meter, event.rows)
+
+        self.events.subscribe(RunFinished, journaled)
+        trace_channel(self.events, self.run_dir.trace)
+        self.events.subscribe(RunFinished, on_span)
 
     def finish(
         self,
@@ -118,11 +155,7 @@ class ActiveRun:
             "timings": run_timings(self.started, executions),
         })
         self.run_dir.write_result(record)
-        self.journal.append(RunEnded.of(ending))
-        self.finished = True
-        self.run_dir.trace.write("run_finished", status=ending.label, usage=self.meter.to_json())
-        self.span.set({telemetry.OUTPUT_VALUE: markdown})
-        _mark_ending(self.span, ending, self.meter, len(table))
+        self.events.emit(RunFinished(ending=ending, usage=self.meter.to_json(), rows=len(table), output=markdown))
         return record
 
     def record_failure(self, exc: BaseException) -> None:
@@ -147,10 +180,7 @@ class ActiveRun:
                 "usage": self.meter.to_json(),
                 "timings": run_timings(self.started),
             }))
-            self.journal.append(RunEnded.of(ending))
-            self.finished = True
-            self.run_dir.trace.write("run_finished", status=status, error=error, usage=self.meter.to_json())
-            _mark_ending(self.span, ending, self.meter, 0)
+            self.events.emit(RunFinished(ending=ending, usage=self.meter.to_json(), error=error))
         except Exception as record_exc:
             exc.add_note(
                 f"(also: could not write the failed result.json in {self.run_dir.path}: {record_exc})"
@@ -187,14 +217,17 @@ def start_run(settings: Settings, *, kind: RunKind, query: str, meter: UsageMete
 
 
 @contextlib.contextmanager
-def resume_run(path: Path, saved: RunJournal, settings: Settings, *, meter: UsageMeter) -> Iterator[ActiveRun]:
+def resume_run(path: Path, saved: RunJournal, settings: Settings, *, meter: UsageMeter,
+               roles: RoleModels | None = None) -> Iterator[ActiveRun]:
     """Go on with the interrupted run in `path`, whose journal says `saved`: the same directory,
     the same journal (a new `RunStarted`, `resumed: true`), a checkpoint over the saved entries,
-    and `meter` charged first with the usage the journal recorded (`_saved_usage`). Ends as `start_run`.
+    and `meter` charged first with the usage the journal recorded (`_saved_usage`), each role's at
+    its model (`roles`: the run's, resolved once by its `ModelFactory`). Ends as `start_run`.
     """
     started = time.perf_counter()
+    models = roles if roles is not None else RoleModels.of(settings)
     for role, usage in _saved_usage(saved).items():
-        meter.record(role, model_for_role(settings, role) or "", usage)
+        meter.record(role, models.get(role) or "", usage)
     kind, query = saved.first.command, saved.first.query
     journal = open_run_journal(path)
     journal.append(RunStarted.now(command=kind, query=query, settings=settings, resumed=True))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -133,11 +134,14 @@ class RunOptions:
     decision's estimate (`RunOutcome.estimate`) is all the run makes (no sub-agent call)."""
 
 
-def _stop_ending(exc: BaseException) -> RunEnding:
-    """How a run that raised `exc` (a manager's: smolagents' wrapper of a tool's or model's error) ended."""
-    cause = find_cause(exc, RunCancelled, *RUN_STOPPING_ERRORS)
-    if isinstance(cause, RunCancelled) and isinstance(cause.partial, MapReduceResult):
-        return cause.partial.ending  # the engine knows why it stopped: budget, cancel or Ctrl-C
+ESTIMATE_ONLY = RunEnding(RunStatus.STOPPED, "estimate only: the manager's decision was estimated; no sub-agent was called")
+"""How an estimate-only `ask` ends (`RunOptions.estimate_only`)."""
+
+
+def _error_ending(exc: BaseException) -> RunEnding:
+    """How a manager's run that raised `exc` ended when no execution stopped it: a model's or a web
+    tool's run-stopping error (smolagents wraps the model's in an `AgentError`), else `failed`."""
+    cause = find_cause(exc, *RUN_STOPPING_ERRORS)
     if cause is not None:
         return stop_ending(cause)
     return RunEnding(RunStatus.FAILED, f"manager failed: {exc}")
@@ -190,12 +194,17 @@ class Session:
         if options.decision is not None and resuming is None:  # checked before any server is asked (the models')
             self._plan, self._wide = _decision_plan(options.decision, settings, options.executor)
             if self._plan is not None and settings.max_cost_usd is not None:  # refused before anything is made
-                check_budget(estimate_for(settings, self._plan, options.decision.template, prices=self.meter.prices),
+                check_budget(estimate_for(settings, self._plan, options.decision.template, prices=self.meter.prices,
+                                          roles=self.model_factory.roles),
                              settings.max_cost_usd)
         if not self._attach:  # an `--api-base` endpoint is asked what it accepts here (`llm.endpoint`)
             self.models = self._build_models(self.meter)
         self.estimate: Estimate | None = None
         """An `ask`'s estimate of its first fan-out (`RunOptions.estimate_only`)."""
+        self._stop_lock = threading.Lock()
+        self.stopped: RunEnding | None = None
+        """How the first execution that ended early ended (budget, cancel, Ctrl-C, estimate only): the
+        run's ending. `execute` sets it; the `mapreduce` tool then raises, for the manager's sake."""
         if settings.mcp is not None:  # read and checked here; its servers start with the run
             from amapreduce.agents.mcp_config import check_mcp_config
 
@@ -245,7 +254,8 @@ class Session:
             self.models = self._build_models(self.meter)
         if self._resuming is not None:
             path, saved = self._resuming
-            run = self._stack.enter_context(resume_run(path, saved, settings, meter=self.meter))
+            run = self._stack.enter_context(resume_run(path, saved, settings, meter=self.meter,
+                                                                roles=self.model_factory.roles))
         else:
             run = self._stack.enter_context(start_run(settings, kind=options.kind, query=options.query,
                                                       meter=self.meter, task_id=options.task_id, trial=options.trial))
@@ -370,8 +380,9 @@ class Session:
         `plan` is not used for it; a plain one without a plan is planned here. With an executor, a
         plain plan of more batches than one chunk runs in chunks there.
 
-        Raises:
-            RunCancelled: the execution stopped (budget, cancel, Ctrl-C); its rows are merged all the same.
+        An execution that stopped early (budget, cancel, Ctrl-C) is returned like any other, its
+        rows merged, its `ending` saying why, and kept as the run's `stopped`; an estimate-only
+        `ask` returns an empty result ended `stopped: estimate only` before any sub-agent is called.
         """
         from amapreduce.mapreduce.batching import plan_batches
         from amapreduce.mapreduce.compose import execute_decision
@@ -380,47 +391,52 @@ class Session:
         if plan is None and not composed:
             plan = plan_batches(decision, max_batches=parts.engine.config.max_batches)
         if self.options.kind.is_ask and self._resuming is None:
-            self._before_fan_out(decision, None if composed else plan)
+            estimated = self._before_fan_out(decision, None if composed else plan)
+            if estimated is not None:
+                return self._ended(estimated), len(self._ledger.table) if self._ledger.table is not None else 0
         self._keep(decision, None if composed else plan)
         executor = self.options.executor
         if executor is not None and plan is not None and not composed and len(plan.batches) > (
                 size := executor.chunk_batches(self.settings)):
             elsewhere = executor.run_wide(decision, plan, self.settings, meter=self.meter, trace=self.trace,
                                           size=size).result
-            rows = self._accumulate(decision, elsewhere)
-            if elsewhere.ending.status.ended_early:
-                raise RunCancelled(f"{elsewhere.ending.reason}; `partial` holds the rows found so far", partial=elsewhere)
-            return elsewhere, rows
+            return self._ended(elsewhere), self._accumulate(decision, elsewhere)
         window = parts.context_window() if decision.discover is not None else None
-        try:
-            result = execute_decision(parts.engine, decision, plan=None if composed else plan,
-                                      checkpoint=self._active.checkpoint, merger=parts.merger, context_window=window)
-        except RunCancelled as exc:
-            self._accumulate(decision, exc.partial)  # a stopped run still keeps the rows it found
-            raise
-        return result, self._accumulate(decision, result)
+        result = execute_decision(parts.engine, decision, plan=None if composed else plan,
+                                  checkpoint=self._active.checkpoint, merger=parts.merger, context_window=window)
+        return self._ended(result), self._accumulate(decision, result)  # a stopped run keeps its rows too
 
-    def _before_fan_out(self, decision: Decision, plan: BatchPlan | None) -> None:
+    def _ended(self, result: MapReduceResult) -> MapReduceResult:
+        """`result`, its ending kept as the run's when it is the first execution to end early."""
+        if result.ending.status.ended_early:
+            with self._stop_lock:
+                if self.stopped is None:
+                    self.stopped = result.ending
+        return result
+
+    def _before_fan_out(self, decision: Decision, plan: BatchPlan | None) -> MapReduceResult | None:
         """An `ask`'s check before a decision of the manager fans out: an estimate-only run stops
         here with the estimate; a fan-out whose estimate's low end, with what the run spent, is over
         the cost budget is refused (`EstimateOverBudget`, a budget stop: exit 4). A composed
         decision is estimated by its known batches (a discovery's map), and not checked. An
         evaluation's trial is not checked either: its budget is what is left of the evaluation's,
-        which `eval run` keeps (it stops starting trials)."""
+        which `eval run` keeps (it stops starting trials). Returns the estimate-only run's empty
+        result (ended `stopped: estimate only`), None when the decision fans out."""
         options, settings = self.options, self.settings
         checked = settings.max_cost_usd is not None and plan is not None and options.kind is not RunKind.EVAL
         if not options.estimate_only and not checked:
-            return
+            return None
         shown = plan if plan is not None else self.plan_of(decision)
-        estimate = estimate_for(settings, shown, decision.template, prices=self.meter.prices)
+        estimate = estimate_for(settings, shown, decision.template, prices=self.meter.prices,
+                                roles=self.model_factory.roles)
         if options.estimate_only:
             part = ("; the discovery's map only: the fill is planned once the entities are found"
                     if decision.discover is not None else "; the decision's own batches, not its children's"
                     if decision.child is not None else "")
             self.estimate = dataclasses.replace(estimate, source=estimate.source + part)
-            raise RunCancelled("estimate only: the manager's decision was estimated; no sub-agent was called",
-                               partial=estimate)
+            return MapReduceResult.empty(self.parts.engine.config.table_for(decision), decision, shown, ESTIMATE_ONLY)
         check_budget(estimate, settings.max_cost_usd, spent_usd=self.meter.cost_usd() or 0.0)
+        return None
 
     def _keep(self, decision: Decision, plan: BatchPlan | None) -> None:
         """An `ask` keeps the decisions it executes for a resume (`Ledger.keep`, `executed.json`)."""
@@ -459,8 +475,8 @@ class Session:
         self.progress.set_stage("manager")
         try:
             answer = manager.run(self.options.query)
-        except AgentError as exc:
-            return self.finish(stopped=_stop_ending(exc))
+        except AgentError as exc:  # an execution that stopped (the tool raised), or a model's or web tool's stop
+            return self.finish(stopped=self.stopped or _error_ending(exc))
         except KeyboardInterrupt:
             self.finish(stopped=INTERRUPTED)
             raise
@@ -481,8 +497,8 @@ class Session:
         self.progress.set_stage("manager")
         try:
             planned = planner.run(self.options.query, self)
-        except stops as exc:
-            return self.finish(stopped=_stop_ending(exc))
+        except stops as exc:  # the tool's `RunCancelled` when an execution stopped (`stopped`), or a model's stop
+            return self.finish(stopped=self.stopped or _error_ending(exc))
         except KeyboardInterrupt:
             self.finish(stopped=INTERRUPTED)
             raise
@@ -504,9 +520,7 @@ class Session:
         if decision.composed and self._resuming is None:
             write_json(self._active.run_dir.path / DECISION_FILE, decision.model_dump(mode="json"))
         try:
-            self.execute(decision, plan)
-        except RunCancelled:
-            pass  # its rows are in the table; `finish` records how it ended
+            self.execute(decision, plan)  # a stopped execution's rows are in the table; `finish` records how it ended
         except KeyboardInterrupt:
             self.finish(stopped=INTERRUPTED)
             raise
@@ -514,16 +528,15 @@ class Session:
 
     def replay(self, executions: list[tuple[Decision, BatchPlan | None]]) -> RunOutcome:
         """Run a killed `ask`'s executed decisions again, without its manager, and `finish`."""
-        stopped: RunEnding | None = None
         try:
             for decision, plan in executions:
-                self.execute(decision, plan)
-        except RunCancelled as exc:
-            stopped = _stop_ending(exc)
+                result, _ = self.execute(decision, plan)
+                if result.ending.status.ended_early:
+                    break
         except KeyboardInterrupt:
             self.finish(stopped=INTERRUPTED)
             raise
-        return self.finish(stopped=stopped)
+        return self.finish(stopped=self.stopped)
 
     # -- finishing --------------------------------------------------------------------------------
 

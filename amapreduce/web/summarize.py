@@ -33,7 +33,7 @@ def focused_extract(model: Model, query: str, url: str, content: str, *, max_wor
         BudgetExceeded, ProviderUnavailable: the run's budget is spent or its provider is down;
             these stop the run and are never hidden behind the page text.
     """
-    from amapreduce.errors import BudgetExceeded, ProviderUnavailable, RunCancelled
+    from amapreduce.errors import BudgetExceeded, ProviderUnavailable
     from amapreduce.llm.complete import complete
     from amapreduce.llm.guard import ModelRequestsBlocked
     from amapreduce.prompts import render_prompt
@@ -42,7 +42,7 @@ def focused_extract(model: Model, query: str, url: str, content: str, *, max_wor
                            no_match=NO_MATCH)
     try:
         text = complete(model, prompt)
-    except (ModelRequestsBlocked, RunCancelled, BudgetExceeded, ProviderUnavailable):
+    except (ModelRequestsBlocked, BudgetExceeded, ProviderUnavailable):
         raise  # the run's end (budget spent, provider down), not this page's: the run stops
     except Exception as exc:  # a provider error must not lose the page: fall back to its text
         log.warning("focused extraction of %s failed: %s", url, exc)

@@ -16,6 +16,7 @@ from typing import Any
 
 from smolagents.models import Model
 
+from amapreduce.llm.events import ModelHedged
 from amapreduce.llm.hedge import HedgeOutcome, Hedger
 from amapreduce.llm.meter import UsageMeter
 from amapreduce.llm.scope import scope_cancelled, scope_extra_calls
@@ -72,6 +73,8 @@ class HedgeModel(WrapperModel):
             )
             total = total + self.meter.record(self.events.role, self.model_id or "unknown", usage)
             kinds.append("answered" if used is not None else "cancelled")
-        self.events.write("model_hedge", winner=outcome.winner, hedges=outcome.hedges,
-                          after_s=round(outcome.after_s, 6), threshold_s=round(outcome.threshold_s, 6), losers=kinds,
-                          usage=total.to_json(), hedge_error=describe_text(outcome.hedge_error))
+        events = self.events
+        events.emit(ModelHedged(role=events.role, model_id=events.model_id, labels=events.labels(), winner=outcome.winner,
+                                hedges=outcome.hedges, after_s=round(outcome.after_s, 6),
+                                threshold_s=round(outcome.threshold_s, 6), losers=tuple(kinds), usage=total.to_json(),
+                                hedge_error=describe_text(outcome.hedge_error)))

@@ -82,15 +82,13 @@ class RetryModel(WrapperModel):
                 log.waited_retry_after = transient.retry_after_s is not None
                 log.waits.append({"kind": transient.kind, "retry_after_s": transient.retry_after_s,
                                   "delay_s": round(delay_s, 6), "waited_s": None})
-                event = ProviderRetry(role=events.role, model_id=self.model_id or "unknown", retry=attempt,
-                                      kind=transient.kind, delay_s=round(delay_s, 3), error=describe(log.error))
-                events.write("model_retry", **event.trace_fields())
                 if transient.retry_after_s is not None and self.defer is not None:
                     self.defer(min(transient.retry_after_s, self.policy.max_retry_after_s))
                 if transient.kind == "rate_limit":
                     self.slowed_until = max(self.slowed_until, time.monotonic() + delay_s)
-                if events.on_retry is not None:
-                    events.on_retry(event)
+                events.emit(ProviderRetry(role=events.role, model_id=self.model_id or "unknown", retry=attempt,
+                                          kind=transient.kind, delay_s=round(delay_s, 3), error=describe(log.error),
+                                          labels=events.labels()))  # the trace and `on_retry` subscribe to it
 
             self._admit()
             return call_with_retries(call, what=events.what, policy=self.policy, on_retry=retried,

@@ -1,23 +1,26 @@
 """The trace layers: one `model_call` event per call, and each HTTP attempt counted and spanned.
 
-`CallEvents` is where a stack's events go: the run's trace and its retry handler, attached once
-the run's directory exists (a session builds its models in pre-flight, before it has a trace), and
-shared by the layers that write events (this one, the retries' `model_retry`, the hedges'
-`model_hedge`). Every event carries the role, the model id and the open usage scope's labels (the
-batch and attempt); errors in it are capped and never hold a registered secret.
+`CallEvents` is where a stack's events go: one stream (`events.EventStream`) that the layers emit
+typed events on (this one's `llm.events.ModelCalled`, the retries' `llm.retry.ProviderRetry`, the
+hedges' `llm.events.ModelHedged`), each once; the run's trace and its retry handler are its
+subscribers, attached once the run's directory exists (a session builds its models in pre-flight,
+before it has a trace). Every event carries the role, the model id and the open usage scope's labels
+(the batch and attempt); errors in it are capped and never hold a registered secret.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from smolagents.models import ChatMessage
 
 from amapreduce import telemetry
 from amapreduce.errors import ProviderUnavailable
-from amapreduce.llm.retry import ModelCallError, ProviderRetryHandler
+from amapreduce.events import Event, EventStream, trace_channel
+from amapreduce.llm.events import ModelCalled
+from amapreduce.llm.retry import ModelCallError, ProviderRetry, ProviderRetryHandler
 from amapreduce.llm.scope import scope_labels
 from amapreduce.llm.wrappers.base import WrapperModel, call_log, open_call
 from amapreduce.trace import redact_secrets
@@ -40,27 +43,66 @@ def describe_text(text: str | None) -> str | None:
     return None if text is None else redact_secrets(text)[:1000]
 
 
-@dataclass(kw_only=True)
-class CallEvents:
-    """Where one role model's events go."""
+def _nothing() -> None:
+    return None
 
-    role: str
-    """What the model is used for (`manager`, `subagent`, ...)."""
-    model_id: str | None
-    trace: Trace | None = None
-    """Where call, retry and hedge events go (None: not traced)."""
-    on_retry: ProviderRetryHandler | None = None
-    """Told of each retry (e.g. to count retries in progress)."""
+
+class CallEvents:
+    """Where one role model's events go: `stream`, with the trace and the retry handler as subscribers.
+
+    Args:
+        role: what the model is used for (`manager`, `subagent`, ...).
+        model_id: the model id.
+        trace: where call, retry and hedge events are written (None: not traced).
+        on_retry: told of each retry (e.g. to count retries in progress).
+    """
+
+    def __init__(self, *, role: str, model_id: str | None, trace: Trace | None = None,
+                 on_retry: ProviderRetryHandler | None = None) -> None:
+        self.role = role
+        self.model_id = model_id
+        self.stream = EventStream()
+        """Every event of this model's calls, emitted once; anyone may subscribe."""
+        self._trace: Trace | None = None
+        self._on_retry: ProviderRetryHandler | None = None
+        self._untrace: Callable[[], None] = _nothing
+        self._unretry: Callable[[], None] = _nothing
+        self.trace = trace
+        self.on_retry = on_retry
+
+    @property
+    def trace(self) -> Trace | None:
+        """Where call, retry and hedge events are written (None: not traced)."""
+        return self._trace
+
+    @trace.setter
+    def trace(self, trace: Trace | None) -> None:
+        self._untrace()
+        self._trace, self._untrace = trace, _nothing if trace is None else trace_channel(self.stream, trace)
+
+    @property
+    def on_retry(self) -> ProviderRetryHandler | None:
+        """Told of each retry (a subscriber of its `ProviderRetry`)."""
+        return self._on_retry
+
+    @on_retry.setter
+    def on_retry(self, handler: ProviderRetryHandler | None) -> None:
+        self._unretry()
+        self._on_retry = handler
+        self._unretry = _nothing if handler is None else self.stream.subscribe(ProviderRetry, handler)
 
     @property
     def what(self) -> str:
         """The model in messages: `subagent model 'gpt-5-mini'`."""
         return f"{self.role} model {self.model_id!r}"
 
-    def write(self, event: str, **data: Any) -> None:
-        """Write `event` with the role, the model id and the open scope's labels."""
-        if self.trace is not None and self.trace.enabled:
-            self.trace.write(event, **{"role": self.role, "model_id": self.model_id, **scope_labels(), **data})
+    def labels(self) -> dict[str, Any]:
+        """The open usage scope's labels, for an event made now."""
+        return scope_labels()
+
+    def emit(self, event: Event) -> None:
+        """Hand `event` to the stream's subscribers."""
+        self.stream.emit(event)
 
 
 class TracedModel(WrapperModel):
@@ -79,13 +121,17 @@ class TracedModel(WrapperModel):
             try:
                 reply = super().generate(messages, stop_sequences, response_format, tools_to_call_from, **kwargs)
             except (ModelCallError, ProviderUnavailable) as exc:
-                self.events.write("model_call", latency_s=round(time.monotonic() - started, 6),
-                                  retries=max(0, log.attempts - 1), retry_waits=log.waits, usage=None,
-                                  error=describe(exc))
+                self._called(started, max(0, log.attempts - 1), log.waits, None, describe(exc))
                 raise
-            self.events.write("model_call", latency_s=round(time.monotonic() - started, 6), retries=log.attempts - 1,
-                              retry_waits=log.waits, usage=log.usage.to_json() if log.usage else None, error=None)
+            self._called(started, log.attempts - 1, log.waits, log.usage.to_json() if log.usage else None, None)
         return reply
+
+    def _called(self, started: float, retries: int, waits: list[dict[str, Any]], usage: dict[str, Any] | None,
+                error: str | None) -> None:
+        events = self.events
+        events.emit(ModelCalled(role=events.role, model_id=events.model_id, labels=events.labels(),
+                                latency_s=round(time.monotonic() - started, 6), retries=retries,
+                                retry_waits=tuple(waits), usage=usage, error=error))
 
 
 class SpanModel(WrapperModel):
