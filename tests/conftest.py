@@ -105,23 +105,29 @@ def _every_record_meets_the_published_schema() -> Iterator[None]:
 
 @pytest.fixture(autouse=True, scope="session")
 def _every_trace_line_meets_the_trace_schema() -> Iterator[None]:
-    """Every line any run writes to a `trace.jsonl` in this suite has an event and fields that
-    `amapreduce.trace_schema` (`docs/reference/trace.md`) lists: a new event or field is documented
-    or the test that wrote it fails. (Traces by other names are a test's own.)"""
+    """Every line any run writes to its run folder's `trace.jsonl` in this suite has an event and
+    fields that `amapreduce.trace_schema` (`docs/reference/trace.md`) lists: a new event or field is
+    documented or the test that wrote it fails. (A `TraceWriter` a test makes itself is its own.)"""
+    from amapreduce.session.rundir import RunDir
     from amapreduce.trace import TraceWriter
     from amapreduce.trace_schema import problems
 
-    write = TraceWriter.write
+    write, opened = TraceWriter.write, RunDir.__init__
 
     def checked(self: TraceWriter, event: str, **data: Any) -> None:
-        if self.path.name == "trace.jsonl":
+        if getattr(self, "_run_folder_trace", False):
             found = problems({"ts": 0, "event": event, **data})
             assert not found, f"{self.path}: {found}"
         write(self, event, **data)
 
+    def run_folder(self: RunDir, *args: Any, **kwargs: Any) -> None:
+        opened(self, *args, **kwargs)
+        self.trace._run_folder_trace = True  # type: ignore[attr-defined]
+
     TraceWriter.write = checked  # type: ignore[method-assign]
+    RunDir.__init__ = run_folder  # type: ignore[method-assign]
     yield
-    TraceWriter.write = write  # type: ignore[method-assign]
+    TraceWriter.write, RunDir.__init__ = write, opened  # type: ignore[method-assign]
 
 
 @pytest.fixture(autouse=True)

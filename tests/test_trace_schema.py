@@ -54,7 +54,7 @@ def test_each_typed_event_writes_exactly_its_documented_fields() -> None:
         event = _sample(kind)
         written, documented = set(event.trace_fields()), set(by_name[kind.trace_event].fields)
         # each documented field is written (a tool call's `reason` and `error` only when it has one)
-        assert written <= documented and documented - written <= {"reason", "error"}, kind.__name__  # (when set)
+        assert written <= documented and documented - written <= {"reason", "error", "shared"}, kind.__name__  # (when set)
         assert problems({"ts": 0, "event": kind.trace_event, **event.trace_fields()}) == []
 
 
@@ -64,3 +64,16 @@ def test_a_line_outside_the_schema_is_named() -> None:
     assert problems({"ts": 1, "event": "atempt"}) == ["unknown trace event 'atempt'"]
     assert problems({"ts": 1, "event": "run_end", "batch_id": "b"}) == [
         "run_end: field 'batch_id' is not in the trace schema"]  # only scoped events carry scope labels
+
+
+def test_the_suite_checks_every_run_folder_trace_line(tmp_path: Path) -> None:
+    """The conftest's check is on: a run folder's trace refuses an undocumented event."""
+    import pytest
+
+    from amapreduce.session.rundir import RunDir
+
+    run_dir = RunDir(tmp_path)
+    run_dir.trace.write("run_finished", status="complete", usage={})
+    with pytest.raises(AssertionError, match="unknown trace event 'made_up'"):
+        run_dir.trace.write("made_up", n=1)
+    run_dir.trace.close()
