@@ -102,7 +102,8 @@ TRACE_EVENTS: tuple[TraceEventSpec, ...] = (
     TraceEventSpec("tool", "one tool call of an agent (web search, crawl, MCP, mapreduce)", "agents.tool_calls.ToolCalled", {
         "tool": "the tool", "agent": "`manager` or `subagent`", "args": "its arguments (shortened)",
         "outcome": "`ok`, `refused` or `error`", "reason": "a refusal's reason", "error": "an error",
-        "duration_s": "its wall time", "bytes": "its output's size"}, scoped=True),
+        "duration_s": "its wall time", "bytes": "its output's size",
+        "shared": "true when an identical search or crawl in flight served it (no request of its own)"}, scoped=True),
     TraceEventSpec("tool_call", "a `mapreduce` tool call: its stage and what it answered", "agents.mapreduce_tool", {
         "tool": "`mapreduce`", "stage": "`plan`, `execute` or `refused`", "reason": "a refusal's reason",
         "error": "a refusal's message", "args": "the call's arguments", "output": "what it answered (the head)"}),

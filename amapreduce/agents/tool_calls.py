@@ -11,7 +11,8 @@ each call writes, whatever its outcome:
 - `outcome`: `ok`, `refused` (the tool turned the call away on purpose: a URL the policy refuses, bad
   arguments, a call limit) with `reason`, the tool's own message (the policy's reason), or `error`
   (the call was valid but failed, or raised anything else) with `error`;
-- `duration_s` and `bytes` (UTF-8 bytes of what the call returned to the model).
+- `duration_s` and `bytes` (UTF-8 bytes of what the call returned to the model);
+- `shared: true` when its search or crawl was served by an identical one already in flight (`web.flight`).
 
 Each call is one typed event (`ToolCalled`), emitted once on the run's stream (`tool_trace`); the
 trace and the call's OpenTelemetry span are its subscribers. On the span, when tracing is on: openinference's smolagents
@@ -36,6 +37,7 @@ from amapreduce import telemetry
 from amapreduce.errors import ToolCallRefused, UserError
 from amapreduce.events import Event, EventStream, trace_channel
 from amapreduce.llm.scope import scope_labels
+from amapreduce.web.flight import call_shares
 
 if TYPE_CHECKING:
     from smolagents import Tool
@@ -85,11 +87,13 @@ class ToolCalled(Event):
     error: str | None = None
     duration_s: float = 0.0
     bytes: int = 0
+    shared: bool = False
+    """Its search or crawl was served by an identical one already in flight (`web.flight`)."""
 
     def trace_fields(self) -> dict[str, Any]:
         why = {k: v for k, v in (("reason", self.reason), ("error", self.error)) if v is not None}
         return {"tool": self.tool, "agent": self.agent, **self.labels, "args": dict(self.args), "outcome": self.outcome,
-                **why, "duration_s": self.duration_s, "bytes": self.bytes}
+                **why, "duration_s": self.duration_s, "bytes": self.bytes, **({"shared": True} if self.shared else {})}
 
 
 def _on_span(event: ToolCalled) -> None:
@@ -143,16 +147,18 @@ def record_tool_calls(tool: Tool) -> Tool:
         call = {"tool": name, "agent": "subagent" if "batch_id" in labels else "manager", "labels": labels,
                 "args": _short({**{str(i): a for i, a in enumerate(args)}, **kwargs})}
         started = time.perf_counter()
-        try:
-            output = forward(*args, **kwargs)
-        except BaseException as exc:
-            refused = isinstance(exc, ToolCallRefused | UserError)
-            stream.emit(ToolCalled(**call, outcome="refused" if refused else "error",
-                                   reason=str(exc) if refused else None,
-                                   error=None if refused else f"{type(exc).__name__}: {exc}",
-                                   duration_s=round(time.perf_counter() - started, 6)))
-            raise
-        stream.emit(ToolCalled(**call, duration_s=round(time.perf_counter() - started, 6), bytes=_size(output)))
+        with call_shares() as flight:
+            try:
+                output = forward(*args, **kwargs)
+            except BaseException as exc:
+                refused = isinstance(exc, ToolCallRefused | UserError)
+                stream.emit(ToolCalled(**call, outcome="refused" if refused else "error",
+                                       reason=str(exc) if refused else None,
+                                       error=None if refused else f"{type(exc).__name__}: {exc}",
+                                       duration_s=round(time.perf_counter() - started, 6), shared=flight.shared))
+                raise
+        stream.emit(ToolCalled(**call, duration_s=round(time.perf_counter() - started, 6), bytes=_size(output),
+                               shared=flight.shared))
         return output
 
     tool.forward = recorded

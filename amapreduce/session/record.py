@@ -169,6 +169,8 @@ class WebRecord(_Part):
     crawls: int = Field(default=0, ge=0)
     cache_hits: int = Field(default=0, ge=0)
     cache_misses: int = Field(default=0, ge=0)
+    shared: int = Field(default=0, ge=0)
+    """Searches and crawls served by an identical one in flight (no request of their own)."""
 
 
 class ExecutorRecord(_Part):

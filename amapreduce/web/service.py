@@ -39,6 +39,7 @@ from amapreduce.web.backends.registry import make_backend
 from amapreduce.web.cache import WebCache, normalize_url
 from amapreduce.web.corpus import CORPUS_SCHEME, CorpusIndex, split_corpus_url
 from amapreduce.web.fetch import FetchFailed, FetchLimits, fetch
+from amapreduce.web.flight import SingleFlight
 from amapreduce.web.main_text import clip_page_text, extract_main_text
 from amapreduce.web.models import Page, SearchResult
 from amapreduce.web.policy import CheckedUrl, Resolver, UrlPolicy, UrlRefused
@@ -62,6 +63,8 @@ class WebUsage(BaseModel):
     crawls: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
+    shared: int = 0
+    """Searches and crawls served by an identical one already in flight (`web.flight`): no request of their own."""
 
 
 class _CachedPage(BaseModel):
@@ -169,6 +172,10 @@ class WebService:
         self._crawls = 0
         self.crawl_breaker = crawl_breaker
         self._host_breakers: dict[str, CircuitBreaker] = {}
+        self._pages: SingleFlight[tuple[Page, bool]] = SingleFlight()
+        """One fetch per page in flight: concurrent crawls of one URL share it (`web.flight`)."""
+        self._queries: SingleFlight[list[SearchResult]] = SingleFlight()
+        """One backend search per query in flight."""
 
     @classmethod
     def from_settings(
@@ -196,10 +203,12 @@ class WebService:
         """Searches, crawls and cache hits/misses so far."""
         hits, misses = self.cache.counts() if self.cache is not None else (0, 0)
         with self._lock:
-            return WebUsage(searches=self._searches, crawls=self._crawls, cache_hits=hits, cache_misses=misses)
+            return WebUsage(searches=self._searches, crawls=self._crawls, cache_hits=hits, cache_misses=misses,
+                            shared=self._pages.shared + self._queries.shared)
 
     def search(self, query: str, n: int = 5) -> list[SearchResult]:
-        """Up to `n` results for `query`, from the cache when fresh.
+        """Up to `n` results for `query`, from the cache when fresh; an identical search in flight
+        (another sub-agent's) is waited for and shared, not sent again.
 
         Raises:
             ConfigError: empty query or `n` out of range.
@@ -214,21 +223,27 @@ class WebService:
             self._searches += 1
         use_cache = self.cache is not None and not self.backend.name.startswith("corpus:")
         key = f"{self.backend.name}\x00{n}\x00{query}"
-        if use_cache and self.cache is not None:
-            stored = self.cache.get("search", key)
-            if stored is not None:
-                return [SearchResult.model_validate(item) for item in json.loads(stored)]
-        results = self.backend.search(query, n)
-        if use_cache and self.cache is not None:
-            self.cache.put("search", key, json.dumps([r.model_dump() for r in results]))
-        return results
+
+        def search() -> list[SearchResult]:
+            if use_cache and self.cache is not None:
+                stored = self.cache.get("search", key)
+                if stored is not None:
+                    return [SearchResult.model_validate(item) for item in json.loads(stored)]
+            found = self.backend.search(query, n)
+            if use_cache and self.cache is not None:
+                self.cache.put("search", key, json.dumps([r.model_dump() for r in found]))
+            return found
+
+        results, _ = self._queries.do(key, search)
+        return list(results)  # each caller its own list
 
     def crawl(self, url: str, max_chars: int) -> Page:
         """The main text of `url`, truncated to `max_chars` characters.
 
         `corpus://` URLs are read from the local indexes; in private mode (`local_only`) any
         other URL is refused there and then; else http(s) URLs pass the URL policy (on every
-        redirect hop), then the cache, then a real fetch.
+        redirect hop), then the cache, then a real fetch, shared by every crawl of the same
+        (normalised) URL that comes while it is in flight (`web.flight`).
 
         Raises:
             UrlRefused: private mode and not a `corpus://` URL, the policy refuses the URL or a
@@ -296,16 +311,22 @@ class WebService:
         """An http(s) page (the URL policy, then the cache, then a real fetch), and whether it was fetched."""
         self.policy.check(url, self._resolver)
         key = normalize_url(url)
-        full = self._cached_page(key)
-        fetched = full is None
-        if full is None:
-            raw = fetch(url, self.policy, self.limits, resolver=self._resolver, transport=self._transport)
-            title, text = extract_main_text(raw.body, raw.content_type, url=raw.final_url, encoding=raw.encoding)
-            full = Page(url=url, final_url=raw.final_url, title=title, text=text, content_type=raw.content_type)
-            if self.cache is not None:
-                self.cache.put("page", key, _CachedPage(page=full, hops=raw.hops).model_dump_json())
+        (full, fetched), shared = self._pages.do(key, lambda: self._load_page(url, key))
         text, cut = clip_page_text(full.text, max_chars)
-        return full.model_copy(update={"text": text, "truncated": cut}), fetched
+        # a crawl served by another's fetch asked nothing of the host itself: not its breaker's probe
+        return full.model_copy(update={"text": text, "truncated": cut}), fetched and not shared
+
+    def _load_page(self, url: str, key: str) -> tuple[Page, bool]:
+        """The whole page of `url` from the cache, else fetched (and cached), and whether it was fetched."""
+        full = self._cached_page(key)
+        if full is not None:
+            return full, False
+        raw = fetch(url, self.policy, self.limits, resolver=self._resolver, transport=self._transport)
+        title, text = extract_main_text(raw.body, raw.content_type, url=raw.final_url, encoding=raw.encoding)
+        full = Page(url=url, final_url=raw.final_url, title=title, text=text, content_type=raw.content_type)
+        if self.cache is not None:
+            self.cache.put("page", key, _CachedPage(page=full, hops=raw.hops).model_dump_json())
+        return full, True
 
     def _cached_page(self, key: str) -> Page | None:
         """The cached page for `key` after re-checking its redirect chain, or None to fetch again.
