@@ -22,7 +22,7 @@ def decision(rows: int, batch_size: int = 1) -> Decision:
 
 
 def run_folder(runs: Path, name: str, *, rows: int, batches: int, calls_per_batch: int, prompt_per_call: int,
-               latency_s: float = 0.5, model: str = "openai/m", kind: str = "ask") -> None:
+               latency_s: float = 0.5, model: str = "openai/m", kind: str = "ask", cached_per_call: int = 0) -> None:
     """A finished run folder as the session writes one: result.json and one model_call event per call;
     an `ask` records its `decisions`, another kind its one `decision`."""
     folder = runs / name
@@ -30,7 +30,8 @@ def run_folder(runs: Path, name: str, *, rows: int, batches: int, calls_per_batc
     write_record(folder, kind=kind, completeness={"rows": rows, "batches": batches, "attempts": batches},
                  **({"decisions": [executed]} if kind == "ask" else {"decision": executed}))
     calls = [{"event": "model_call", "role": "subagent", "model_id": model, "latency_s": latency_s, "error": None,
-              "usage": {"requests": 1, "prompt_tokens": prompt_per_call, "completion_tokens": 20}}
+              "usage": {"requests": 1, "prompt_tokens": prompt_per_call, "completion_tokens": 20,
+                        "cached_tokens": cached_per_call}}
              for _ in range(batches * calls_per_batch)]
     manager = {"event": "model_call", "role": "manager", "model_id": model, "latency_s": 9.0, "error": None,
                "usage": {"requests": 1, "prompt_tokens": 99999, "completion_tokens": 999}}
@@ -129,3 +130,22 @@ def test_a_run_of_one_decision_counts_as_a_past_run(tmp_path: Path) -> None:
     run_folder(runs, "20260101-000000-r", rows=10, batches=5, calls_per_batch=2, prompt_per_call=1000, kind="enrich")
     found = read_past_run(runs / "20260101-000000-r")
     assert found is not None and (found.rows, found.calls, found.template) == (10, 10, "Code of __0__?")
+
+
+def test_prompt_tokens_the_provider_cached_are_estimated_at_the_cached_rate(tmp_path: Path) -> None:
+    """Issue 37, part 2: past runs whose provider served 75 % of the prompt from its prefix cache make
+    the estimate expect that share, priced at the model's cached-input rate."""
+    runs = tmp_path / "runs"
+    for k in range(4):
+        run_folder(runs, f"20260101-00000{k}-r", rows=10, batches=10, calls_per_batch=2, prompt_per_call=1000,
+                   cached_per_call=750)
+    profile = profile_of(past_runs(runs), model_id="openai/m")
+    assert profile.cached_share == 0.75
+    prices = PriceTable(overrides={"openai/m": Price(input=1e-6, output=2e-6, cached_input=1e-7)})
+    estimate = estimate_plan(plan_batches(decision(20), max_batches=None), workers=8, profile=profile,
+                             model_id="openai/m", prices=prices)
+    assert estimate.prompt_tokens == (32000, 48000) and estimate.cached_tokens == (24000, 36000)
+    per_prompt = 0.25 * 1e-6 + 0.75 * 1e-7
+    assert estimate.cost_usd == pytest.approx((32000 * per_prompt + 640 * 2e-6, 48000 * per_prompt + 960 * 2e-6))
+    assert estimate.to_json()["cached_tokens"] == {"low": 24000, "high": 36000}
+    assert "(cached 24,000 - 36,000)" in "\n".join(estimate.lines())

@@ -136,6 +136,12 @@ def test_cached_tokens_are_read_from_the_reply_and_priced() -> None:
     assert cached_tokens(completion) == 64  # OpenAI / LiteLLM objects
     assert cached_tokens({"usage": {"input_tokens": 10, "cache_read_input_tokens": 30}}) == 30  # Anthropic
     assert cached_tokens({"usage": {"prompt_tokens_details": None}}) == 0 and cached_tokens(None) == 0
+    llama = openai.types.chat.ChatCompletion.model_validate(  # llama.cpp's llama-server: its KV-cache reuse in `timings`
+        {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+         "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}}],
+         "usage": {"prompt_tokens": 37, "completion_tokens": 8, "total_tokens": 45},
+         "timings": {"cache_n": 36, "prompt_n": 1, "prompt_ms": 0.2}})
+    assert cached_tokens(llama) == 36 and cached_tokens({"timings": {"cache_n": True}}) == 0
 
     meter = UsageMeter(prices=PRICES)
     model = ManagedModel(with_raw(completion), role="subagent", meter=meter)

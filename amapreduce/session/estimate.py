@@ -72,6 +72,8 @@ class PastRun:
     call_seconds: tuple[float, ...]
     template: str = ""
     """The template of the run's (first) decision: what its sub-questions asked, to find runs of a similar shape."""
+    cached_tokens: int = 0
+    """Prompt tokens the provider served from its prefix cache (priced at its cached rate)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class Profile:
     """Relative spread of calls and tokens (± this share)."""
     source: str
     """Where the figures come from: `N past runs (...)` or `defaults`."""
+    cached_share: float = 0.0
+    """The share of prompt tokens the provider served from its prefix cache in those runs (median)."""
 
     def prompt_tokens_per_batch(self, rows_per_batch: float) -> float:
         """Prompt tokens of a batch of `rows_per_batch` rows: each past run's figure with its
@@ -119,6 +123,9 @@ class Estimate:
     wall_s: tuple[float, float]
     model_id: str | None
     source: str
+    cached_tokens: tuple[int, int] = (0, 0)
+    """Of `prompt_tokens`, those expected from the provider's prefix cache (the past runs' share),
+    priced at the model's cached-input rate in `cost_usd`."""
 
     def to_json(self) -> dict[str, Any]:
         """The `--estimate --json` object."""
@@ -127,7 +134,8 @@ class Estimate:
 
         return {"batches": self.batches, "rows": self.rows, "workers": self.workers, "model": self.model_id,
                 "calls": span(self.calls), "prompt_tokens": span(self.prompt_tokens),
-                "completion_tokens": span(self.completion_tokens), "cost_usd": span(self.cost_usd),
+                "completion_tokens": span(self.completion_tokens), "cached_tokens": span(self.cached_tokens),
+                "cost_usd": span(self.cost_usd),
                 "wall_s": span(self.wall_s), "source": self.source}
 
     def lines(self) -> list[str]:
@@ -138,7 +146,9 @@ class Estimate:
             f"estimate for {self.batches} batches over {self.rows} rows with {self.workers} workers "
             f"(from {self.source}):",
             f"  model calls {self.calls[0]:,} - {self.calls[1]:,}; prompt tokens {self.prompt_tokens[0]:,} - "
-            f"{self.prompt_tokens[1]:,}; completion tokens {self.completion_tokens[0]:,} - {self.completion_tokens[1]:,}",
+            f"{self.prompt_tokens[1]:,}" + (f" (cached {self.cached_tokens[0]:,} - {self.cached_tokens[1]:,})"
+                                            if self.cached_tokens[1] else "")
+            + f"; completion tokens {self.completion_tokens[0]:,} - {self.completion_tokens[1]:,}",
             f"  cost {cost}; wall time {self.wall_s[0]:.0f} - {self.wall_s[1]:.0f} s",
         ]
 
@@ -166,7 +176,8 @@ def read_past_run(folder: Path) -> PastRun | None:
     first = decisions[0] if decisions else {}
     return PastRun(model_id=next(iter(model_ids)) if len(model_ids) == 1 else None, batches=batches, rows=rows,
                    calls=usage.requests, prompt_tokens=usage.input_tokens, completion_tokens=usage.output_tokens,
-                   call_seconds=tuple(seconds), template=str(first.get("template") or ""))
+                   call_seconds=tuple(seconds), template=str(first.get("template") or ""),
+                   cached_tokens=min(usage.cached_tokens, usage.input_tokens))
 
 
 def _matrix_rows(decisions: list[dict[str, Any]]) -> int:
@@ -235,6 +246,7 @@ def profile_of(runs: Sequence[PastRun], *, model_id: str | None = None, template
         completion_per_row=statistics.median(r.completion_tokens / r.rows for r in chosen),
         call_s_median=median, call_s_p90=max(p90, median), spread=max(_spread(calls), _spread(per_row)),
         source=f"{len(chosen)} past run{'s' if len(chosen) != 1 else ''} ({which})",
+        cached_share=statistics.median(r.cached_tokens / r.prompt_tokens if r.prompt_tokens else 0.0 for r in chosen),
     )
 
 
@@ -254,16 +266,20 @@ def estimate_plan(plan: BatchPlan, *, workers: int, profile: Profile, model_id: 
 
     cost: tuple[float, float] | None = None
     price = prices.price(model_id) if prices is not None and model_id else None
+    share = min(max(profile.cached_share, 0.0), 1.0)
     if price is not None:
         (prompt_low, prompt_high), (completion_low, completion_high) = span(prompt), span(completion)
-        cost = (price.input * prompt_low + price.output * completion_low,
-                price.input * prompt_high + price.output * completion_high)
+        cached_rate = price.cached_input if price.cached_input is not None else price.input
+        per_prompt = price.input * (1 - share) + cached_rate * share  # a cached prompt token at the cached rate
+        cost = (per_prompt * prompt_low + price.output * completion_low,
+                per_prompt * prompt_high + price.output * completion_high)
     waves = math.ceil(batches / max(workers, 1))
     return Estimate(batches=batches, rows=rows, workers=workers, calls=span(calls), prompt_tokens=span(prompt),
                     completion_tokens=span(completion), cost_usd=cost,
                     wall_s=(waves * profile.calls_per_batch * profile.call_s_median,
                             waves * profile.calls_per_batch * profile.call_s_p90),
-                    model_id=model_id, source=profile.source)
+                    model_id=model_id, source=profile.source,
+                    cached_tokens=(math.floor(span(prompt)[0] * share), math.ceil(span(prompt)[1] * share)))
 
 
 def estimate_for(settings: Settings, plan: BatchPlan, template: str, *, prices: PriceTable | None = None,

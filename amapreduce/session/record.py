@@ -128,6 +128,9 @@ class EstimateRecord(_Part):
     calls: Range
     prompt_tokens: Range
     completion_tokens: Range
+    cached_tokens: Range | None = None
+    """Of the prompt tokens, those expected from the provider's prefix cache (priced at its cached
+    rate; absent in records written before it was estimated)."""
     cost_usd: Range | None
     """null: the sub-agent model has no known price."""
     wall_s: Range

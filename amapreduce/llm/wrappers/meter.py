@@ -30,17 +30,21 @@ def cached_tokens(raw: Any) -> int:
     """Prompt tokens served from the provider's cache, read from a raw reply (0 when not reported).
 
     smolagents' `TokenUsage` has no cached count, so it comes from the provider's own usage
-    object: OpenAI and LiteLLM report `usage.prompt_tokens_details.cached_tokens`, Anthropic
-    `usage.cache_read_input_tokens`. Both count them inside the prompt tokens (LiteLLM adds
-    Anthropic's cache reads to `prompt_tokens`), which is how `PriceTable.cost` prices them.
+    object: OpenAI, LiteLLM and vLLM (with prefix caching) report
+    `usage.prompt_tokens_details.cached_tokens`, Anthropic `usage.cache_read_input_tokens`, and
+    llama.cpp's own server (`llama-server`) the prompt tokens it took from its KV cache as
+    `timings.cache_n`. All count them inside the prompt tokens (LiteLLM adds Anthropic's cache reads
+    to `prompt_tokens`), which is how `PriceTable.cost` prices them. (llama-cpp-python's server
+    reuses its cache too, "prefix-match hit" in its log, but reports nothing of it: 0.)
     """
     usage = _field(raw, "usage")
-    if usage is None:
-        return 0
-    for value in (_field(_field(usage, "prompt_tokens_details"), "cached_tokens"), _field(usage, "cache_read_input_tokens")):
-        if isinstance(value, int) and value > 0:
-            return value
-    return 0
+    timings = _field(raw, "timings")
+    found = (
+        _field(_field(usage, "prompt_tokens_details"), "cached_tokens") if usage is not None else None,
+        _field(usage, "cache_read_input_tokens") if usage is not None else None,
+        _field(timings, "cache_n") if timings is not None else None,
+    )
+    return next((value for value in found if isinstance(value, int) and not isinstance(value, bool) and value > 0), 0)
 
 
 class MeterModel(WrapperModel):
