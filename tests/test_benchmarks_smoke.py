@@ -36,12 +36,12 @@ def _needs(script: str, tmp_path: Path) -> list[str]:
         return ["--data", str(BENCHMARK_DATA / "widesearch")]
     if script == "bench_evolution.py":
         return ["--out", str(tmp_path / "evolution")]
-    if script == "bench_real_model.py":
+    if script in ("bench_real_model.py", "bench_prefix.py"):
         from real_model import find_llama
 
         install, why = find_llama()
         if install is None:
-            pytest.skip(f"bench_real_model.py needs a real local model server: {why}")
+            pytest.skip(f"{script} needs a real local model server: {why}")
         return ["--llama-python", install.python]
     return []
 
