@@ -21,7 +21,16 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from amapreduce._retry import RetryPolicy
 from amapreduce.errors import ConfigError
@@ -104,7 +113,11 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     workers: int = Field(default=8, ge=1, le=1024)
-    """Sub-agents running at once (`AMAPREDUCE_WORKERS`)."""
+    """Sub-agents running at once (`AMAPREDUCE_WORKERS`; `auto`: `workers_auto`)."""
+    workers_auto: bool = False
+    """Fit the sub-agents running at once to the server (`--workers auto`, `AMAPREDUCE_WORKERS=auto`): its
+    slots where it reports them (llama.cpp's `/props`), else adapted as the run goes (`mapreduce.concurrency`:
+    from 2, grown while throughput rises, halved on a timeout or a 429, up to 32); `workers` is not used then."""
     max_attempts: int = Field(default=3, ge=1, le=20)
     """Attempts per batch: the first plus retries (`AMAPREDUCE_MAX_ATTEMPTS`; the paper's 2 retries)."""
     batch_timeout_s: float = Field(default=900.0, gt=0)
@@ -323,6 +336,15 @@ class Settings(BaseModel):
         """
         fields = (getattr(self, name) for name in type(self).model_fields)
         return (*(v.get_secret_value() for v in fields if isinstance(v, SecretStr)), *self._environ_secrets)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workers_auto(cls, data: Any) -> Any:
+        """`workers: auto` (the flag or the variable) is `workers_auto`."""
+        if isinstance(data, Mapping) and isinstance(data.get("workers"), str) and data["workers"].strip().lower() == "auto":
+            data = {k: v for k, v in data.items() if k != "workers"}
+            data["workers_auto"] = True
+        return data
 
     @field_validator("allowed_domains", "denied_domains", mode="before")
     @classmethod

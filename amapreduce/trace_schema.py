@@ -70,6 +70,9 @@ TRACE_EVENTS: tuple[TraceEventSpec, ...] = (
     TraceEventSpec("backup_start", "a straggler got a backup attempt", "mapreduce.events.BackupStarted", {
         "batch_id": "the batch", "phase": "its phase", "attempt": "the attempt backed up",
         "running_s": "how long the straggler had run", "threshold_s": "the straggler threshold then"}),
+    TraceEventSpec("workers", "the adapted limit of attempts in flight changed (`--workers auto`)",
+                   "mapreduce.events.WorkersChanged", {
+        "workers": "attempts allowed in flight now", "previous": "before", "why": "throughput rose, a timeout, a 429"}),
     TraceEventSpec("run_end", "an engine run ended (finished or stopped)", "mapreduce.events.RunEnded", {
         "summary": "the run's summary (completeness, effort, usage, timings)", "cancelled": "it stopped early",
         "status": "its status label (`complete`, `incomplete`, `stopped: ...`)"}),

@@ -126,7 +126,8 @@ def test_the_extras_and_flags_read_as_written(capsys: pytest.CaptureFixture[str]
     shown = flat(rendered_help(["ask"], capsys))
     assert "pip install 'amapreduce[otel]'" in shown and "pip install 'amapreduce[ray]'" in shown
     assert re.search(r"--json Print exactly one JSON object", shown)  # a flag: no value between
-    assert "--workers <int range>" in shown  # an option that takes a value still shows its type
+    assert re.search(r"--workers <?N\|auto>?", shown)  # an option that takes a value still shows it
+    assert "--max-tokens <int>" in shown  # ... and its type
     for path, _command in every_command():
         assert "<bool>" not in rendered_help(path, capsys), path
 

@@ -47,7 +47,7 @@ def test_each_typed_event_writes_exactly_its_documented_fields() -> None:
     by_name = {spec.name: spec for spec in TRACE_EVENTS}
     traced = {k for module in (events, llm_events, llm_retry, tool_calls, lifecycle) for k in vars(module).values()
               if isinstance(k, type) and issubclass(k, Event) and k.trace_event}
-    assert {k.trace_event for k in traced} == {"run_start", "patch_round", "attempt", "backup_start", "run_end",
+    assert {k.trace_event for k in traced} == {"run_start", "patch_round", "attempt", "backup_start", "run_end", "workers",
                                                "model_call", "model_retry", "model_hedge", "tool", "run_finished"}
     for kind in traced:
         assert kind.trace_event is not None

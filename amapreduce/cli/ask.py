@@ -31,7 +31,7 @@ def ask(
     tool_choice: opt.ToolChoiceOpt = None,
     structured_output: opt.StructuredOutputOpt = None,
     message_content: opt.MessageContentOpt = None,
-    workers: opt.WorkersOpt = None,
+    workers: opt.WorkersAutoOpt = None,
     memory: opt.MemoryOpt = None,
     no_memory: opt.NoMemoryOpt = False,
     mcp: opt.McpOpt = None,

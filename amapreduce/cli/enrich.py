@@ -52,7 +52,7 @@ def enrich(
     tool_choice: opt.ToolChoiceOpt = None,
     structured_output: opt.StructuredOutputOpt = None,
     message_content: opt.MessageContentOpt = None,
-    workers: opt.WorkersOpt = None,
+    workers: opt.WorkersAutoOpt = None,
     memory: opt.MemoryOpt = None,
     no_memory: opt.NoMemoryOpt = False,
     verify: opt.VerifyOpt = None,

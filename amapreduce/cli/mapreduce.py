@@ -107,7 +107,7 @@ def run(
     tool_choice: opt.ToolChoiceOpt = None,
     structured_output: opt.StructuredOutputOpt = None,
     message_content: opt.MessageContentOpt = None,
-    workers: opt.WorkersOpt = None,
+    workers: opt.WorkersAutoOpt = None,
     max_batches: int | None = typer.Option(None, "--max-batches", min=1, help=MAX_BATCHES_HELP),
     mcp: opt.McpOpt = None,
     out: opt.OutOpt = None,

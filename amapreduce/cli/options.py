@@ -41,6 +41,7 @@ __all__ = [
     "ToolChoiceOpt",
     "VERIFY_HELP",
     "VerifyOpt",
+    "WorkersAutoOpt",
     "WorkersOpt",
 ]
 
@@ -95,6 +96,18 @@ def endpoint_overrides(*, model_timeout: float | None, solver: str | None, tool_
     return {"model_timeout_s": model_timeout, "solver": solver, "tool_choice": tool_choice,
             "structured_output": structured_output, "message_content": message_content}
 WorkersOpt = Annotated[int | None, typer.Option("--workers", min=1, help="Sub-agents running at once.")]
+
+
+def _workers_value(value: str | None) -> str | None:
+    """`--workers`: a number of at least 1, or `auto`."""
+    if value is None or value.strip().lower() == "auto" or (value.strip().isdigit() and int(value) >= 1):
+        return value
+    raise typer.BadParameter(f"{value!r} is neither a number of at least 1 nor `auto`")
+
+
+WorkersAutoOpt = Annotated[str | None, typer.Option("--workers", callback=_workers_value, metavar="N|auto", help=(
+    "Sub-agents running at once, or `auto`: the server's slots where it reports them, else adapted to its "
+    "throughput (from 2, halved on timeouts and 429s, up to 32)."))]
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", help="LiteLLM id (openai/gpt-5-mini) or the server's model name.")]
 MemoryOpt = Annotated[Path | None, typer.Option("--memory", help="Experiential-memory store for the plan stage.")]

@@ -43,6 +43,7 @@ from amapreduce.llm.usage import Usage
 from amapreduce.mapreduce.backup import BackupGate, BackupPolicy, Stragglers
 from amapreduce.mapreduce.batching import BatchPlan, plan_batches
 from amapreduce.mapreduce.checkpoint import Checkpoint, ExecutionCheckpoint, MergedRow
+from amapreduce.mapreduce.concurrency import AUTO_MAX_WORKERS, AdaptiveWorkers
 from amapreduce.mapreduce.events import (
     AttemptSettled,
     AttemptStarted,
@@ -52,6 +53,7 @@ from amapreduce.mapreduce.events import (
     EngineRunStarted,
     PatchRound,
     PhaseStarted,
+    WorkersChanged,
     journal_channel,
     progress_channel,
     telemetry_channel,
@@ -105,6 +107,8 @@ class EngineConfig(BaseModel):
     """How cells' quotes are checked (`Settings.verify`; `strict`: `unverified` counts as missing)."""
     backup: BackupPolicy = BackupPolicy()
     """When a straggling attempt gets a backup (`mapreduce.backup`; `Settings.backup`, `backup_max_extra`)."""
+    adaptive: bool = False
+    """Adapt the attempts in flight to the server (`mapreduce.concurrency`), up to `workers`."""
 
     def table_for(self, decision: Decision) -> Table:
         """The empty table `decision`'s rows reduce into: its columns and key columns, its typed columns'
@@ -115,11 +119,15 @@ class EngineConfig(BaseModel):
                      strict_evidence=self.verify == "strict", normalizers=decision.normalizers)
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, decisions_by: DecisionAuthor) -> EngineConfig:
+    def from_settings(cls, settings: Settings, *, decisions_by: DecisionAuthor, slots: int | None = None) -> EngineConfig:
         """The limits `settings` give an engine whose decisions are written by `decisions_by`
-        (the batch cap depends on it: see `Settings.batch_cap`)."""
-        return cls(workers=settings.workers, max_attempts=settings.max_attempts, batch_timeout_s=settings.batch_timeout_s,
-                   patch_rounds=settings.patch_rounds, max_batches=settings.batch_cap(decisions_by), verify=settings.verify,
+        (the batch cap depends on it: see `Settings.batch_cap`). With `workers_auto`, the server's
+        `slots` when it reports them, else an adapted number up to `AUTO_MAX_WORKERS`."""
+        workers, adaptive = ((slots, False) if slots is not None else (AUTO_MAX_WORKERS, True)) if settings.workers_auto \
+            else (settings.workers, False)
+        return cls(workers=workers, adaptive=adaptive, max_attempts=settings.max_attempts,
+                   batch_timeout_s=settings.batch_timeout_s, patch_rounds=settings.patch_rounds,
+                   max_batches=settings.batch_cap(decisions_by), verify=settings.verify,
                    backup=BackupPolicy(mode=settings.backup, max_extra=settings.backup_max_extra))
 
 
@@ -167,6 +175,9 @@ class MapReduceEngine:
         self._clock = clock
         self._runs_lock = threading.Lock()
         self._runs: set[EngineRun] = set()
+        self.concurrency = (AdaptiveWorkers(self.config.workers, clock=clock, on_change=lambda was, now, why: self.events.emit(
+            WorkersChanged(workers=now, previous=was, why=why))) if self.config.adaptive else None)
+        """The adapted limit of attempts in flight (`EngineConfig.adaptive`), shared by this engine's runs."""
         self.cancels = 0
         """How many times `cancel` was called: a composed run (`compose`) that runs several
         decisions one after another checks it between them, since a cancel with no run in flight
@@ -233,7 +244,8 @@ class MapReduceEngine:
             journal_channel(events, execution)
         records: list[AttemptRecord] = []
         run = EngineRun(cfg.workers, batch_timeout_s=cfg.batch_timeout_s, clock=self._clock,
-                        stragglers=Stragglers(cfg.backup, self._backup_gate, workers=cfg.workers))
+                        stragglers=Stragglers(cfg.backup, self._backup_gate, workers=cfg.workers),
+                        limit=None if (adapted := self.concurrency) is None else (lambda: adapted.limit))
         with self._runs_lock:
             self._runs.add(run)
         executor = self._executor or ThreadExecutor(cfg.threads or cfg.workers + max(2, cfg.workers // 4))
@@ -579,6 +591,8 @@ class MapReduceEngine:
             elapsed_s=round(elapsed, 6), rows=rows, dropped_rows=dropped, error=problem, usage=usage, backup=job.backup,
         )
         records.append(record)
+        if self.concurrency is not None:  # the adapted limit learns from every settled attempt
+            self.concurrency.settled(outcome)
         follow = None if held else self._follow_up(state, problem, tables)
         # The one report of this attempt: the trace, progress, journal (on disk before the batch
         # counts as done) and telemetry are subscribers of it.

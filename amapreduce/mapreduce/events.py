@@ -11,6 +11,7 @@
 | `AttemptSettled` | an attempt's reply (or error) is merged | `attempt` | `attempt` | `batch_attempt` | batch span event |
 | `BackupStarted` | a straggler gets a backup attempt | `backup_start` | `backup` | | |
 | `BatchDone` | a batch needs no further attempt | | `batch_done` | | batch span ends |
+| `WorkersChanged` | the adapted limit of attempts in flight changed (`--workers auto`) | `workers` | | | |
 | `EngineRunEnded` | the run ends (finished or stopped) | `run_end` | | | |
 
 The subscribers: `events.trace_channel` (every event with a `trace_event`), `progress_channel` (a
@@ -40,6 +41,7 @@ __all__ = [
     "BatchDone",
     "PatchRound",
     "PhaseStarted",
+    "WorkersChanged",
     "EngineRunEnded",
     "EngineRunStarted",
     "journal_channel",
@@ -136,6 +138,16 @@ class BatchDone(Event):
     done: int
     total: int
     attempts: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkersChanged(Event):
+    """The adapted limit of attempts in flight changed (`mapreduce.concurrency.AdaptiveWorkers`)."""
+
+    trace_event: ClassVar[str | None] = "workers"
+    workers: int
+    previous: int
+    why: str
 
 
 @dataclass(frozen=True, kw_only=True)

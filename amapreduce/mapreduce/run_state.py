@@ -21,7 +21,7 @@ from amapreduce.mapreduce.solver import BatchRequest, SolverReply
 from amapreduce.mapreduce.work import WorkBatch
 from amapreduce.table.evidence import FetchedPages
 
-__all__ = ["POLL_S", "AttemptNotStarted", "BatchJob", "BatchState", "EngineRun"]
+__all__ = ["POLL_S", "AdaptiveSlots", "AttemptNotStarted", "BatchJob", "BatchState", "EngineRun"]
 
 POLL_S = 0.05
 """How often a waiting worker or the engine loop looks again (slots, attempts not yet started)."""
@@ -68,19 +68,47 @@ class BatchJob:
 
 
 
+class AdaptiveSlots:
+    """A run's slots under an adapted limit (`concurrency.AdaptiveWorkers`): `acquire` takes one while
+    fewer than `limit()` are held; a lowered limit takes effect as held slots are given back."""
+
+    def __init__(self, limit: Callable[[], int]) -> None:
+        self._limit = limit
+        self._cond = threading.Condition()
+        self._held = 0
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            if self._held >= self._limit():
+                self._cond.wait(timeout)
+                if self._held >= self._limit():
+                    return False
+            self._held += 1
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            self._held -= 1
+            self._cond.notify()
+
+
 class EngineRun:
     """The state of one `MapReduceEngine.run` call, so that runs sharing an engine (two tool calls
     in one manager step, two runs in one process) never see each other's attempts, slots or stop."""
 
     def __init__(
-        self, workers: int, *, batch_timeout_s: float, clock: Callable[[], float], stragglers: Stragglers | None = None
+        self, workers: int, *, batch_timeout_s: float, clock: Callable[[], float], stragglers: Stragglers | None = None,
+        limit: Callable[[], int] | None = None,
     ) -> None:
-        self.workers = workers
+        self._workers = workers
+        self._limit = limit
+        """The adapted limit (`--workers auto`), read at each slot taken; None: `workers`, fixed."""
         self.batch_timeout_s = batch_timeout_s
         self.stragglers = stragglers or Stragglers(BackupPolicy(mode="off"))
         """The run's backup bookkeeping (`mapreduce.backup`), across its phases."""
         self.clock = clock
-        self.slots = threading.Semaphore(workers)
+        self.slots: threading.Semaphore | AdaptiveSlots = (threading.Semaphore(workers) if limit is None
+                                                           else AdaptiveSlots(limit))
         self.gate = threading.Lock()  # guards `running`, slot hand-back and `ending`
         self.running: set[BatchJob] = set()
         # Finished futures arrive here through done-callbacks: O(1) per completion, however
@@ -91,6 +119,11 @@ class EngineRun:
         """Why the run stops (the first cause wins); None while it runs."""
         self.prompt_lock = threading.Lock()
         self.prompt_headers: dict[str, str] = {}
+
+    @property
+    def workers(self) -> int:
+        """Attempts allowed in flight now (fixed, or the adapted limit)."""
+        return self._workers if self._limit is None else self._limit()
 
     def stop(self, ending: RunEnding) -> None:
         """Stop this run soon (thread-safe); the first reason given is the one reported."""

@@ -61,7 +61,7 @@ JOURNAL_KIND = "run"
 RERUN_SETTINGS: tuple[str, ...] = (
     "model", "subagent_model", "extraction_model", "memory_model", "api_base", "search_backend", "searxng_url",
     "mcp", "mcp_manager",
-    "workers", "max_attempts", "batch_timeout_s", "patch_rounds", "max_batches", "subagent_max_steps",
+    "workers", "workers_auto", "max_attempts", "batch_timeout_s", "patch_rounds", "max_batches", "subagent_max_steps",
     "manager_max_steps", "max_tool_calls", "max_cost_usd", "max_tokens", "model_rpm", "model_tpm", "prices_file",
     "retry_max_retries", "retry_base_delay_s", "retry_max_delay_s", "allow_private_urls", "allowed_domains",
     "denied_domains", "crawl_max_chars", "allow_web_crawl", "model_timeout_s", "endpoint_probe", "message_content",

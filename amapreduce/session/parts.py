@@ -183,10 +183,13 @@ def build_parts(
             solver, name, why = _default_solver(settings, models["subagent"], tools=[*web_tools, *mcp_tools],
                                                 reader=reader)
             trace.write("solver", name=name, why=why)
-        engine = MapReduceEngine(
-            solver, config=EngineConfig.from_settings(settings, decisions_by=decisions_by), trace=trace,
-            progress=progress, backup_gate=models["subagent"].has_room_for,
-        )
+        subagent = models["subagent"]
+        capabilities = getattr(subagent, "capabilities", None)  # the server's slots, where it reports them
+        config = EngineConfig.from_settings(settings, decisions_by=decisions_by,
+                                            slots=capabilities.slots if capabilities is not None else None)
+        engine = MapReduceEngine(solver, config=config, trace=trace, progress=progress,
+                                 backup_gate=subagent.has_room_for)
+        _adapt_to_rate_limits(engine, subagent)
     except BaseException:
         if toolbox is not None:
             toolbox.close()
@@ -203,6 +206,22 @@ def build_parts(
         parts.closers.append(toolbox.close)
         weakref.finalize(parts, toolbox.close)  # parts dropped unclosed, or the process exiting
     return parts
+
+
+def _adapt_to_rate_limits(engine: MapReduceEngine, model: ManagedModel) -> None:
+    """An adapted engine (`--workers auto`) halves its attempts in flight when the sub-agents'
+    provider answers 429: a subscriber of the model's retries (`llm.retry.ProviderRetry`)."""
+    from amapreduce.llm.retry import ProviderRetry
+
+    adapted, events = engine.concurrency, getattr(model, "events", None)
+    if adapted is None or events is None:
+        return
+
+    def on_retry(retry: ProviderRetry) -> None:
+        if retry.kind == "rate_limit":
+            adapted.pressure(f"the provider answered 429 ({retry.model_id})")
+
+    events.stream.subscribe(ProviderRetry, on_retry)
 
 
 def _reader_of(tools: Sequence[Tool]) -> Reader | None:

@@ -88,7 +88,10 @@ def resume_settings(saved: RunJournal, *, environ: dict[str, str] | None = None,
         env.pop(ENV_PREFIX + name.upper(), None)
         if name in ENV_ALIASES:
             env.pop(ENV_ALIASES[name], None)
-    return load_settings(env, **{**saved.first.settings, **{k: v for k, v in overrides.items() if v is not None}})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "workers" in given:  # a number of workers given for the resume replaces the run's `auto`
+        given.setdefault("workers_auto", False)
+    return load_settings(env, **{**saved.first.settings, **given})
 
 
 def resume(path: Path, saved: RunJournal, settings: Settings, *, inner: InnerFactory | None = None,

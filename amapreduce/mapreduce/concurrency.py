@@ -1,0 +1,104 @@
+"""How many attempts an engine runs at once: a fixed number (`workers`), or adapted to the server.
+
+Why adapt: a local server computes a few requests at a time (llama.cpp's slots; llama-cpp-python's
+server one), so a run's default 8 workers queue behind each other there, pass their deadlines and
+are retried while the server still computes the abandoned calls; a hosted API takes far more. Where
+the server reports its slots (llama.cpp's `/props`, `llm.endpoint`) the session runs that many
+workers; where it does not, `--workers auto` starts low and adapts (`AdaptiveWorkers`):
+
+* **grow while throughput rises**: after a window of settled attempts (twice the limit) at one limit,
+  the limit grows by one when attempts per second rose by at least `GAIN` over the last window's,
+  else it holds (the server is saturated: more in flight only queues);
+* **back off on pressure**: an attempt past its deadline or a 429 from the provider halves the limit
+  (at least 1) and probing starts again from there.
+
+Each change is reported (`on_change`: the engine's `WorkersChanged` event, a `workers` trace line).
+One `AdaptiveWorkers` belongs to one engine (one server) and is shared by its runs' slots
+(`run_state.AdaptiveSlots`): two runs on one engine share what the server can take.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["AUTO_MAX_WORKERS", "AUTO_START_WORKERS", "GAIN", "AdaptiveWorkers"]
+
+AUTO_START_WORKERS = 2
+"""Where `--workers auto` starts when the server reports no slots."""
+AUTO_MAX_WORKERS = 32
+"""The most it grows to."""
+GAIN = 0.1
+"""The rise in attempts per second over the last window's that makes the limit grow (10 %)."""
+
+
+class AdaptiveWorkers:
+    """The limit of attempts in flight, adapted to observed throughput and pressure (see the module doc).
+
+    Args:
+        maximum: the most it grows to.
+        start: where it starts.
+        clock: seconds (monotonic).
+        on_change: told (previous, limit, why) after each change.
+    """
+
+    def __init__(self, maximum: int = AUTO_MAX_WORKERS, *, start: int = AUTO_START_WORKERS,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[int, int, str], None] | None = None) -> None:
+        if maximum < 1:
+            raise ValueError(f"maximum must be at least 1, got {maximum}")
+        self.maximum = maximum
+        self._limit = max(1, min(start, maximum))
+        self._clock = clock
+        self.on_change = on_change
+        self._lock = threading.Lock()
+        self._window_start: float | None = None
+        self._window_done = 0
+        self._last_rate: float | None = None
+        self._calm = True
+        """An attempt settled since the last back-off: a burst of 429s from the calls in flight at once
+        is one signal, not one halving each."""
+
+    @property
+    def limit(self) -> int:
+        """Attempts allowed in flight now."""
+        return self._limit
+
+    def settled(self, outcome: str) -> None:
+        """An attempt settled (`AttemptRecord.outcome`): a `timeout` backs off; any other counts towards the window."""
+        if outcome == "timeout":
+            self.pressure("an attempt passed its deadline")
+            return
+        change: tuple[int, int, str] | None = None
+        with self._lock:
+            self._calm = True
+            now = self._clock()
+            if self._window_start is None:
+                self._window_start, self._window_done = now, 0
+            self._window_done += 1
+            if self._window_done < 2 * self._limit:
+                return
+            elapsed = max(now - self._window_start, 1e-9)
+            rate = self._window_done / elapsed
+            rising = self._last_rate is None or rate >= self._last_rate * (1 + GAIN)
+            self._last_rate = rate if rising else max(rate, self._last_rate or 0.0)
+            self._window_start, self._window_done = now, 0
+            if rising and self._limit < self.maximum:
+                change = (self._limit, self._limit + 1, f"throughput rose to {rate:.2f} attempts/s")
+                self._limit += 1
+        self._tell(change)
+
+    def pressure(self, why: str) -> None:
+        """The server is over its capacity (a 429, an attempt past its deadline): halve the limit."""
+        with self._lock:
+            if not self._calm:
+                return
+            previous, self._calm = self._limit, False
+            self._limit = max(1, previous // 2)
+            self._window_start, self._window_done, self._last_rate = None, 0, None
+        self._tell((previous, self._limit, why) if self._limit != previous else None)
+
+    def _tell(self, change: tuple[int, int, str] | None) -> None:
+        if change is not None and self.on_change is not None:
+            self.on_change(*change)
