@@ -185,3 +185,57 @@ def read_run_settings(path: Path) -> dict[str, object]:
     saved = read_run_journal(path)
     assert saved is not None
     return dict(saved.first.settings)
+
+
+def test_an_attempt_abandoned_at_its_deadline_closes_its_request_on_the_server(tmp_path: Path) -> None:
+    """The server sees the connection of an abandoned attempt's model call close (so it may stop
+    computing a reply nobody reads), instead of the call running on in a stuck thread."""
+    import select
+    import socket
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from smolagents.models import ChatMessage, MessageRole
+
+    from amapreduce.llm.factory import new_meter
+    from amapreduce.llm.guard import allow_model_requests
+    from amapreduce.mapreduce.solver import SolverReply
+    from amapreduce.session.parts import build_models
+
+    closed = threading.Event()
+
+    class Never(BaseHTTPRequestHandler):
+        """Reads the request, answers nothing, and notes when the client closes the connection."""
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            for _ in range(600):  # up to a minute: the test fails, not hangs, if nothing closes it
+                readable, _, _ = select.select([self.connection], [], [], 0.1)
+                if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                    closed.set()
+                    return
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Never)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = load_settings({}, model="sim-model", api_base=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                                 api_key="sk-test-abandon", endpoint_probe=False, runs_dir=tmp_path / "runs",
+                                 extraction_model="none", retry_max_retries=0, model_timeout_s=60)
+        model = build_models(settings, ("subagent",), meter=new_meter(settings))["subagent"]
+
+        class Asking:
+            def solve(self, request: BatchRequest) -> SolverReply:
+                model.generate([ChatMessage(role=MessageRole.USER, content=request.prompt)])
+                return SolverReply(output="[]")
+
+        engine = MapReduceEngine(Asking(), config=EngineConfig(workers=1, max_attempts=1, patch_rounds=0,
+                                                               batch_timeout_s=0.5))
+        with allow_model_requests():
+            result = engine.run(Decision.parse(world_decision(world(1))))
+        assert [a.outcome for a in result.attempts] == ["timeout"]
+        assert closed.wait(30), "the abandoned attempt's request stayed open on the server"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -45,6 +45,7 @@ from amapreduce._version import __version__
 from amapreduce.llm.dialect import Adapter, adapt_reply, adapt_request
 from amapreduce.llm.hedge import CancelToken, Hedger, RequestCancelled
 from amapreduce.llm.plain_http import PlainPoster, plain_http_usable
+from amapreduce.llm.scope import in_flight
 from amapreduce.llm.transport import cancellable, chat_http_client
 
 __all__ = ["AuthenticationError", "BadRequestError", "ChatCompletionsClient", "InternalServerError", "NotFoundError",
@@ -255,10 +256,17 @@ class ChatCompletionsClient:
         content = json.dumps(payload, ensure_ascii=False).encode("utf-8")
         hedger = self.hedger
         if hedger is None:
-            return self._send(path, content, None)
+            return self._dropped_with_its_attempt(path, content, CancelToken())
         messages = payload.get("messages")
-        return hedger.race(functools.partial(self._send, path, content),
+        return hedger.race(functools.partial(self._dropped_with_its_attempt, path, content),
                            shape=len(messages) if isinstance(messages, list) else 0, request_bytes=len(content))
+
+    def _dropped_with_its_attempt(self, path: str, content: bytes, token: CancelToken) -> Reply:
+        """`_send`, the request given up when the work that sent it is (`llm.scope.in_flight`: an
+        attempt the engine abandons at its deadline shuts its socket, so the server sees the
+        connection close and may stop computing a reply nobody reads)."""
+        with in_flight(token.cancel):
+            return self._send(path, content, token)
 
     def _send(self, path: str, content: bytes, token: CancelToken | None) -> Reply:
         """Send one request; `token` may cancel it from another thread (`RequestCancelled`)."""
@@ -272,7 +280,8 @@ class ChatCompletionsClient:
                                            timeout=self._timeout)
         except httpx.TransportError as exc:
             if token is not None and token.cancelled:
-                raise RequestCancelled(f"cancelled{_request_text(_request_of(exc))}: another copy answered") from exc
+                raise RequestCancelled(f"cancelled{_request_text(_request_of(exc))}: another copy answered, or its "
+                                       "attempt was given up") from exc
             raise self._transport_error(exc) from exc
         if response.status_code >= 400:
             raise http_error(response)
@@ -286,7 +295,8 @@ class ChatCompletionsClient:
         except (OSError, http.client.HTTPException) as exc:
             request = httpx.Request("POST", self.base_url + path)
             if token is not None and token.cancelled:
-                raise RequestCancelled(f"cancelled{_request_text(request)}: another copy answered") from exc
+                raise RequestCancelled(f"cancelled{_request_text(request)}: another copy answered, or its attempt "
+                                       "was given up") from exc
             if isinstance(exc, TimeoutError):
                 raise ProviderTimeout(f"Request timed out{_request_text(request)}.", request=request) from exc
             raise ProviderConnectionError(f"Connection error{_request_text(request)}: {exc}", request=request) from exc

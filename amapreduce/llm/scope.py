@@ -22,8 +22,8 @@ from typing import Any
 from amapreduce.llm.hedge import ExtraCalls
 from amapreduce.llm.usage import Usage
 
-__all__ = ["UsageScope", "active_scopes", "scope_cancelled", "scope_extra_calls", "scope_labels", "scope_reply_tokens",
-           "usage_scope"]
+__all__ = ["UsageScope", "active_scopes", "in_flight", "scope_cancelled", "scope_extra_calls", "scope_labels",
+           "scope_reply_tokens", "usage_scope"]
 
 
 class UsageScope:
@@ -40,6 +40,18 @@ class UsageScope:
         """The run's budget of extra calls, when the work may hedge its late calls (`llm.hedge`)."""
         self._lock = threading.Lock()
         self._by_role: dict[str, Usage] = {}
+        self._in_flight: set[Callable[[], None]] = set()
+        self._dropped = False
+
+    def drop_requests(self) -> None:
+        """Give up the requests of this scope on the wire now: each is cancelled where its transport
+        can (its socket shut: the server sees the connection close and may stop computing it), and
+        any sent later is cancelled as it starts. The engine calls it for an attempt it abandons."""
+        with self._lock:
+            self._dropped = True
+            cancels = list(self._in_flight)
+        for cancel in cancels:
+            cancel()
 
     def cancelled(self) -> bool:
         """True once the work of this scope was given up (the engine cancelled the attempt, or it
@@ -81,6 +93,26 @@ def usage_scope(scope: UsageScope | None = None, **labels: Any) -> Iterator[Usag
 def active_scopes() -> tuple[UsageScope, ...]:
     """The scopes open in the current context, outermost first."""
     return _ACTIVE.get()
+
+
+@contextmanager
+def in_flight(cancel: Callable[[], None]) -> Iterator[None]:
+    """A request is on the wire in this block: `cancel` gives it up, and the open scopes call it when
+    their work is dropped (`UsageScope.drop_requests`)."""
+    scopes = _ACTIVE.get()
+    dropped = False
+    for scope in scopes:
+        with scope._lock:
+            scope._in_flight.add(cancel)
+            dropped = dropped or scope._dropped
+    if dropped:
+        cancel()
+    try:
+        yield
+    finally:
+        for scope in scopes:
+            with scope._lock:
+                scope._in_flight.discard(cancel)
 
 
 def scope_cancelled() -> bool:

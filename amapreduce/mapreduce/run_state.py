@@ -148,11 +148,14 @@ class EngineRun:
             self.running.discard(job)
 
     def abandon(self, job: BatchJob) -> None:
-        """Give up on a running job: its slot goes to the next attempt, a late result is ignored."""
+        """Give up on a running job: its slot goes to the next attempt, a late result is ignored, and
+        its model request on the wire is dropped (the server sees the connection close)."""
         self.leave(job)
         self.release(job)
         if job.request is not None:
             job.request.cancel.set()
+        if job.scope is not None:
+            job.scope.drop_requests()
 
     def overdue(self, now: float) -> list[BatchJob]:
         """Running jobs past their deadline at `now`."""
