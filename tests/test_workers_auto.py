@@ -111,9 +111,13 @@ def test_a_rate_limited_provider_halves_an_adapted_engine_through_the_models_ret
     class Model:
         events = CallEvents(role="subagent", model_id="m")
 
-    _adapt_to_rate_limits(engine, Model())  # type: ignore[arg-type]
+    unsubscribe = _adapt_to_rate_limits(engine, Model())  # type: ignore[arg-type]
     Model.events.emit(ProviderRetry(role="subagent", model_id="m", retry=1, kind="server", delay_s=0.1, error=None))
     assert engine.concurrency.limit == 8  # a 5xx is no sign of too many in flight
+    Model.events.emit(ProviderRetry(role="subagent", model_id="m", retry=1, kind="rate_limit", delay_s=0.1, error=None))
+    assert engine.concurrency.limit == 4
+    unsubscribe()  # the run's parts closed: a model that outlives them tells this engine nothing more
+    engine.concurrency.settled("ok")
     Model.events.emit(ProviderRetry(role="subagent", model_id="m", retry=1, kind="rate_limit", delay_s=0.1, error=None))
     assert engine.concurrency.limit == 4
 

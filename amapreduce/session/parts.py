@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from amapreduce.agents.mcp import McpToolbox
     from amapreduce.llm.meter import UsageMeter
     from amapreduce.llm.models import ManagedModel
+    from amapreduce.llm.wrappers.trace import CallEvents
     from amapreduce.mapreduce.engine import MapReduceEngine
     from amapreduce.mapreduce.merge import Merger
     from amapreduce.mapreduce.read_solver import Reader
@@ -189,7 +190,7 @@ def build_parts(
                                             slots=capabilities.slots if capabilities is not None else None)
         engine = MapReduceEngine(solver, config=config, trace=trace, progress=progress,
                                  backup_gate=subagent.has_room_for)
-        _adapt_to_rate_limits(engine, subagent)
+        unsubscribe = _adapt_to_rate_limits(engine, subagent)
     except BaseException:
         if toolbox is not None:
             toolbox.close()
@@ -202,26 +203,28 @@ def build_parts(
         merger=ModelMerger(merge_model, cache=ReplyCache(merge_cache) if merge_cache is not None else None),
         context_window=functools.partial(context_window_for, settings, merge_model.model_id),
     )
+    parts.closers.append(unsubscribe)  # a model that outlives the run no longer tells its engine
     if toolbox is not None:
         parts.closers.append(toolbox.close)
         weakref.finalize(parts, toolbox.close)  # parts dropped unclosed, or the process exiting
     return parts
 
 
-def _adapt_to_rate_limits(engine: MapReduceEngine, model: ManagedModel) -> None:
+def _adapt_to_rate_limits(engine: MapReduceEngine, model: ManagedModel) -> Callable[[], None]:
     """An adapted engine (`--workers auto`) halves its attempts in flight when the sub-agents'
-    provider answers 429: a subscriber of the model's retries (`llm.retry.ProviderRetry`)."""
+    provider answers 429: a subscriber of the model's retries (`llm.retry.ProviderRetry`); returns
+    the unsubscribe (a no-op for a fixed engine)."""
     from amapreduce.llm.retry import ProviderRetry
 
-    adapted, events = engine.concurrency, getattr(model, "events", None)
+    adapted, events = engine.concurrency, cast("CallEvents | None", getattr(model, "events", None))
     if adapted is None or events is None:
-        return
+        return lambda: None
 
     def on_retry(retry: ProviderRetry) -> None:
         if retry.kind == "rate_limit":
             adapted.pressure(f"the provider answered 429 ({retry.model_id})")
 
-    events.stream.subscribe(ProviderRetry, on_retry)
+    return events.stream.subscribe(ProviderRetry, on_retry)
 
 
 def _reader_of(tools: Sequence[Tool]) -> Reader | None:
