@@ -13,8 +13,8 @@ workers; where it does not, `--workers auto` starts low and adapts (`AdaptiveWor
   (at least 1) and probing starts again from there.
 
 Each change is reported (`on_change`: the engine's `WorkersChanged` event, a `workers` trace line).
-One `AdaptiveWorkers` belongs to one engine (one server) and is shared by its runs' slots
-(`run_state.AdaptiveSlots`): two runs on one engine share what the server can take.
+One `AdaptiveWorkers` belongs to one engine (one server); each of its runs holds at most the current
+limit (`run_state.AdaptiveSlots`), and every run's settled attempts and 429s teach the one limit.
 """
 
 from __future__ import annotations
