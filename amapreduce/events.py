@@ -21,10 +21,9 @@ before). Subscribing is thread-safe (copy on write); emitting takes no lock.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -68,15 +67,6 @@ class EventStream:
                 self._handlers = tuple(h for h in self._handlers if h is not entry)
 
         return unsubscribe
-
-    @contextlib.contextmanager
-    def subscribed(self, kind: type[E], handler: Callable[[E], object]) -> Iterator[None]:
-        """`subscribe` for the duration of a `with` block."""
-        unsubscribe = self.subscribe(kind, handler)
-        try:
-            yield
-        finally:
-            unsubscribe()
 
     def scoped(self) -> EventStream:
         """A child stream: its subscribers see only its events; the parent's see them too."""

@@ -31,7 +31,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_real_model import _free_port, find_server  # noqa: E402  (the script's own folder)
+from bench_real_model import find_server, llama_server  # noqa: E402  (the script's own folder)
 
 COUNTRIES = ["France", "Japan", "Kenya", "Peru", "Chile", "Egypt", "India", "Spain", "Italy", "Ghana", "Nepal", "Cuba"]
 DECISION = {
@@ -125,52 +124,27 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         requests = {s: captured(s, folder / s, rows) for s in args.solvers.split(",")}
         log = folder / "server.log"
-        port = _free_port()
-        with log.open("wb") as out:
-            server = subprocess.Popen([python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-                                       "--port", str(port), "--n_ctx", "4096"], stdout=out, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}/v1"
-        try:
-            import httpx
-
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    if httpx.get(f"{base}/models", timeout=2, trust_env=False).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the llama server did not start: {log.read_text(errors='replace')[-2000:]}")
-                time.sleep(0.5)
-            rows = []
+        table = []
+        with llama_server(python, gguf, "--n_ctx", "4096", log_path=log) as base:
             for solver, texts in requests.items():
                 shared = os.path.commonprefix(texts)
                 own = [t[len(shared):] for t in texts]
-                as_sent = [shared + o for o in own]
-                reversed_ = [o + shared for o in own]
                 timed(base, ["warm-up: a text that shares nothing with the requests"], log)
-                sent = timed(base, as_sent, log)
+                sent = timed(base, [shared + o for o in own], log)
                 timed(base, ["warm-up: a text that shares nothing with the requests"], log)
-                back = timed(base, reversed_, log)
+                back = timed(base, [o + shared for o in own], log)
                 share = len(shared) / statistics.median(len(t) for t in texts)
-                rows.append((solver, len(texts), share, sent, back))
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
+                table.append((solver, len(texts), share, sent, back))
     print("| solver | requests | shared prefix | order | s per call (median) | prompt tokens evaluated | from cache |")
     print("|---|---|---|---|---|---|---|")
-    for solver, n, share, sent, back in rows:
+    for solver, n, share, sent, back in table:
         for name, (secs, evaluated, cached) in (("as sent (shared first)", sent), ("reversed (own part first)", back)):
             print(f"| {solver} | {n} | {share:.1%} | {name} | {statistics.median(secs):.3f} | {evaluated:,} | {cached:,} |")
-    for solver, _, _, sent, back in rows:
+    for solver, _, _, sent, back in table:
         print(f"{solver}: reversed / as sent: {statistics.median(back[0]) / statistics.median(sent[0]):.2f}x the seconds "
               f"per call, {back[1] / max(sent[1], 1):.2f}x the prompt tokens evaluated")
     print(json.dumps({s: {"as_sent_s": statistics.median(a[0]), "reversed_s": statistics.median(b[0]),
-                          "as_sent_evaluated": a[1], "reversed_evaluated": b[1]} for s, _, _, a, b in rows}))
+                          "as_sent_evaluated": a[1], "reversed_evaluated": b[1]} for s, _, _, a, b in table}))
     return 0
 
 

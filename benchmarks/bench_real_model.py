@@ -92,12 +92,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def llama_server(python: str, gguf: Path, *extra: str) -> Iterator[str]:
-    """llama-cpp-python's server on a free loopback port; yields its `/v1` URL."""
+def llama_server(python: str, gguf: Path, *extra: str, log_path: Path | None = None) -> Iterator[str]:
+    """llama-cpp-python's server on a free loopback port; yields its `/v1` URL. Its output goes to
+    `log_path` (a caller that reads the server's log), else to a temporary file."""
     import httpx
 
     port = _free_port()
-    log = tempfile.TemporaryFile()
+    log = log_path.open("w+b") if log_path is not None else tempfile.TemporaryFile()
     process = subprocess.Popen([python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
                                 "--port", str(port), *extra], stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/v1"

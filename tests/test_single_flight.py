@@ -8,11 +8,12 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
 
 import pytest
+from test_web_fetch import LocalServer, Route, send
+from test_web_tools import CountingBackend
 
 from amapreduce.agents.tool_calls import record_tool_calls, tool_trace
 from amapreduce.decision import Decision
@@ -33,61 +34,34 @@ PAGE = "<html><title>Capitals</title><body><table>" + "".join(
     f"<tr><td>E{i:03d}</td><td>City{i}</td></tr>" for i in range(AGENTS)) + "</table></body></html>"
 
 
-class PageServer:
-    """A real HTTP server on 127.0.0.1 that answers slowly and counts the requests it gets."""
-
-    def __init__(self, delay_s: float = 1.0, status: int = 200) -> None:
-        self.requests = 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                server.requests += 1
-                time.sleep(delay_s)  # every other crawl of the page comes while this one is in flight
-                body = PAGE.encode()
-                self.send_response(status)
-                self.send_header("content-type", "text/html; charset=utf-8")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/capitals"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> PageServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-class CountingBackend(SearchBackend):
-    name = "counting"
-
-    def __init__(self) -> None:
-        self.calls = 0
+class SlowBackend(CountingBackend):
+    """`test_web_tools`' counting backend, answering slowly: every identical search comes while one is in flight."""
 
     def search(self, query: str, n: int) -> list[SearchResult]:
-        self.calls += 1
         time.sleep(0.5)
-        return [SearchResult(rank=1, title="Capitals", url="http://127.0.0.1/capitals", snippet="a list")]
+        return super().search(query, n)
+
+
+def slow(status: int = 200, delay_s: float = 1.0) -> Route:
+    """A route answering `PAGE` after `delay_s`: every other crawl of it comes while one is in flight."""
+    answer = send(status=status, body=PAGE)
+
+    def route(handler: BaseHTTPRequestHandler) -> None:
+        time.sleep(delay_s)
+        answer(handler)
+
+    return route
 
 
 @pytest.fixture
-def page() -> Iterator[PageServer]:
-    with PageServer() as server:
+def page() -> Iterator[LocalServer]:
+    with LocalServer({"/capitals": slow()}) as server:
         yield server
 
 
 def service(backend: SearchBackend | None = None) -> WebService:
     # no cache: the requests saved are single-flight's alone (a cache answers only after the first fetch ends)
-    return WebService(backend or CountingBackend(), cache=None, policy=UrlPolicy(allow_private_urls=True))
+    return WebService(backend or SlowBackend(), cache=None, policy=UrlPolicy(allow_private_urls=True))
 
 
 class CrawlingSolver:
@@ -110,7 +84,7 @@ class CrawlingSolver:
         return SolverReply(output=json.dumps(rows), usage=Usage(requests=1))
 
 
-def test_twenty_sub_agents_crawling_one_page_make_one_request(page: PageServer, tmp_path: Path) -> None:
+def test_twenty_sub_agents_crawling_one_page_make_one_request(page: LocalServer, tmp_path: Path) -> None:
     web = service()
     tool = record_tool_calls(CrawlPageTool(web, focused=False))
     decision = Decision.parse({
@@ -119,13 +93,13 @@ def test_twenty_sub_agents_crawling_one_page_make_one_request(page: PageServer, 
         "json_schema": {"type": "object", "properties": {"name": {}, "capital": {}}},
         "batch_strategy": {"type": "per_atom", "rationale": "one look-up each"}, "batch_size": 1,
     })
-    engine = MapReduceEngine(CrawlingSolver(tool, page.url),
+    engine = MapReduceEngine(CrawlingSolver(tool, f"{page.url}/capitals"),
                              config=EngineConfig(workers=AGENTS, patch_rounds=0, max_attempts=1, max_batches=None))
     trace = TraceWriter(tmp_path / "trace.jsonl")
     with tool_trace(trace):
         result = engine.run(decision)
     trace.close()
-    assert page.requests == 1  # one fetch, twenty crawls
+    assert len(page.requests) == 1  # one fetch, twenty crawls
     assert result.summary.completeness.complete
     assert [r.cells["capital"].value for r in result.table.rows] == [f"City{i}" for i in range(AGENTS)]
     crawls = [line for line in read_trace(tmp_path / "trace.jsonl", event="tool") if line["tool"] == "crawl_page"]
@@ -134,7 +108,7 @@ def test_twenty_sub_agents_crawling_one_page_make_one_request(page: PageServer, 
 
 
 def test_identical_searches_in_flight_share_one_backend_call() -> None:
-    backend = CountingBackend()
+    backend = SlowBackend()
     tool = WebSearchTool(service(backend))
     together = threading.Barrier(8, timeout=30)
     outputs: list[str] = []
@@ -152,7 +126,8 @@ def test_identical_searches_in_flight_share_one_backend_call() -> None:
 
 
 def test_a_failed_fetch_fails_every_crawl_that_shared_it_and_the_next_crawl_asks_again() -> None:
-    with PageServer(delay_s=0.5, status=503) as down:
+    with LocalServer({"/capitals": slow(status=503, delay_s=0.5)}) as down:
+        url = f"{down.url}/capitals"
         web = service()
         together = threading.Barrier(5, timeout=30)
         errors: list[BaseException] = []
@@ -160,7 +135,7 @@ def test_a_failed_fetch_fails_every_crawl_that_shared_it_and_the_next_crawl_asks
         def crawl() -> None:
             together.wait()
             try:
-                web.crawl(down.url, 1000)
+                web.crawl(url, 1000)
             except FetchFailed as exc:
                 errors.append(exc)
 
@@ -169,10 +144,10 @@ def test_a_failed_fetch_fails_every_crawl_that_shared_it_and_the_next_crawl_asks
             t.start()
         for t in threads:
             t.join(30)
-        assert len(errors) == 5 and down.requests == 1
+        assert len(errors) == 5 and len(down.requests) == 1
         with pytest.raises(FetchFailed):
-            web.crawl(down.url, 1000)  # the key is free once the call ended: asked again
-        assert down.requests == 2
+            web.crawl(url, 1000)  # the key is free once the call ended: asked again
+        assert len(down.requests) == 2
 
 
 def test_single_flight_runs_again_once_the_call_is_done() -> None:
