@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from pydantic import SecretStr, ValidationError
 
@@ -313,7 +313,7 @@ def ask(
     api_base: str | None = None,
     api_key: str | SecretStr | None = None,
     search: str | None = None,
-    workers: int | None = None,
+    workers: int | Literal["auto"] | None = None,
     memory: str | os.PathLike[str] | bool | None = None,
     max_cost: float | None = None,
     max_tokens: int | None = None,
@@ -331,7 +331,8 @@ def ask(
         api_base: an OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama, `amapreduce demo --serve`).
         api_key: the key for `api_base` (default: `AMAPREDUCE_API_KEY` or `OPENAI_API_KEY`).
         search: `ddgs`, `searxng:URL`, `serper`, `tavily` or `corpus:INDEX`.
-        workers: sub-agents running at once.
+        workers: sub-agents running at once, or `"auto"`: fitted to the server (its slots, else adapted;
+            the default with `api_base`).
         memory: an experiential-memory store for the plan stage; None: the default store when it
             holds one; False: none.
         max_cost: stop after spending this many dollars (the partial table is kept); a fan-out whose
@@ -383,7 +384,7 @@ def run_decision(
     api_base: str | None = None,
     api_key: str | SecretStr | None = None,
     search: str | None = None,
-    workers: int | None = None,
+    workers: int | Literal["auto"] | None = None,
     max_cost: float | None = None,
     max_tokens: int | None = None,
     runs_dir: str | os.PathLike[str] | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from amapreduce.api import RunResult, _in_a_thread, _returned, _settings
 from amapreduce.errors import UserError
@@ -36,7 +36,7 @@ def enrich(
     api_base: str | None = None,
     api_key: str | SecretStr | None = None,
     search: str | None = None,
-    workers: int | None = None,
+    workers: int | Literal["auto"] | None = None,
     memory: str | os.PathLike[str] | bool | None = None,
     max_cost: float | None = None,
     max_tokens: int | None = None,

@@ -115,9 +115,11 @@ class Settings(BaseModel):
     workers: int = Field(default=8, ge=1, le=1024)
     """Sub-agents running at once (`AMAPREDUCE_WORKERS`; `auto`: `workers_auto`)."""
     workers_auto: bool = False
-    """Fit the sub-agents running at once to the server (`--workers auto`, `AMAPREDUCE_WORKERS=auto`): its
+    """Fit the sub-agents running at once to the server (`--workers auto`, `AMAPREDUCE_WORKERS=auto`; the default
+    for an `--api-base` endpoint given no `--workers N`): its
     slots where it reports them (llama.cpp's `/props`), else adapted as the run goes (`mapreduce.concurrency`:
-    from 2, grown while throughput rises, halved on a timeout or a 429, up to 32); `workers` is not used then."""
+    from 2, doubled then grown by one while throughput rises, halved on a timeout or a 429, up to 32); `workers`
+    is not used then."""
     max_attempts: int = Field(default=3, ge=1, le=20)
     """Attempts per batch: the first plus retries (`AMAPREDUCE_MAX_ATTEMPTS`; the paper's 2 retries)."""
     batch_timeout_s: float = Field(default=900.0, gt=0)
@@ -340,10 +342,15 @@ class Settings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _workers_auto(cls, data: Any) -> Any:
-        """`workers: auto` (the flag or the variable) is `workers_auto`."""
-        if isinstance(data, Mapping) and isinstance(data.get("workers"), str) and data["workers"].strip().lower() == "auto":
+        """`workers: auto` (the flag or the variable) is `workers_auto`, and so is an `--api-base` endpoint's
+        default: a run against a server given neither a number of workers nor `workers_auto` fits it."""
+        if not isinstance(data, Mapping):
+            return data
+        if isinstance(data.get("workers"), str) and data["workers"].strip().lower() == "auto":
             data = {k: v for k, v in data.items() if k != "workers"}
             data["workers_auto"] = True
+        elif data.get("api_base") and "workers" not in data and "workers_auto" not in data:
+            data = {**data, "workers_auto": True}
         return data
 
     @field_validator("allowed_domains", "denied_domains", mode="before")

@@ -36,7 +36,7 @@ def _needs(script: str, tmp_path: Path) -> list[str]:
         return ["--data", str(BENCHMARK_DATA / "widesearch")]
     if script == "bench_evolution.py":
         return ["--out", str(tmp_path / "evolution")]
-    if script in ("bench_real_model.py", "bench_prefix.py"):
+    if script in ("bench_real_model.py", "bench_prefix.py", "bench_workers.py"):
         from real_model import find_llama
 
         install, why = find_llama()

@@ -46,8 +46,23 @@ def test_the_limit_grows_while_throughput_rises_and_holds_once_the_server_is_sat
     changes: list[tuple[int, int, str]] = []
     adapted = AdaptiveWorkers(16, clock=clock, on_change=lambda *c: changes.append(c))
     seen = serve(adapted, clock, capacity=4, attempts=400)
-    assert seen[0] == AUTO_START_WORKERS and seen[-1] == 5  # one past the server's 4: more did not help, so it held
-    assert [c[1] for c in changes] == [3, 4, 5] and all("throughput rose" in c[2] for c in changes)
+    assert seen[0] == AUTO_START_WORKERS and seen[-1] == 4  # the server's 4: more did not help, so it held
+    assert [c[1] for c in changes] == [4, 8, 4]  # doubled while it helped, the doubling that did not taken back
+    assert "throughput rose" in changes[0][2] and "saturated below 8" in changes[2][2]
+
+
+def test_the_slow_start_reaches_a_hosted_apis_capacity_in_a_few_windows_and_takes_back_what_only_queued() -> None:
+    clock = FakeClock()
+    hosted = AdaptiveWorkers(AUTO_MAX_WORKERS, clock=clock)
+    seen = serve(hosted, clock, capacity=1000, attempts=60)
+    assert seen[-1] == AUTO_MAX_WORKERS  # 2, 4, 8, 16, 32: four windows (60 attempts), not 30 steps of one
+    changes: list[tuple[int, int, str]] = []
+    adapted = AdaptiveWorkers(64, clock=(other := FakeClock()), on_change=lambda *c: changes.append(c))
+    seen = serve(adapted, other, capacity=12, attempts=600)
+    assert [c[1] for c in changes] == [4, 8, 16, 32, 16]  # 32 brought no more than 16 (the server's 12): back to 16
+    assert seen[-1] == 16  # and one more would not help either: it holds
+    single = AdaptiveWorkers(32, clock=(one := FakeClock()))
+    assert serve(single, one, capacity=1, attempts=100)[-1] == AUTO_START_WORKERS  # a one-slot server: back to 2
 
 
 def test_pressure_halves_the_limit_once_per_burst_and_never_below_one() -> None:
@@ -133,6 +148,16 @@ def test_settings_and_the_engine_config_read_auto() -> None:
         "workers": AUTO_MAX_WORKERS, "adaptive": True}
     fixed = load_settings({}, workers="4")
     assert EngineConfig.from_settings(fixed, decisions_by="user", slots=3).workers == 4  # a number given is kept
+
+
+def test_auto_is_the_default_for_an_api_base_endpoint_and_a_number_given_wins() -> None:
+    base = "http://127.0.0.1:8080/v1"
+    assert load_settings({}, api_base=base).workers_auto
+    assert load_settings({"OPENAI_BASE_URL": base}).workers_auto  # however the endpoint is given
+    assert not load_settings({}).workers_auto and load_settings({}).workers == 8  # a LiteLLM provider keeps 8
+    assert not load_settings({}, api_base=base, workers="8").workers_auto
+    assert not load_settings({"AMAPREDUCE_WORKERS": "6"}, api_base=base).workers_auto
+    assert not load_settings({}, api_base=base, workers_auto=False).workers_auto  # asked off, stays off (a resume)
 
 
 def test_the_cli_takes_auto_and_refuses_anything_else(tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ def _workers_value(value: str | None) -> str | None:
 
 WorkersAutoOpt = Annotated[str | None, typer.Option("--workers", callback=_workers_value, metavar="N|auto", help=(
     "Sub-agents running at once, or `auto`: the server's slots where it reports them, else adapted to its "
-    "throughput (from 2, halved on timeouts and 429s, up to 32)."))]
+    "throughput (from 2, halved on timeouts and 429s, up to 32). Default: 8, `auto` with --api-base."))]
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", help="LiteLLM id (openai/gpt-5-mini) or the server's model name.")]
 MemoryOpt = Annotated[Path | None, typer.Option("--memory", help="Experiential-memory store for the plan stage.")]

@@ -7,8 +7,10 @@ the server reports its slots (llama.cpp's `/props`, `llm.endpoint`) the session 
 workers; where it does not, `--workers auto` starts low and adapts (`AdaptiveWorkers`):
 
 * **grow while throughput rises**: after a window of settled attempts (twice the limit) at one limit,
-  the limit grows by one when attempts per second rose by at least `GAIN` over the last window's,
-  else it holds (the server is saturated: more in flight only queues);
+  the limit doubles while attempts per second rise by at least `GAIN` over the last window's (a slow
+  start, as TCP's: a hosted API reaches its 32 in four windows); the first doubling that brings no such
+  rise is taken back (the server was saturated below it: more in flight only queues) and from there
+  the limit grows by one while throughput still rises, else it holds;
 * **back off on pressure**: an attempt past its deadline or a 429 from the provider halves the limit
   (at least 1) and probing starts again from there.
 
@@ -56,6 +58,10 @@ class AdaptiveWorkers:
         self._window_start: float | None = None
         self._window_done = 0
         self._last_rate: float | None = None
+        self._doubling = True
+        """Still in the slow start: each rise doubles the limit (until the first doubling that did not help)."""
+        self._undo: int | None = None
+        """The limit before the last doubling."""
         self._calm = True
         """An attempt settled since the last back-off: a burst of 429s from the calls in flight at once
         is one signal, not one halving each."""
@@ -84,10 +90,24 @@ class AdaptiveWorkers:
             rising = self._last_rate is None or rate >= self._last_rate * (1 + GAIN)
             self._last_rate = rate if rising else max(rate, self._last_rate or 0.0)
             self._window_start, self._window_done = now, 0
-            if rising and self._limit < self.maximum:
-                change = (self._limit, self._limit + 1, f"throughput rose to {rate:.2f} attempts/s")
-                self._limit += 1
+            change = self._step(rising, rate)
         self._tell(change)
+
+    def _step(self, rising: bool, rate: float) -> tuple[int, int, str] | None:
+        """The change a finished window makes (under the lock): double or add one on a rise; the slow
+        start's first doubling that brought no rise is taken back."""
+        previous = self._limit
+        if rising:
+            self._undo = previous if self._doubling else None
+            self._limit = min(self.maximum, 2 * previous if self._doubling else previous + 1)
+            why = f"throughput rose to {rate:.2f} attempts/s"
+        elif self._doubling:
+            self._doubling = False
+            self._limit = self._undo or previous
+            why = f"throughput held at {rate:.2f} attempts/s: the server is saturated below {previous}"
+        else:
+            return None
+        return (previous, self._limit, why) if self._limit != previous else None
 
     def pressure(self, why: str) -> None:
         """The server is over its capacity (a 429, an attempt past its deadline): halve the limit."""
@@ -96,7 +116,7 @@ class AdaptiveWorkers:
                 return
             previous, self._calm = self._limit, False
             self._limit = max(1, previous // 2)
-            self._window_start, self._window_done, self._last_rate = None, 0, None
+            self._window_start, self._window_done, self._last_rate, self._doubling = None, 0, None, False
         self._tell((previous, self._limit, why) if self._limit != previous else None)
 
     def _tell(self, change: tuple[int, int, str] | None) -> None:
