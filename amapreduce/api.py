@@ -153,6 +153,8 @@ class RunUsage:
     cost_usd: float | None
     priced_cost_usd: float
     unpriced_models: tuple[str, ...]
+    abandoned: int = 0
+    """Of `requests`, those given up on the wire, charged their prompt's estimate (`Usage.abandoned`)."""
 
     @property
     def total_tokens(self) -> int:
@@ -165,14 +167,14 @@ class RunUsage:
         total, unpriced = meter.total(), tuple(meter.unpriced())
         return cls(requests=total.requests, prompt_tokens=total.input_tokens, completion_tokens=total.output_tokens,
                    cached_tokens=total.cached_tokens, cost_usd=None if unpriced else total.cost_usd,
-                   priced_cost_usd=total.cost_usd, unpriced_models=unpriced)
+                   priced_cost_usd=total.cost_usd, unpriced_models=unpriced, abandoned=total.abandoned)
 
     def to_json(self) -> dict[str, Any]:
         """`result.json`'s `usage.total`: `requests`, `prompt_tokens`, `completion_tokens`,
-        `cached_tokens`, `cost_usd` (null when unpriced)."""
+        `cached_tokens`, `cost_usd` (null when unpriced), `abandoned`."""
         return {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "cached_tokens": self.cached_tokens,
-                "cost_usd": self.cost_usd}
+                "cost_usd": self.cost_usd, "abandoned": self.abandoned}
 
 
 @dataclass(frozen=True)

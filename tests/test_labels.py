@@ -23,7 +23,7 @@ from amapreduce.session.rundir import list_runs
 from amapreduce.settings import Settings
 
 HOME = Path(__file__).resolve().parents[1] / "docs" / "index.md"  # the docs' "How it works"
-USAGE_WORDS = {"requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd"}
+USAGE_WORDS = {"requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "abandoned"}
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +50,7 @@ def test_result_json_and_json_output_spell_usage_the_same_way() -> None:
 
 
 def test_usage_reads_back_its_own_form_and_run_folders_written_before() -> None:
-    usage = Usage(requests=3, input_tokens=70, output_tokens=9, cached_tokens=5, cost_usd=0.25)
+    usage = Usage(requests=3, input_tokens=70, output_tokens=9, cached_tokens=5, cost_usd=0.25, abandoned=1)
     assert Usage.from_json(usage.to_json()) == usage
     legacy = {"requests": 1, "input_tokens": 10, "output_tokens": 4, "cached_tokens": 0, "cost_usd": None}
     assert Usage.from_json(legacy) == Usage(requests=1, input_tokens=10, output_tokens=4)

@@ -292,6 +292,7 @@ def test_a_managed_model_counts_both_requests_and_charges_the_runs_extra_calls(s
     used = meter.by_role()["subagent"]
     (outcome,) = outcomes  # the loser was cancelled: charged its request's size / 4 as its prompt
     assert used.requests == 2 and used.input_tokens == 30 + outcome.request_bytes // 4 and outcome.losers == (None,)
+    assert used.abandoned == 1  # of the two requests, the cancelled one: its prompt an estimate (`Usage.abandoned`)
     assert scope.usage("subagent") == used  # the attempt's usage holds both requests
 
 

@@ -92,7 +92,8 @@ def test_mapreduce_run_cli_json(server: OpenAICompatibleServer, tmp_path: Path, 
     assert code == 0
     assert out["rows"] == 3 and out["missing_cells"] == 0
     assert "| Japan | Tokyo |" in out["table_markdown"]
-    assert set(out["usage"]) == {"requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "unpriced_models"}
+    assert set(out["usage"]) == {"requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd", "abandoned",
+                                 "unpriced_models"}
     assert out["usage"]["requests"] == 3 and out["usage"]["unpriced_models"] == ["sim-model"]  # no known price
     assert out["usage"]["cost_usd"] is None
     assert out["timings"]["wall_s"] > 0 and Path(out["run_dir"]).is_dir()

@@ -71,14 +71,14 @@ def test_simulated_models_are_priced_at_zero_not_unpriced() -> None:
     assert meter.cost_usd() == 0.0 and meter.unpriced() == []
     assert meter.to_json()["total"]["cost_usd"] == 0.0 and meter.cost_text() == "$0.0000"
     assert usage_json(meter) == {"requests": 2, "prompt_tokens": 400, "completion_tokens": 50, "cached_tokens": 0, "cost_usd": 0.0,
-                                 "unpriced_models": []}
+                                 "abandoned": 0, "unpriced_models": []}
 
 
 def test_json_usage_says_null_and_names_the_unpriced_models() -> None:
     meter = UsageMeter(prices=PRICED)
     meter.record("subagent", "openai/my-vllm-model", Usage(requests=1, input_tokens=10, output_tokens=5))
     assert usage_json(meter) == {"requests": 1, "prompt_tokens": 10, "completion_tokens": 5, "cached_tokens": 0,
-                                 "cost_usd": None,
+                                 "cost_usd": None, "abandoned": 0,
                                  "unpriced_models": ["openai/my-vllm-model"]}
 
 

@@ -5,6 +5,7 @@ a 429 (`mapreduce.concurrency`)."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -252,7 +253,8 @@ def test_an_attempt_abandoned_at_its_deadline_closes_its_request_on_the_server(t
         settings = load_settings({}, model="sim-model", api_base=f"http://127.0.0.1:{server.server_address[1]}/v1",
                                  api_key="sk-test-abandon", endpoint_probe=False, runs_dir=tmp_path / "runs",
                                  extraction_model="none", retry_max_retries=0, model_timeout_s=60)
-        model = build_models(settings, ("subagent",), meter=new_meter(settings))["subagent"]
+        meter = new_meter(settings)
+        model = build_models(settings, ("subagent",), meter=meter)["subagent"]
 
         class Asking:
             def solve(self, request: BatchRequest) -> SolverReply:
@@ -265,6 +267,12 @@ def test_an_attempt_abandoned_at_its_deadline_closes_its_request_on_the_server(t
             result = engine.run(Decision.parse(world_decision(world(1))))
         assert [a.outcome for a in result.attempts] == ["timeout"]
         assert closed.wait(30), "the abandoned attempt's request stayed open on the server"
+        for _ in range(100):  # the dropped call is charged as its worker's thread unwinds
+            if meter.total().requests:
+                break
+            time.sleep(0.05)
+        charged = meter.total()  # the request was sent: charged as sent, its prompt an estimate
+        assert charged.requests == 1 and charged.abandoned == 1 and charged.input_tokens > 0 and charged.output_tokens == 0
     finally:
         server.shutdown()
         server.server_close()

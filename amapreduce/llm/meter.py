@@ -313,6 +313,7 @@ class UsageMeter:
             output_tokens=usage.output_tokens,
             cached_tokens=usage.cached_tokens,
             cost_usd=cost or 0.0,
+            abandoned=usage.abandoned,
         )
         with self._lock:
             self._by_role[role] = self._by_role.get(role, Usage()) + priced

@@ -26,6 +26,11 @@ class Usage:
     output_tokens: int = 0
     cached_tokens: int = 0
     cost_usd: float = 0.0
+    abandoned: int = 0
+    """Of `requests`, those given up on the wire (a hedged call's cancelled copy, the call of an attempt the
+    engine abandoned): each is charged its prompt's estimate and no completion, since a hosted API bills
+    the prompt of a request it received though its client closed the connection (an upper bound: the
+    server may not have read it), and a budget must not count less than was spent."""
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -34,6 +39,7 @@ class Usage:
             output_tokens=self.output_tokens + other.output_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
             cost_usd=self.cost_usd + other.cost_usd,
+            abandoned=self.abandoned + other.abandoned,
         )
 
     @classmethod
@@ -50,13 +56,15 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form: `requests`, `prompt_tokens`, `completion_tokens`, `cached_tokens`, `cost_usd`."""
+        """The JSON form: `requests`, `prompt_tokens`, `completion_tokens`, `cached_tokens`, `cost_usd`,
+        `abandoned`."""
         return {
             "requests": self.requests,
             "prompt_tokens": self.input_tokens,
             "completion_tokens": self.output_tokens,
             "cached_tokens": self.cached_tokens,
             "cost_usd": self.cost_usd,
+            "abandoned": self.abandoned,
         }
 
     @classmethod
@@ -81,4 +89,5 @@ class Usage:
             output_tokens=count("completion_tokens", "output_tokens"),
             cached_tokens=count("cached_tokens"),
             cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else 0.0,
+            abandoned=count("abandoned"),
         )

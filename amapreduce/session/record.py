@@ -67,6 +67,8 @@ class RoleUsage(_Part):
     cached_tokens: int = Field(default=0, ge=0)
     cost_usd: float | None
     """null: a model of the role has no known price."""
+    abandoned: int = Field(default=0, ge=0)
+    """Of the requests, those given up on the wire, charged their prompt's estimate (`llm.usage.Usage.abandoned`)."""
 
 
 class UsageRecord(_Part):

@@ -165,7 +165,7 @@ def _usage(usage: UsageRecord) -> list[dict[str, Any]]:
     """Usage by role, then the total; the cost as recorded, so an unpriced run does not read as free."""
     parts = [*usage.by_role.items(), ("total", usage.total)]
     return [{"role": role, "requests": u.requests, "prompt_tokens": u.prompt_tokens,
-             "completion_tokens": u.completion_tokens, "cached_tokens": u.cached_tokens,
+             "completion_tokens": u.completion_tokens, "cached_tokens": u.cached_tokens, "abandoned": u.abandoned,
              "cost": format_recorded_cost(u.cost_usd, usage.unpriced_models if role == "total" else None)}
             for role, u in parts]
 

@@ -70,6 +70,7 @@ class HedgeModel(WrapperModel):
                 requests=1,
                 input_tokens=int(getattr(used, "prompt_tokens", None) or max(1, outcome.request_bytes // 4)),
                 output_tokens=int(getattr(used, "completion_tokens", None) or 0),
+                abandoned=0 if used is not None else 1,  # cancelled: its prompt's estimate (`Usage.abandoned`)
             )
             total = total + self.meter.record(self.events.role, self.model_id or "unknown", usage)
             kinds.append("answered" if used is not None else "cancelled")

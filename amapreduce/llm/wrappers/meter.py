@@ -1,7 +1,8 @@
 """The meter layer: each call counted in flight while it waits, then its usage priced and charged by role.
 
 The provider's usage when it reports one (cached prompt tokens included, `cached_tokens`), else
-the prompt's estimate and the reply's; charged to the run's meter (and so to every open usage
+the prompt's estimate and the reply's (a call given up on the wire, `RequestCancelled`: its prompt's
+estimate, counted `abandoned`); charged to the run's meter (and so to every open usage
 scope: the batch attempt's usage is what the meter charged for it) and written into the call's
 log for the trace layer above. A call of a run that may hedge also counts towards the base of
 the run's share of extra calls (`hedge.ExtraCalls.count_call`).
@@ -15,8 +16,10 @@ from typing import Any
 
 from smolagents.models import ChatMessage, Model
 
+from amapreduce.llm.hedge import RequestCancelled
 from amapreduce.llm.meter import UsageMeter
 from amapreduce.llm.scope import scope_extra_calls
+from amapreduce.llm.usage import Usage
 from amapreduce.llm.wrappers.base import WrapperModel, call_log, reply_usage
 
 __all__ = ["MeterModel", "cached_tokens"]
@@ -62,6 +65,12 @@ class MeterModel(WrapperModel):
             waiting = self.meter.call_started(time.monotonic())
             try:
                 reply = super().generate(messages, stop_sequences, response_format, tools_to_call_from, **kwargs)
+            except Exception as exc:
+                if isinstance(exc, RequestCancelled) or isinstance(exc.__cause__, RequestCancelled):
+                    # given up on the wire with its attempt (the retry layer wraps it): charged as sent
+                    log.usage = self.meter.record(self.role, self.model_id or "unknown", Usage(
+                        requests=1, input_tokens=log.prompt_tokens(messages), abandoned=1))  # `Usage.abandoned`
+                raise
             finally:
                 self.meter.call_ended(waiting)
             usage = reply_usage(reply, log, messages, cached_tokens(reply.raw))
