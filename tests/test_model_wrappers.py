@@ -229,7 +229,7 @@ def test_the_hedge_layer_admits_within_the_runs_extra_calls_and_charges_the_lose
     with usage_scope(UsageScope(extra_calls=ExtraCalls(0.05, needed=20))):
         assert model.may_hedge(400, False) and not model.may_hedge(400, False)  # a cap of one extra call
     model.hedged(HedgeOutcome(winner="hedge", after_s=1.0, threshold_s=0.5, losers=(None,), request_bytes=400))
-    assert meter.by_role()["subagent"] == Usage(requests=1, input_tokens=100)
+    assert meter.by_role()["subagent"] == Usage(requests=1, input_tokens=100, abandoned=1)  # cancelled: an estimate
     (hedge,) = trace.named("model_hedge")
     assert hedge["losers"] == ["cancelled"] and hedge["winner"] == "hedge"
     plain = FunctionModel(lambda m, i: "ok")
