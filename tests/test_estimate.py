@@ -149,3 +149,35 @@ def test_prompt_tokens_the_provider_cached_are_estimated_at_the_cached_rate(tmp_
     assert estimate.cost_usd == pytest.approx((32000 * per_prompt + 640 * 2e-6, 48000 * per_prompt + 960 * 2e-6))
     assert estimate.to_json()["cached_tokens"] == {"low": 24000, "high": 36000}
     assert "(cached 24,000 - 36,000)" in "\n".join(estimate.lines())
+
+
+def test_auto_workers_with_no_reported_slots_give_the_wall_time_from_the_most_to_the_start() -> None:
+    plan = plan_batches(decision(64), max_batches=None)
+    fixed = estimate_plan(plan, workers=32, profile=profile_of([]))
+    auto = estimate_plan(plan, workers=32, profile=profile_of([]), workers_start=2)
+    assert auto.wall_s[0] == fixed.wall_s[0] == 2 * 3 * DEFAULTS.call_s_median  # ceil(64/32) waves at the most
+    assert auto.wall_s[1] == 32 * 3 * DEFAULTS.call_s_p90 > fixed.wall_s[1]  # ceil(64/2) waves at the start
+    assert "with auto workers (2 - 32)" in auto.lines()[0] and "with 32 workers" in fixed.lines()[0]
+    assert (auto.to_json()["workers"], auto.to_json()["workers_start"], fixed.to_json()["workers_start"]) == (32, 2, None)
+    with pytest.raises(ValueError, match="workers_start"):
+        estimate_plan(plan, workers=4, profile=profile_of([]), workers_start=8)
+
+
+def test_an_estimate_takes_the_workers_the_run_would_have(tmp_path: Path) -> None:
+    """An `--api-base` run is `--workers auto`: adapted (2 to 32) while the server's slots are not known, its
+    slots once they are (the run's engine limits); a fixed `--workers N` is N."""
+    from amapreduce.mapreduce.engine import EngineConfig
+    from amapreduce.session.estimate import estimate_for
+    from amapreduce.settings import load_settings
+
+    plan = plan_batches(decision(10), max_batches=None)
+    base = {"model": "openai/m", "runs_dir": tmp_path / "runs", "api_key": "sk-test"}
+    server = load_settings({}, api_base="http://127.0.0.1:9/v1", **base)
+    assert server.workers_auto
+    adapted = estimate_for(server, plan, "Code of __0__?")
+    assert (adapted.workers, adapted.workers_start) == (32, 2)
+    one_slot = estimate_for(server, plan, "Code of __0__?",
+                            engine=EngineConfig.from_settings(server, decisions_by="user", slots=1))
+    assert (one_slot.workers, one_slot.workers_start) == (1, None) and "with 1 worker (" in one_slot.lines()[0]
+    fixed = estimate_for(load_settings({}, api_base="http://127.0.0.1:9/v1", workers=4, **base), plan, "Code of __0__?")
+    assert (fixed.workers, fixed.workers_start) == (4, None)

@@ -11,7 +11,10 @@ For a batch plan of B batches over R rows, run with W workers:
   sub-questions; the rows an answer holds are not known beforehand);
 * cost = the price map's price of the sub-agent model for those tokens ("unpriced" when unknown);
 * wall time = ⌈B / W⌉ waves × c calls × the seconds per call: the median call for the low end,
-  the 90th percentile for the high end.
+  the 90th percentile for the high end. Under `--workers auto` (the default for an `--api-base`
+  endpoint) W is the server's slots where it reports them; where it does not, the run adapts W between
+  its start (`AUTO_START_WORKERS`) and its most (`AUTO_MAX_WORKERS`), so the low end takes the most
+  and the high end the start.
 
 Calls and tokens get a range too: the point estimate ∓ the run-to-run spread of the figures (half
 their interquartile range over the median, at least `MIN_SPREAD`). The past runs are the newest
@@ -40,6 +43,7 @@ from amapreduce.trace import read_trace
 if TYPE_CHECKING:
     from amapreduce.decision.model import Decision
     from amapreduce.llm.factory import RoleModels
+    from amapreduce.mapreduce.engine import EngineConfig
     from amapreduce.settings import Settings
 
 __all__ = ["DEFAULTS", "DecisionPlan", "Estimate", "PastRun", "Profile", "check_budget", "estimate_for", "estimate_plan",
@@ -115,6 +119,7 @@ class Estimate:
     batches: int
     rows: int
     workers: int
+    """Sub-agents in flight (under an adapted `--workers auto`, the most: the low end's)."""
     calls: tuple[int, int]
     prompt_tokens: tuple[int, int]
     completion_tokens: tuple[int, int]
@@ -126,13 +131,17 @@ class Estimate:
     cached_tokens: tuple[int, int] = (0, 0)
     """Of `prompt_tokens`, those expected from the provider's prefix cache (the past runs' share),
     priced at the model's cached-input rate in `cost_usd`."""
+    workers_start: int | None = None
+    """Under `--workers auto` on a server that reports no slots, where the adapted number starts (the
+    high end's); None: `workers` throughout (a fixed number, or the server's slots)."""
 
     def to_json(self) -> dict[str, Any]:
         """The `--estimate --json` object."""
         def span(pair: tuple[float, float] | tuple[int, int] | None) -> dict[str, float] | None:
             return None if pair is None else {"low": pair[0], "high": pair[1]}
 
-        return {"batches": self.batches, "rows": self.rows, "workers": self.workers, "model": self.model_id,
+        return {"batches": self.batches, "rows": self.rows, "workers": self.workers,
+                "workers_start": self.workers_start, "model": self.model_id,
                 "calls": span(self.calls), "prompt_tokens": span(self.prompt_tokens),
                 "completion_tokens": span(self.completion_tokens), "cached_tokens": span(self.cached_tokens),
                 "cost_usd": span(self.cost_usd),
@@ -142,8 +151,10 @@ class Estimate:
         """The estimate as a few lines for people."""
         cost = ("unpriced (no price for this model)" if self.cost_usd is None
                 else f"${self.cost_usd[0]:.4f} - ${self.cost_usd[1]:.4f}")
+        workers = (f"{self.workers} worker{'s' if self.workers != 1 else ''}" if self.workers_start is None
+                   else f"auto workers ({self.workers_start} - {self.workers})")
         return [
-            f"estimate for {self.batches} batches over {self.rows} rows with {self.workers} workers "
+            f"estimate for {self.batches} batches over {self.rows} rows with {workers} "
             f"(from {self.source}):",
             f"  model calls {self.calls[0]:,} - {self.calls[1]:,}; prompt tokens {self.prompt_tokens[0]:,} - "
             f"{self.prompt_tokens[1]:,}" + (f" (cached {self.cached_tokens[0]:,} - {self.cached_tokens[1]:,})"
@@ -251,8 +262,11 @@ def profile_of(runs: Sequence[PastRun], *, model_id: str | None = None, template
 
 
 def estimate_plan(plan: BatchPlan, *, workers: int, profile: Profile, model_id: str | None = None,
-                  prices: PriceTable | None = None) -> Estimate:
-    """What `plan` is expected to cost with `workers` sub-agents in flight (see the module docstring)."""
+                  prices: PriceTable | None = None, workers_start: int | None = None) -> Estimate:
+    """What `plan` is expected to cost with `workers` sub-agents in flight (see the module docstring);
+    `workers_start`: an adapted number's start, below `workers` (the high end's wall time)."""
+    if workers_start is not None and not 1 <= workers_start <= workers:
+        raise ValueError(f"workers_start must be between 1 and workers ({workers}), got {workers_start}")
     batches = len(plan.batches)
     rows = sum(b.size for b in plan.batches)
     size = rows / batches if batches else 0.0
@@ -274,26 +288,33 @@ def estimate_plan(plan: BatchPlan, *, workers: int, profile: Profile, model_id: 
         cost = (per_prompt * prompt_low + price.output * completion_low,
                 per_prompt * prompt_high + price.output * completion_high)
     waves = math.ceil(batches / max(workers, 1))
+    slow_waves = math.ceil(batches / workers_start) if workers_start is not None else waves
     return Estimate(batches=batches, rows=rows, workers=workers, calls=span(calls), prompt_tokens=span(prompt),
                     completion_tokens=span(completion), cost_usd=cost,
                     wall_s=(waves * profile.calls_per_batch * profile.call_s_median,
-                            waves * profile.calls_per_batch * profile.call_s_p90),
+                            slow_waves * profile.calls_per_batch * profile.call_s_p90),
                     model_id=model_id, source=profile.source,
-                    cached_tokens=(math.floor(span(prompt)[0] * share), math.ceil(span(prompt)[1] * share)))
+                    cached_tokens=(math.floor(span(prompt)[0] * share), math.ceil(span(prompt)[1] * share)),
+                    workers_start=workers_start)
 
 
 def estimate_for(settings: Settings, plan: BatchPlan, template: str, *, prices: PriceTable | None = None,
-                 roles: RoleModels | None = None) -> Estimate:
+                 roles: RoleModels | None = None, engine: EngineConfig | None = None) -> Estimate:
     """What running `plan` (of a decision whose sub-questions read `template`) would cost with the
     settings' sub-agent model and workers, from the past runs in `settings.runs_dir` (`prices`:
     the run's price map, default the settings'; `roles`: the run's role models, resolved once by its
-    `ModelFactory`, default read from the settings)."""
+    `ModelFactory`, default read from the settings; `engine`: the run's engine limits, its workers
+    fitted to the server's reported slots, default the settings' with no slots known)."""
     from amapreduce.llm.factory import RoleModels, new_meter
+    from amapreduce.mapreduce.concurrency import AUTO_START_WORKERS
+    from amapreduce.mapreduce.engine import EngineConfig
 
     model_id = (roles if roles is not None else RoleModels.of(settings)).get("subagent")
     profile = profile_of(past_runs(settings.runs_dir), model_id=model_id, template=template)
-    return estimate_plan(plan, workers=settings.workers, profile=profile, model_id=model_id,
-                         prices=prices if prices is not None else new_meter(settings).prices)
+    config = engine if engine is not None else EngineConfig.from_settings(settings, decisions_by="user")
+    return estimate_plan(plan, workers=config.workers, profile=profile, model_id=model_id,
+                         prices=prices if prices is not None else new_meter(settings).prices,
+                         workers_start=min(AUTO_START_WORKERS, config.workers) if config.adaptive else None)
 
 
 def check_budget(estimate: Estimate, max_cost_usd: float | None, *, spent_usd: float = 0.0) -> None:

@@ -126,6 +126,10 @@ class EstimateRecord(_Part):
     batches: int = Field(ge=0)
     rows: int = Field(ge=0)
     workers: int = Field(ge=1)
+    """Sub-agents in flight (under an adapted `--workers auto`, the most: the wall time's low end)."""
+    workers_start: int | None = Field(default=None, ge=1)
+    """Under `--workers auto` with no slots reported, where the adapted number starts (the wall time's
+    high end); null or absent: `workers` throughout."""
     model: str | None
     calls: Range
     prompt_tokens: Range

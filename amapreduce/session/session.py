@@ -428,7 +428,7 @@ class Session:
             return None
         shown = plan if plan is not None else self.plan_of(decision)
         estimate = estimate_for(settings, shown, decision.template, prices=self.meter.prices,
-                                roles=self.model_factory.roles)
+                                roles=self.model_factory.roles, engine=self.parts.engine.config)
         if options.estimate_only:
             part = ("; the discovery's map only: the fill is planned once the entities are found"
                     if decision.discover is not None else "; the decision's own batches, not its children's"
